@@ -1,0 +1,49 @@
+// Element types and the scalar conversions between them. Weights stay in their checkpoint dtype
+// (f16/bf16/f32) in memory; kernels widen to f32 in registers and accumulate in f32.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace deja {
+
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32 };
+
+inline size_t DTypeSize(DType t) {
+  switch (t) {
+    case DType::kF32: return 4;
+    case DType::kI32: return 4;
+    case DType::kF16: return 2;
+    case DType::kBF16: return 2;
+  }
+  return 0;
+}
+
+const char* DTypeName(DType t);
+
+// IEEE binary16 <-> binary32, round to nearest even; handles subnormals, inf and NaN.
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+
+inline float BF16ToFloat(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t FloatToBF16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// Reads element i of a buffer of dtype t as f32 (slow path: references, tests, tools).
+float LoadAsFloat(const void* data, DType t, size_t i);
+void StoreFromFloat(void* data, DType t, size_t i, float v);
+
+}  // namespace deja

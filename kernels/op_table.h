@@ -1,0 +1,83 @@
+// The op table: one function pointer per op. Activations are always f32 [rows, cols] row-major;
+// weights ("w", "table", "gamma", biases) are in their checkpoint dtype (f32, f16 or bf16),
+// given by the view's dtype. Every op has a reference implementation (kernels/reference/).
+#pragma once
+
+#include <cstdint>
+
+#include "common/status.h"
+#include "common/tensor.h"
+
+namespace deja::kernels {
+
+class Backend;
+
+enum class OpId {
+  kEmbedding,
+  kLayerNorm,
+  kLinear,
+  kAttention,
+  kAdd,
+  kLogSoftmax,
+  kTopK,
+  kCount,
+};
+
+const char* OpName(OpId op);
+
+enum class Activation { kNone, kRelu };
+
+// One sequence's cache of one layer, for the heads this rank holds. Slot-mapped: slot s of head
+// h holds the key/value of position slot_pos[h * capacity + s] (-1 = empty). Keys and values are
+// f32, laid out [head][slot][head_dim]. Policies (full, window, h2o) decide which slots hold
+// what; attention only reads slots whose position is <= the query's position.
+struct KvView {
+  float* k = nullptr;
+  float* v = nullptr;
+  const int32_t* slot_pos = nullptr;
+  int32_t capacity = 0;  // slots per head
+  int32_t used = 0;      // slots [0, used) may be occupied (others are not read)
+  // When non-null, attention adds each softmax probability it computes into
+  // score[h * capacity + s] (H2O heavy-hitter accumulation).
+  float* score = nullptr;
+};
+
+struct AttentionArgs {
+  TensorView q;                // f32 [tokens, heads * head_dim]; already scaled
+  const int32_t* q_pos = nullptr;  // position of each query token
+  KvView kv;
+  int32_t heads = 0;
+  int32_t head_dim = 0;
+  TensorView out;              // f32 [tokens, heads * head_dim]
+};
+
+// out[i, :] = table[ids[i], :] (accumulate: out += table[ids[i]]).
+using EmbeddingFn = Status (*)(Backend&, TensorView table, const int32_t* ids, int64_t n,
+                               bool accumulate, TensorView out);
+// out = (x - mean) / sqrt(var + eps) * gamma + beta, per row.
+using LayerNormFn = Status (*)(Backend&, TensorView x, TensorView gamma, TensorView beta,
+                               float eps, TensorView out);
+// out[m, n] = act(sum_k x[m, k] * w[n, k] + bias[n]) (+ out[m, n] when accumulate).
+// w is [N, K] as stored by HF Linear; bias may be empty (data == nullptr).
+using LinearFn = Status (*)(Backend&, TensorView x, TensorView w, TensorView bias,
+                            Activation act, bool accumulate, TensorView out);
+// Causal attention over a slot-mapped cache (prefill and decode alike).
+using AttentionFn = Status (*)(Backend&, const AttentionArgs& args);
+// out += x (same shape, f32).
+using AddFn = Status (*)(Backend&, TensorView x, TensorView out);
+// out[m, :] = log_softmax(x[m, :]).
+using LogSoftmaxFn = Status (*)(Backend&, TensorView x, TensorView out);
+// The k largest values of each row of x (descending; ties to the lower index).
+using TopKFn = Status (*)(Backend&, TensorView x, int32_t k, float* values, int32_t* indices);
+
+struct OpTable {
+  EmbeddingFn embedding = nullptr;
+  LayerNormFn layer_norm = nullptr;
+  LinearFn linear = nullptr;
+  AttentionFn attention = nullptr;
+  AddFn add = nullptr;
+  LogSoftmaxFn log_softmax = nullptr;
+  TopKFn top_k = nullptr;
+};
+
+}  // namespace deja::kernels
