@@ -63,8 +63,10 @@ using LinearFn = Status (*)(Backend&, TensorView x, TensorView w, TensorView bia
                             Activation act, bool accumulate, TensorView out);
 // Causal attention over a slot-mapped cache (prefill and decode alike).
 using AttentionFn = Status (*)(Backend&, const AttentionArgs& args);
-// out += x (same shape, f32).
-using AddFn = Status (*)(Backend&, TensorView x, TensorView out);
+// out[m, :] += x[m, :] + bias[:] (x, out f32 of one shape; bias in weight dtype, may be empty).
+// The residual add after a row-parallel projection: the bias is added once, after the
+// all-reduce.
+using AddFn = Status (*)(Backend&, TensorView x, TensorView bias, TensorView out);
 // out[m, :] = log_softmax(x[m, :]).
 using LogSoftmaxFn = Status (*)(Backend&, TensorView x, TensorView out);
 // The k largest values of each row of x (descending; ties to the lower index).
