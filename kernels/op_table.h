@@ -30,7 +30,7 @@ enum class Activation { kNone, kRelu };
 // One sequence's cache of one layer, for the heads this rank holds. Slot-mapped: slot s of head
 // h holds the key/value of position slot_pos[h * capacity + s] (-1 = empty). Keys and values are
 // f32, laid out [head][slot][head_dim]. Policies (full, window, h2o) decide which slots hold
-// what; attention only reads slots whose position is <= the query's position.
+// what; attention only reads slots whose position is <= the query's position (and >= 0).
 struct KvView {
   float* k = nullptr;
   float* v = nullptr;
@@ -43,7 +43,8 @@ struct KvView {
 };
 
 struct AttentionArgs {
-  TensorView q;                // f32 [tokens, heads * head_dim]; already scaled
+  TensorView q;                // f32 [tokens, heads * head_dim]
+  float scale = 1.0f;          // logits = scale * (q . k); OPT uses head_dim^-0.5
   const int32_t* q_pos = nullptr;  // position of each query token
   KvView kv;
   int32_t heads = 0;
