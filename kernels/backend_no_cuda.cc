@@ -1,0 +1,10 @@
+// MakeCudaBackend for builds without the CUDA backend: callers get a clear Unavailable.
+#include "kernels/backend.h"
+
+namespace deja::kernels {
+
+StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
+  return Unavailable("deja was built without the CUDA backend");
+}
+
+}  // namespace deja::kernels

@@ -1,0 +1,15 @@
+// A memory-bandwidth probe: the floor decode benchmarks compare against (weights read per step
+// divided by this rate).
+#pragma once
+
+namespace deja {
+class ThreadPool;
+}
+
+namespace deja::kernels {
+
+// Bytes per second at which all threads of `pool` can stream-read a buffer far larger than the
+// last-level cache; the best of a few runs. Allocates and touches ~256 MiB for about a second.
+double MeasureReadBandwidthBytesPerSec(ThreadPool* pool);
+
+}  // namespace deja::kernels

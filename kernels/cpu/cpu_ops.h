@@ -1,0 +1,18 @@
+// The CPU backend's op-table entries (internal to kernels/cpu). Arguments arrive validated by
+// kernels/ops.cc; each entry splits its work over the backend's thread pool.
+#pragma once
+
+#include "common/status.h"
+#include "common/tensor.h"
+#include "kernels/op_table.h"
+
+namespace deja::kernels::cpu {
+
+Status CpuLinear(Backend& backend, TensorView x, TensorView w, TensorView bias, Activation act,
+                 bool accumulate, TensorView out);
+Status CpuAttention(Backend& backend, const AttentionArgs& args);
+
+// M at and below which Linear uses the weight-streaming kernel rather than OpenBLAS.
+constexpr int64_t kLinearSmallMMax = 32;
+
+}  // namespace deja::kernels::cpu

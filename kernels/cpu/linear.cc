@@ -1,0 +1,121 @@
+// CPU Linear: picks the weight-streaming kernel for decode-sized M and OpenBLAS sgemm for
+// prefill-sized M, and splits either over the thread pool by output rows (N).
+//
+// OpenBLAS threading: MakeCpuBackend sets OpenBLAS to one thread and every pool thread calls
+// sgemm on its own slice of N. The weights must be widened to f32 tile by tile anyway (sgemm
+// only reads f32), and doing it inside the pool keeps that parallel; letting OpenBLAS start its
+// own threads as well would put two busy threads on each core (our workers spin between jobs).
+#include <cblas.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/simd.h"
+
+namespace deja::kernels::cpu {
+namespace {
+
+// Rows of w widened per sgemm call: about 1 MiB of f32, so the tile stays in L2 while sgemm
+// packs it, and x is repacked once per tile (a cost of 1 / tile_rows relative to the FLOPs).
+int64_t BlasTileRows(int64_t k_dim) {
+  int64_t rows = (int64_t{1} << 18) / k_dim;
+  return std::clamp<int64_t>(rows / 16 * 16, 16, 512);
+}
+
+void ApplyEpilogue(const float* tmp, int64_t ld_tmp, int64_t m_rows, int64_t n0, int64_t cols,
+                   const LinearEpilogue& e, float* out, int64_t ldo) {
+  for (int64_t m = 0; m < m_rows; ++m) {
+    const float* t = tmp + m * ld_tmp;
+    float* o = out + m * ldo + n0;
+    for (int64_t j = 0; j < cols; ++j) {
+      float v = t[j] + (e.bias != nullptr ? e.bias[n0 + j] : 0.f);
+      if (e.relu) v = std::max(v, 0.f);
+      o[j] = e.accumulate ? o[j] + v : v;
+    }
+  }
+}
+
+// Rows [n_begin, n_end) of the output by sgemm, widening w tile by tile when it is not f32.
+void BlasSlice(const float* x, int64_t m_rows, int64_t k_dim, const TensorView& w, int64_t n_dim,
+               int64_t n_begin, int64_t n_end, const LinearEpilogue& e, float* out) {
+  // Per-thread scratch, reused across calls (pool threads are persistent).
+  thread_local std::vector<float> w_tile;
+  thread_local std::vector<float> c_tile;
+  const bool is_f32 = w.dtype == DType::kF32;
+  // sgemm can accumulate into out (beta = 1) only when the activation does not sit between the
+  // product and the accumulation.
+  const bool via_tmp = e.accumulate && e.relu;
+  const int64_t tile = is_f32 ? n_end - n_begin : BlasTileRows(k_dim);
+  for (int64_t n0 = n_begin; n0 < n_end; n0 += tile) {
+    const int64_t cols = std::min(tile, n_end - n0);
+    const float* wt;
+    if (is_f32) {
+      wt = w.as<float>() + n0 * k_dim;
+    } else {
+      w_tile.resize(static_cast<size_t>(cols * k_dim));
+      const size_t esize = DTypeSize(w.dtype);
+      ConvertToF32(static_cast<const char*>(w.data) + n0 * k_dim * esize, w.dtype, cols * k_dim,
+                   w_tile.data(), false);
+      wt = w_tile.data();
+    }
+    float* c = out + n0;
+    int64_t ldc = n_dim;
+    if (via_tmp) {
+      c_tile.resize(static_cast<size_t>(m_rows * cols));
+      c = c_tile.data();
+      ldc = cols;
+    }
+    const float beta = (e.accumulate && !via_tmp) ? 1.f : 0.f;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m_rows),
+                static_cast<int>(cols), static_cast<int>(k_dim), 1.f, x, static_cast<int>(k_dim),
+                wt, static_cast<int>(k_dim), beta, c, static_cast<int>(ldc));
+    if (via_tmp) {
+      ApplyEpilogue(c, ldc, m_rows, n0, cols, e, out, n_dim);
+    } else if (e.bias != nullptr || e.relu) {
+      // In place: out already holds the product (plus the old out when accumulating).
+      LinearEpilogue in_place{e.bias, e.relu, false};
+      ApplyEpilogue(out + n0, n_dim, m_rows, n0, cols, in_place, out, n_dim);
+    }
+  }
+}
+
+}  // namespace
+
+Status CpuLinear(Backend& backend, TensorView x, TensorView w, TensorView bias, Activation act,
+                 bool accumulate, TensorView out) {
+  ThreadPool* pool = backend.pool();
+  const int64_t m_rows = x.rows(), k_dim = x.cols(), n_dim = w.rows();
+  std::vector<float> bias_f32;
+  if (bias.data != nullptr) {
+    bias_f32.resize(static_cast<size_t>(n_dim));
+    ConvertToF32(bias.data, bias.dtype, n_dim, bias_f32.data(), false);
+  }
+  LinearEpilogue e{bias_f32.empty() ? nullptr : bias_f32.data(), act == Activation::kRelu,
+                   accumulate};
+  const float* xs = x.as<float>();
+  float* o = out.as<float>();
+
+  if (m_rows <= kLinearSmallMMax) {
+    // Split N in blocks of 4 rows (the kernel's register block); keep at least ~64K MACs per
+    // chunk so small layers do not pay a thread hand-off that costs more than the work.
+    const int64_t blocks = (n_dim + 3) / 4;
+    const int64_t min_chunk = std::max<int64_t>(1, (int64_t{1} << 16) / (4 * k_dim * m_rows));
+    pool->ParallelFor(
+        blocks,
+        [&](int64_t b0, int64_t b1) {
+          LinearSmallM(xs, m_rows, k_dim, w.data, w.dtype, b0 * 4, std::min(n_dim, b1 * 4), e,
+                       o, n_dim);
+        },
+        min_chunk);
+    return Status::Ok();
+  }
+  pool->ParallelFor(
+      n_dim, [&](int64_t n0, int64_t n1) { BlasSlice(xs, m_rows, k_dim, w, n_dim, n0, n1, e, o); },
+      64);
+  return Status::Ok();
+}
+
+}  // namespace deja::kernels::cpu

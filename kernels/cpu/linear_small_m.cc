@@ -1,0 +1,162 @@
+// The decode-time Linear kernel (M = 1 .. a few dozen rows of x): out = x · wᵀ with w [N, K] in
+// its checkpoint dtype. Decode is memory-bound, so each weight row is read from memory exactly
+// once and reused for every row of x while it sits in registers or L1:
+//  - a block of kRows weight rows is walked along K together with up to kCols rows of x,
+//    keeping kRows * kCols f32 accumulators in registers (loads per FMA = (R + C) / (R * C));
+//  - when M needs more than one pass over the block (M > kCols), the block is widened to f32
+//    once into a small L1/L2 scratch so the later passes pay neither the conversion nor DRAM.
+// Compiled per x86 target by Highway's foreach_target and dispatched at run time.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/linear_small_m.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <type_traits>
+
+#include "hwy/aligned_allocator.h"
+#include "hwy/highway.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/cpu/simd_load-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace deja::kernels::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+
+constexpr int kRows = 4;  // weight rows per register block
+constexpr int kCols = 4;  // x rows per register block
+
+HWY_INLINE float Finish(float dot, int64_t n, const LinearEpilogue& e, const float* prev) {
+  float v = dot + (e.bias != nullptr ? e.bias[n] : 0.f);
+  if (e.relu) v = v > 0.f ? v : 0.f;
+  return e.accumulate ? v + *prev : v;
+}
+
+// R weight rows (row stride k_dim) against C rows of x (row stride k_dim); stores epilogue'd
+// results to out[c * ldo + n + r].
+template <int R, int C, typename WT>
+HWY_INLINE void Tile(const WT* HWY_RESTRICT w, const float* HWY_RESTRICT x, int64_t k_dim,
+                     int64_t n, const LinearEpilogue& e, float* HWY_RESTRICT out, int64_t ldo) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  using V = hn::Vec<DF>;
+  V acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = hn::Zero(df);
+  int64_t k = 0;
+  for (; k + lanes <= k_dim; k += lanes) {
+    V wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = LoadWidened(df, w + r * k_dim + k);
+    for (int c = 0; c < C; ++c) {
+      const V xv = hn::LoadU(df, x + c * k_dim + k);
+      for (int r = 0; r < R; ++r) acc[r][c] = hn::MulAdd(wv[r], xv, acc[r][c]);
+    }
+  }
+  float sums[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) sums[r][c] = hn::GetLane(hn::SumOfLanes(df, acc[r][c]));
+  for (; k < k_dim; ++k) {
+    for (int r = 0; r < R; ++r) {
+      const float wk = ScalarToFloat(w[r * k_dim + k]);
+      for (int c = 0; c < C; ++c) sums[r][c] += wk * x[c * k_dim + k];
+    }
+  }
+  for (int c = 0; c < C; ++c) {
+    for (int r = 0; r < R; ++r) {
+      float* o = out + c * ldo + n + r;
+      *o = Finish(sums[r][c], n + r, e, o);
+    }
+  }
+}
+
+// All rows of x against R weight rows.
+template <int R, typename WT>
+HWY_INLINE void RowBlock(const WT* w, const float* x, int64_t m_rows, int64_t k_dim, int64_t n,
+                         const LinearEpilogue& e, float* out, int64_t ldo) {
+  int64_t m = 0;
+  for (; m + kCols <= m_rows; m += kCols) {
+    Tile<R, kCols>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo);
+  }
+  switch (m_rows - m) {
+    case 3: Tile<R, 3>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo); break;
+    case 2: Tile<R, 2>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo); break;
+    case 1: Tile<R, 1>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo); break;
+    default: break;
+  }
+}
+
+template <int R, typename WT>
+HWY_INLINE void Block(const WT* w, const float* x, int64_t m_rows, int64_t k_dim, int64_t n,
+                      const LinearEpilogue& e, float* out, int64_t ldo, float* scratch) {
+  if (m_rows <= kCols || scratch == nullptr) {
+    RowBlock<R>(w, x, m_rows, k_dim, n, e, out, ldo);
+    return;
+  }
+  // Several passes over this block: widen it once so it is read from DRAM once.
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (int r = 0; r < R; ++r) {
+    const WT* src = w + r * k_dim;
+    float* dst = scratch + r * k_dim;
+    int64_t k = 0;
+    for (; k + lanes <= k_dim; k += lanes) hn::StoreU(LoadWidened(df, src + k), df, dst + k);
+    for (; k < k_dim; ++k) dst[k] = ScalarToFloat(src[k]);
+  }
+  RowBlock<R>(static_cast<const float*>(scratch), x, m_rows, k_dim, n, e, out, ldo);
+}
+
+template <typename WT>
+void LinearTyped(const float* x, int64_t m_rows, int64_t k_dim, const WT* w, int64_t n_begin,
+                 int64_t n_end, const LinearEpilogue& e, float* out, int64_t ldo) {
+  // The scratch is per call (one small allocation next to reading R * K weights per block);
+  // only types other than f32 need it.
+  hwy::AlignedFreeUniquePtr<float[]> scratch;
+  if (!std::is_same_v<WT, float> && m_rows > kCols) {
+    scratch = hwy::AllocateAligned<float>(static_cast<size_t>(kRows * k_dim));
+  }
+  int64_t n = n_begin;
+  for (; n + kRows <= n_end; n += kRows) {
+    Block<kRows>(w + n * k_dim, x, m_rows, k_dim, n, e, out, ldo, scratch.get());
+  }
+  switch (n_end - n) {
+    case 3: Block<3>(w + n * k_dim, x, m_rows, k_dim, n, e, out, ldo, scratch.get()); break;
+    case 2: Block<2>(w + n * k_dim, x, m_rows, k_dim, n, e, out, ldo, scratch.get()); break;
+    case 1: Block<1>(w + n * k_dim, x, m_rows, k_dim, n, e, out, ldo, scratch.get()); break;
+    default: break;
+  }
+}
+
+void LinearSmallMImpl(const float* x, int64_t m_rows, int64_t k_dim, const void* w,
+                      DType w_dtype, int64_t n_begin, int64_t n_end, const LinearEpilogue& e,
+                      float* out, int64_t ldo) {
+  switch (w_dtype) {
+    case DType::kF16:
+      return LinearTyped(x, m_rows, k_dim, static_cast<const hwy::float16_t*>(w), n_begin, n_end,
+                         e, out, ldo);
+    case DType::kBF16:
+      return LinearTyped(x, m_rows, k_dim, static_cast<const hwy::bfloat16_t*>(w), n_begin,
+                         n_end, e, out, ldo);
+    default:
+      return LinearTyped(x, m_rows, k_dim, static_cast<const float*>(w), n_begin, n_end, e, out,
+                         ldo);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace deja::kernels::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace deja::kernels::cpu {
+
+HWY_EXPORT(LinearSmallMImpl);
+
+void LinearSmallM(const float* x, int64_t m_rows, int64_t k_dim, const void* w, DType w_dtype,
+                  int64_t n_begin, int64_t n_end, const LinearEpilogue& epilogue, float* out,
+                  int64_t ldo) {
+  HWY_DYNAMIC_DISPATCH(LinearSmallMImpl)(x, m_rows, k_dim, w, w_dtype, n_begin, n_end, epilogue,
+                                         out, ldo);
+}
+
+}  // namespace deja::kernels::cpu
+#endif  // HWY_ONCE

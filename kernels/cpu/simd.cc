@@ -1,0 +1,226 @@
+// Vector building blocks (conversion, dot, axpy, exp sums, LayerNorm rows), compiled once per
+// x86 target by Highway's foreach_target and dispatched at run time.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/simd.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/cpu/simd_load-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace deja::kernels::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+
+template <typename WT>
+void ConvertTyped(const WT* src, int64_t n, float* dst, bool accumulate) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  if (accumulate) {
+    for (; i + lanes <= n; i += lanes) {
+      hn::StoreU(hn::Add(LoadWidened(df, src + i), hn::LoadU(df, dst + i)), df, dst + i);
+    }
+    for (; i < n; ++i) dst[i] += ScalarToFloat(src[i]);
+  } else {
+    for (; i + lanes <= n; i += lanes) hn::StoreU(LoadWidened(df, src + i), df, dst + i);
+    for (; i < n; ++i) dst[i] = ScalarToFloat(src[i]);
+  }
+}
+
+void ConvertToF32Impl(const void* src, DType dtype, int64_t n, float* dst, bool accumulate) {
+  switch (dtype) {
+    case DType::kF16:
+      return ConvertTyped(static_cast<const hwy::float16_t*>(src), n, dst, accumulate);
+    case DType::kBF16:
+      return ConvertTyped(static_cast<const hwy::bfloat16_t*>(src), n, dst, accumulate);
+    default:
+      return ConvertTyped(static_cast<const float*>(src), n, dst, accumulate);
+  }
+}
+
+float DotImpl(const float* a, const float* b, int64_t n) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
+  int64_t i = 0;
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    acc0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc0);
+    acc1 = hn::MulAdd(hn::LoadU(df, a + i + lanes), hn::LoadU(df, b + i + lanes), acc1);
+  }
+  for (; i + lanes <= n; i += lanes) acc0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc0);
+  float sum = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+void AxpyImpl(float a, const float* x, float* y, int64_t n) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const auto va = hn::Set(df, a);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(hn::MulAdd(va, hn::LoadU(df, x + i), hn::LoadU(df, y + i)), df, y + i);
+  }
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+void AddIntoImpl(const float* x, float* y, int64_t n) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(hn::Add(hn::LoadU(df, x + i), hn::LoadU(df, y + i)), df, y + i);
+  }
+  for (; i < n; ++i) y[i] += x[i];
+}
+
+void AddBiasedIntoImpl(const float* x, const float* b, float* y, int64_t n) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    auto xb = hn::Add(hn::LoadU(df, x + i), hn::LoadU(df, b + i));
+    hn::StoreU(hn::Add(hn::LoadU(df, y + i), xb), df, y + i);
+  }
+  for (; i < n; ++i) y[i] += x[i] + b[i];
+}
+
+float MaxOfImpl(const float* x, int64_t n) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  float m = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  if (n >= lanes) {
+    auto vm = hn::LoadU(df, x);
+    for (i = lanes; i + lanes <= n; i += lanes) vm = hn::Max(vm, hn::LoadU(df, x + i));
+    m = hn::GetLane(hn::MaxOfLanes(df, vm));
+  }
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+template <bool kWrite>
+float ExpShiftSumTyped(float* out, const float* x, int64_t n, float shift) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const auto vs = hn::Set(df, shift);
+  auto acc = hn::Zero(df);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    auto e = hn::Exp(df, hn::Sub(hn::LoadU(df, x + i), vs));
+    if (kWrite) hn::StoreU(e, df, out + i);
+    acc = hn::Add(acc, e);
+  }
+  float sum = hn::GetLane(hn::SumOfLanes(df, acc));
+  if (i < n) {  // the tail goes through the same vector Exp so every element rounds alike
+    HWY_ALIGN float buf[hn::MaxLanes(df)];
+    for (int64_t j = 0; j < lanes; ++j) buf[j] = i + j < n ? x[i + j] : shift;
+    auto e = hn::Exp(df, hn::Sub(hn::Load(df, buf), vs));
+    hn::Store(e, df, buf);
+    for (int64_t j = 0; i + j < n; ++j) {
+      if (kWrite) out[i + j] = buf[j];
+      sum += buf[j];
+    }
+  }
+  return sum;
+}
+
+float ExpShiftInPlaceImpl(float* x, int64_t n, float shift) {
+  return ExpShiftSumTyped<true>(x, x, n, shift);
+}
+
+float SumExpShiftImpl(const float* x, int64_t n, float shift) {
+  return ExpShiftSumTyped<false>(nullptr, x, n, shift);
+}
+
+void SubtractTwiceImpl(const float* x, int64_t n, float a, float b, float* out) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const auto va = hn::Set(df, a), vb = hn::Set(df, b);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(hn::Sub(hn::Sub(hn::LoadU(df, x + i), va), vb), df, out + i);
+  }
+  for (; i < n; ++i) out[i] = (x[i] - a) - b;
+}
+
+void LayerNormRowImpl(const float* x, int64_t n, const float* gamma, const float* beta, float eps,
+                      float* out) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  // Two passes (mean, then centred variance) so rows with a large mean keep their precision.
+  auto acc = hn::Zero(df);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) acc = hn::Add(acc, hn::LoadU(df, x + i));
+  float sum = hn::GetLane(hn::SumOfLanes(df, acc));
+  for (; i < n; ++i) sum += x[i];
+  const float mean = sum / static_cast<float>(n);
+  const auto vmean = hn::Set(df, mean);
+  acc = hn::Zero(df);
+  for (i = 0; i + lanes <= n; i += lanes) {
+    auto d = hn::Sub(hn::LoadU(df, x + i), vmean);
+    acc = hn::MulAdd(d, d, acc);
+  }
+  float sq = hn::GetLane(hn::SumOfLanes(df, acc));
+  for (; i < n; ++i) sq += (x[i] - mean) * (x[i] - mean);
+  const float inv = 1.0f / std::sqrt(sq / static_cast<float>(n) + eps);
+  const auto vinv = hn::Set(df, inv);
+  for (i = 0; i + lanes <= n; i += lanes) {
+    auto y = hn::Mul(hn::Sub(hn::LoadU(df, x + i), vmean), vinv);
+    hn::StoreU(hn::MulAdd(y, hn::LoadU(df, gamma + i), hn::LoadU(df, beta + i)), df, out + i);
+  }
+  for (; i < n; ++i) out[i] = (x[i] - mean) * inv * gamma[i] + beta[i];
+}
+
+const char* TargetNameImpl() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace deja::kernels::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace deja::kernels::cpu {
+
+HWY_EXPORT(ConvertToF32Impl);
+HWY_EXPORT(DotImpl);
+HWY_EXPORT(AxpyImpl);
+HWY_EXPORT(AddIntoImpl);
+HWY_EXPORT(AddBiasedIntoImpl);
+HWY_EXPORT(MaxOfImpl);
+HWY_EXPORT(ExpShiftInPlaceImpl);
+HWY_EXPORT(SumExpShiftImpl);
+HWY_EXPORT(SubtractTwiceImpl);
+HWY_EXPORT(LayerNormRowImpl);
+HWY_EXPORT(TargetNameImpl);
+
+void ConvertToF32(const void* src, DType dtype, int64_t n, float* dst, bool accumulate) {
+  HWY_DYNAMIC_DISPATCH(ConvertToF32Impl)(src, dtype, n, dst, accumulate);
+}
+float Dot(const float* a, const float* b, int64_t n) { return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n); }
+void Axpy(float a, const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(AxpyImpl)(a, x, y, n); }
+void AddInto(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(AddIntoImpl)(x, y, n); }
+void AddBiasedInto(const float* x, const float* b, float* y, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(AddBiasedIntoImpl)(x, b, y, n);
+}
+float MaxOf(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxOfImpl)(x, n); }
+float ExpShiftInPlace(float* x, int64_t n, float shift) {
+  return HWY_DYNAMIC_DISPATCH(ExpShiftInPlaceImpl)(x, n, shift);
+}
+float SumExpShift(const float* x, int64_t n, float shift) {
+  return HWY_DYNAMIC_DISPATCH(SumExpShiftImpl)(x, n, shift);
+}
+void SubtractTwice(const float* x, int64_t n, float a, float b, float* out) {
+  HWY_DYNAMIC_DISPATCH(SubtractTwiceImpl)(x, n, a, b, out);
+}
+void LayerNormRow(const float* x, int64_t n, const float* gamma, const float* beta, float eps,
+                  float* out) {
+  HWY_DYNAMIC_DISPATCH(LayerNormRowImpl)(x, n, gamma, beta, eps, out);
+}
+const char* SimdTargetName() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)(); }
+
+}  // namespace deja::kernels::cpu
+#endif  // HWY_ONCE

@@ -1,0 +1,52 @@
+// Single-threaded SIMD building blocks of the CPU backend. Each entry point dispatches at run
+// time (Google Highway) to the best instruction set of the running CPU. Callers split work
+// across threads; these functions never touch the thread pool.
+#pragma once
+
+#include <cstdint>
+
+#include "common/dtype.h"
+
+namespace deja::kernels::cpu {
+
+// dst[i] = src[i] (+ dst[i] when accumulate), src in dtype (f32, f16 or bf16) widened to f32.
+void ConvertToF32(const void* src, DType dtype, int64_t n, float* dst, bool accumulate);
+
+float Dot(const float* a, const float* b, int64_t n);
+// y += a * x
+void Axpy(float a, const float* x, float* y, int64_t n);
+// y += x
+void AddInto(const float* x, float* y, int64_t n);
+// y += x + b
+void AddBiasedInto(const float* x, const float* b, float* y, int64_t n);
+float MaxOf(const float* x, int64_t n);
+// x[i] = exp(x[i] - shift); returns the sum of the results.
+float ExpShiftInPlace(float* x, int64_t n, float shift);
+// Returns sum_i exp(x[i] - shift) without writing anything.
+float SumExpShift(const float* x, int64_t n, float shift);
+// out[i] = (x[i] - a) - b (out may be x). Two subtractions, not x - (a + b): with a the row
+// max and b a log-sum, the first is exact near the max, keeping the top log-probs precise.
+void SubtractTwice(const float* x, int64_t n, float a, float b, float* out);
+// One LayerNorm row with f32 gamma/beta; out may be x.
+void LayerNormRow(const float* x, int64_t n, const float* gamma, const float* beta, float eps,
+                  float* out);
+
+// What a Linear kernel does with each raw dot product before storing it.
+struct LinearEpilogue {
+  const float* bias = nullptr;  // f32 [N] or null
+  bool relu = false;
+  bool accumulate = false;
+};
+
+// out[m, n] for m in [0, M), n in [n_begin, n_end) of out = epilogue(x[m, :] · w[n, :]). Streams
+// each weight row once from memory and reuses it, widened in registers, for every row of x:
+// the decode-time kernel (M up to a few dozen). x is [M, K] with row stride K, out has row
+// stride ldo.
+void LinearSmallM(const float* x, int64_t m_rows, int64_t k_dim, const void* w, DType w_dtype,
+                  int64_t n_begin, int64_t n_end, const LinearEpilogue& epilogue, float* out,
+                  int64_t ldo);
+
+// Name of the instruction set the dispatcher picked (for benchmarks and logs).
+const char* SimdTargetName();
+
+}  // namespace deja::kernels::cpu

@@ -1,0 +1,271 @@
+#include "kernels/ops.h"
+
+#include <cmath>
+#include <string>
+
+namespace deja::kernels {
+
+const char* OpName(OpId op) {
+  switch (op) {
+    case OpId::kEmbedding: return "embedding";
+    case OpId::kLayerNorm: return "layer_norm";
+    case OpId::kLinear: return "linear";
+    case OpId::kAttention: return "attention";
+    case OpId::kAdd: return "add";
+    case OpId::kLogSoftmax: return "log_softmax";
+    case OpId::kTopK: return "top_k";
+    case OpId::kCount: break;
+  }
+  return "?";
+}
+
+namespace {
+
+Status Bad(const char* op, const char* arg, const std::string& why) {
+  return InvalidArgument(std::string(op) + ": argument '" + arg + "' " + why);
+}
+
+bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+// Every dimension positive (zero rows allowed for the leading one) and a data pointer whenever
+// there are elements.
+Status CheckView(const char* op, const char* arg, const TensorView& v, int min_rank, int max_rank) {
+  if (v.shape.rank < min_rank || v.shape.rank > max_rank) {
+    return Bad(op, arg, "has rank " + std::to_string(v.shape.rank) + ", want " +
+                            std::to_string(min_rank) + ".." + std::to_string(max_rank));
+  }
+  for (int i = 0; i < v.shape.rank; ++i) {
+    if (v.shape[i] < 0 || (i > 0 && v.shape[i] == 0)) {
+      return Bad(op, arg, "has invalid shape " + v.shape.ToString());
+    }
+  }
+  if (v.numel() > 0 && v.data == nullptr) return Bad(op, arg, "has a null data pointer");
+  return Status::Ok();
+}
+
+Status CheckActivation(const char* op, const char* arg, const TensorView& v) {
+  DEJA_RETURN_IF_ERROR(CheckView(op, arg, v, 1, 4));
+  if (v.dtype != DType::kF32) {
+    return Bad(op, arg, std::string("must be f32, is ") + DTypeName(v.dtype));
+  }
+  return Status::Ok();
+}
+
+Status CheckWeight(const char* op, const char* arg, const TensorView& v, int rank) {
+  DEJA_RETURN_IF_ERROR(CheckView(op, arg, v, rank, rank));
+  if (!IsFloat(v.dtype)) {
+    return Bad(op, arg, std::string("must be f32, f16 or bf16, is ") + DTypeName(v.dtype));
+  }
+  if (v.numel() == 0) return Bad(op, arg, "is empty");
+  return Status::Ok();
+}
+
+bool Overlap(const TensorView& a, const TensorView& b) {
+  auto* a0 = static_cast<const char*>(a.data);
+  auto* b0 = static_cast<const char*>(b.data);
+  return a.bytes() > 0 && b.bytes() > 0 && a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
+}
+
+Status CheckNoOverlap(const char* op, const char* out_arg, const TensorView& out,
+                      const char* in_arg, const TensorView& in) {
+  if (Overlap(out, in)) return Bad(op, out_arg, std::string("overlaps '") + in_arg + "'");
+  return Status::Ok();
+}
+
+Status CheckSupport(Backend& backend, OpId op, DType dtype, const void* fn) {
+  if (fn == nullptr || !backend.Supports(op, dtype)) {
+    return Unimplemented(std::string(OpName(op)) + ": backend " + backend.name() +
+                         " does not support weight dtype " + DTypeName(dtype));
+  }
+  return Status::Ok();
+}
+
+std::string Dims(int64_t r, int64_t c) { return Shape{r, c}.ToString(); }
+
+}  // namespace
+
+Status Embedding(Backend& backend, TensorView table, const int32_t* ids, int64_t n,
+                 bool accumulate, TensorView out) {
+  constexpr const char* kOp = "embedding";
+  DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "table", table, 2));
+  DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", out));
+  if (n < 0) return Bad(kOp, "n", "is negative");
+  if (n > 0 && ids == nullptr) return Bad(kOp, "ids", "is null");
+  if (out.rows() != n || out.cols() != table.cols()) {
+    return Bad(kOp, "out", "has shape " + out.shape.ToString() + ", want " + Dims(n, table.cols()));
+  }
+  DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, "table", table));
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= table.rows()) {
+      return Bad(kOp, "ids", "holds " + std::to_string(ids[i]) + " at " + std::to_string(i) +
+                                 ", outside [0, " + std::to_string(table.rows()) + ")");
+    }
+  }
+  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kEmbedding, table.dtype,
+                                    reinterpret_cast<const void*>(backend.ops().embedding)));
+  if (n == 0) return Status::Ok();
+  return backend.ops().embedding(backend, table, ids, n, accumulate, out);
+}
+
+Status LayerNorm(Backend& backend, TensorView x, TensorView gamma, TensorView beta, float eps,
+                 TensorView out) {
+  constexpr const char* kOp = "layer_norm";
+  DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "x", x));
+  DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", out));
+  DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "gamma", gamma, 1));
+  DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "beta", beta, 1));
+  if (gamma.numel() != x.cols()) {
+    return Bad(kOp, "gamma", "has " + std::to_string(gamma.numel()) + " elements, want " +
+                                 std::to_string(x.cols()));
+  }
+  if (!(beta.shape == gamma.shape) || beta.dtype != gamma.dtype) {
+    return Bad(kOp, "beta", "must match gamma's shape and dtype");
+  }
+  if (!(out.shape == x.shape)) {
+    return Bad(kOp, "out", "has shape " + out.shape.ToString() + ", want " + x.shape.ToString());
+  }
+  if (out.data != x.data) DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, "x", x));
+  if (!(eps > 0.f) || eps > 1.f) return Bad(kOp, "eps", "must be in (0, 1]");
+  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kLayerNorm, gamma.dtype,
+                                    reinterpret_cast<const void*>(backend.ops().layer_norm)));
+  if (x.numel() == 0) return Status::Ok();
+  return backend.ops().layer_norm(backend, x, gamma, beta, eps, out);
+}
+
+Status Linear(Backend& backend, TensorView x, TensorView w, TensorView bias, Activation act,
+              bool accumulate, TensorView out) {
+  constexpr const char* kOp = "linear";
+  DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "x", x));
+  DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", out));
+  DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "w", w, 2));
+  int64_t n = w.shape[0], k = w.shape[1];
+  if (x.cols() != k) {
+    return Bad(kOp, "x", "has " + std::to_string(x.cols()) + " columns, w has K = " +
+                             std::to_string(k));
+  }
+  if (out.rows() != x.rows() || out.cols() != n) {
+    return Bad(kOp, "out", "has shape " + out.shape.ToString() + ", want " + Dims(x.rows(), n));
+  }
+  if (bias.data != nullptr) {
+    DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "bias", bias, 1));
+    if (bias.numel() != n) {
+      return Bad(kOp, "bias", "has " + std::to_string(bias.numel()) + " elements, want " +
+                                  std::to_string(n));
+    }
+    DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, "bias", bias));
+  }
+  if (act != Activation::kNone && act != Activation::kRelu) {
+    return Bad(kOp, "act", "is not a known activation");
+  }
+  DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, "x", x));
+  DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, "w", w));
+  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kLinear, w.dtype,
+                                    reinterpret_cast<const void*>(backend.ops().linear)));
+  if (x.numel() == 0) return Status::Ok();
+  return backend.ops().linear(backend, x, w, bias, act, accumulate, out);
+}
+
+Status Attention(Backend& backend, const AttentionArgs& args) {
+  constexpr const char* kOp = "attention";
+  DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "q", args.q));
+  DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", args.out));
+  if (args.heads <= 0) return Bad(kOp, "heads", "must be positive");
+  if (args.head_dim <= 0) return Bad(kOp, "head_dim", "must be positive");
+  if (!std::isfinite(args.scale)) return Bad(kOp, "scale", "must be finite");
+  int64_t width = static_cast<int64_t>(args.heads) * args.head_dim;
+  if (args.q.cols() != width) {
+    return Bad(kOp, "q", "has " + std::to_string(args.q.cols()) + " columns, want heads * " +
+                             "head_dim = " + std::to_string(width));
+  }
+  int64_t tokens = args.q.rows();
+  if (!(args.out.shape == args.q.shape)) {
+    return Bad(kOp, "out", "has shape " + args.out.shape.ToString() + ", want " +
+                               args.q.shape.ToString());
+  }
+  DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", args.out, "q", args.q));
+  const KvView& kv = args.kv;
+  if (kv.capacity <= 0) return Bad(kOp, "kv.capacity", "must be positive");
+  if (kv.used < 0 || kv.used > kv.capacity) {
+    return Bad(kOp, "kv.used", std::to_string(kv.used) + " is outside [0, capacity = " +
+                                   std::to_string(kv.capacity) + "]");
+  }
+  if (kv.k == nullptr) return Bad(kOp, "kv.k", "is null");
+  if (kv.v == nullptr) return Bad(kOp, "kv.v", "is null");
+  if (kv.slot_pos == nullptr) return Bad(kOp, "kv.slot_pos", "is null");
+  if (tokens > 0 && args.q_pos == nullptr) return Bad(kOp, "q_pos", "is null");
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (args.q_pos[t] < 0) {
+      return Bad(kOp, "q_pos", "holds " + std::to_string(args.q_pos[t]) + " at " +
+                                   std::to_string(t));
+    }
+  }
+  TensorView cache{nullptr, DType::kF32,
+                   Shape{static_cast<int64_t>(args.heads) * kv.capacity, args.head_dim}};
+  cache.data = kv.k;
+  DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", args.out, "kv.k", cache));
+  cache.data = kv.v;
+  DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", args.out, "kv.v", cache));
+  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kAttention, DType::kF32,
+                                    reinterpret_cast<const void*>(backend.ops().attention)));
+  if (tokens == 0) return Status::Ok();
+  return backend.ops().attention(backend, args);
+}
+
+Status Add(Backend& backend, TensorView x, TensorView bias, TensorView out) {
+  constexpr const char* kOp = "add";
+  DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "x", x));
+  DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", out));
+  if (!(out.shape == x.shape)) {
+    return Bad(kOp, "out", "has shape " + out.shape.ToString() + ", want " + x.shape.ToString());
+  }
+  DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, "x", x));
+  DType dtype = DType::kF32;
+  if (bias.data != nullptr) {
+    DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "bias", bias, 1));
+    if (bias.numel() != x.cols()) {
+      return Bad(kOp, "bias", "has " + std::to_string(bias.numel()) + " elements, want " +
+                                  std::to_string(x.cols()));
+    }
+    DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, "bias", bias));
+    dtype = bias.dtype;
+  }
+  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kAdd, dtype,
+                                    reinterpret_cast<const void*>(backend.ops().add)));
+  if (x.numel() == 0) return Status::Ok();
+  return backend.ops().add(backend, x, bias, out);
+}
+
+Status LogSoftmax(Backend& backend, TensorView x, TensorView out) {
+  constexpr const char* kOp = "log_softmax";
+  DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "x", x));
+  DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", out));
+  if (!(out.shape == x.shape)) {
+    return Bad(kOp, "out", "has shape " + out.shape.ToString() + ", want " + x.shape.ToString());
+  }
+  if (out.data != x.data) DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, "x", x));
+  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kLogSoftmax, DType::kF32,
+                                    reinterpret_cast<const void*>(backend.ops().log_softmax)));
+  if (x.numel() == 0) return Status::Ok();
+  return backend.ops().log_softmax(backend, x, out);
+}
+
+Status TopK(Backend& backend, TensorView x, int32_t k, float* values, int32_t* indices) {
+  constexpr const char* kOp = "top_k";
+  DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "x", x));
+  if (k < 1 || k > x.cols()) {
+    return Bad(kOp, "k", std::to_string(k) + " is outside [1, " + std::to_string(x.cols()) + "]");
+  }
+  if (x.rows() > 0 && values == nullptr) return Bad(kOp, "values", "is null");
+  if (x.rows() > 0 && indices == nullptr) return Bad(kOp, "indices", "is null");
+  TensorView vals{values, DType::kF32, Shape{x.rows(), k}};
+  TensorView idx{indices, DType::kI32, Shape{x.rows(), k}};
+  DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "values", vals, "x", x));
+  DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "indices", idx, "x", x));
+  DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "indices", idx, "values", vals));
+  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kTopK, DType::kF32,
+                                    reinterpret_cast<const void*>(backend.ops().top_k)));
+  if (x.rows() == 0) return Status::Ok();
+  return backend.ops().top_k(backend, x, k, values, indices);
+}
+
+}  // namespace deja::kernels

@@ -1,0 +1,52 @@
+// The ops callers use: free functions that validate every argument (returning InvalidArgument
+// naming the offending one), check that the backend supports the (op, weight dtype) pair and
+// dispatch through the backend's op table. Backend table entries assume validated arguments.
+//
+// Conventions shared by all backends:
+//  - activations are f32, contiguous, row-major; weights are f32, f16 or bf16;
+//  - outputs must not overlap inputs, except where noted (in-place LayerNorm and LogSoftmax);
+//  - an op with zero rows is a no-op that returns Ok.
+#pragma once
+
+#include <cstdint>
+
+#include "common/status.h"
+#include "common/tensor.h"
+#include "kernels/backend.h"
+#include "kernels/op_table.h"
+
+namespace deja::kernels {
+
+// out[i, :] = table[ids[i], :] (+= when accumulate). table [vocab, dim]; out f32 [n, dim]; every
+// id must be in [0, vocab).
+Status Embedding(Backend& backend, TensorView table, const int32_t* ids, int64_t n,
+                 bool accumulate, TensorView out);
+
+// Row-wise LayerNorm of x [rows, dim]; gamma and beta [dim] in one weight dtype; eps > 0.
+// out may be x itself (same data pointer).
+Status LayerNorm(Backend& backend, TensorView x, TensorView gamma, TensorView beta, float eps,
+                 TensorView out);
+
+// out [M, N] = act(x [M, K] · w [N, K]ᵀ + bias [N]) (+ previous out when accumulate; the
+// activation applies before the accumulation). bias may be empty (data == nullptr) and may have
+// any float dtype.
+Status Linear(Backend& backend, TensorView x, TensorView w, TensorView bias, Activation act,
+              bool accumulate, TensorView out);
+
+// Causal attention of each query token over the slots of a KvView whose position is in
+// [0, q_pos[t]], with logits scale * (q . k) (scale finite). A query that sees no slot gets a
+// zero output row. q_pos values must be >= 0.
+Status Attention(Backend& backend, const AttentionArgs& args);
+
+// out[m, :] += x[m, :] + bias[:] over equal shapes of x and out; bias [cols] in any float dtype
+// or empty (data == nullptr).
+Status Add(Backend& backend, TensorView x, TensorView bias, TensorView out);
+
+// out[m, :] = log_softmax(x[m, :]); out may be x itself.
+Status LogSoftmax(Backend& backend, TensorView x, TensorView out);
+
+// The k (1 <= k <= cols) largest values of each row of x [rows, cols] into values/indices
+// [rows, k], descending, ties to the lower index, NaN ranked below every number.
+Status TopK(Backend& backend, TensorView x, int32_t k, float* values, int32_t* indices);
+
+}  // namespace deja::kernels

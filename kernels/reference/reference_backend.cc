@@ -1,0 +1,196 @@
+// The reference backend: the obviously-correct definition of every op, single-threaded, reading
+// weights element by element with LoadAsFloat and accumulating in double. Tests compare every
+// other backend against it; it is not meant to be fast.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/op_table.h"
+
+namespace deja::kernels {
+namespace {
+
+float At(const TensorView& v, int64_t i) {
+  return LoadAsFloat(v.data, v.dtype, static_cast<size_t>(i));
+}
+
+Status RefEmbedding(Backend&, TensorView table, const int32_t* ids, int64_t n, bool accumulate,
+                    TensorView out) {
+  int64_t dim = table.cols();
+  float* o = out.as<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t c = 0; c < dim; ++c) {
+      float v = At(table, ids[i] * dim + c);
+      o[i * dim + c] = accumulate ? o[i * dim + c] + v : v;
+    }
+  }
+  return Status::Ok();
+}
+
+Status RefLayerNorm(Backend&, TensorView x, TensorView gamma, TensorView beta, float eps,
+                    TensorView out) {
+  int64_t dim = x.cols();
+  for (int64_t r = 0; r < x.rows(); ++r) {
+    const float* xr = x.as<float>() + r * dim;
+    double mean = 0;
+    for (int64_t c = 0; c < dim; ++c) mean += xr[c];
+    mean /= dim;
+    double var = 0;
+    for (int64_t c = 0; c < dim; ++c) var += (xr[c] - mean) * (xr[c] - mean);
+    var /= dim;
+    double inv = 1.0 / std::sqrt(var + eps);
+    float* orow = out.as<float>() + r * dim;  // may alias xr: each element is read before written
+    for (int64_t c = 0; c < dim; ++c) {
+      orow[c] = static_cast<float>((xr[c] - mean) * inv * At(gamma, c) + At(beta, c));
+    }
+  }
+  return Status::Ok();
+}
+
+Status RefLinear(Backend&, TensorView x, TensorView w, TensorView bias, Activation act,
+                 bool accumulate, TensorView out) {
+  int64_t m_rows = x.rows(), k_dim = x.cols(), n_rows = w.rows();
+  const float* xs = x.as<float>();
+  float* o = out.as<float>();
+  for (int64_t m = 0; m < m_rows; ++m) {
+    for (int64_t n = 0; n < n_rows; ++n) {
+      double acc = bias.data != nullptr ? At(bias, n) : 0.0;
+      for (int64_t k = 0; k < k_dim; ++k) {
+        acc += static_cast<double>(xs[m * k_dim + k]) * At(w, n * k_dim + k);
+      }
+      if (act == Activation::kRelu) acc = std::max(acc, 0.0);
+      if (accumulate) acc += o[m * n_rows + n];
+      o[m * n_rows + n] = static_cast<float>(acc);
+    }
+  }
+  return Status::Ok();
+}
+
+Status RefAttention(Backend&, const AttentionArgs& a) {
+  const KvView& kv = a.kv;
+  int64_t d = a.head_dim, width = static_cast<int64_t>(a.heads) * d;
+  std::vector<double> p(kv.used);
+  for (int64_t t = 0; t < a.q.rows(); ++t) {
+    for (int64_t h = 0; h < a.heads; ++h) {
+      const float* q = a.q.as<float>() + t * width + h * d;
+      float* out = a.out.as<float>() + t * width + h * d;
+      const int64_t base = h * kv.capacity;
+      double max_score = -std::numeric_limits<double>::infinity();
+      std::vector<bool> visible(kv.used, false);
+      for (int64_t s = 0; s < kv.used; ++s) {
+        int32_t pos = kv.slot_pos[base + s];
+        if (pos < 0 || pos > a.q_pos[t]) continue;
+        visible[s] = true;
+        double dot = 0;
+        for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * kv.k[(base + s) * d + i];
+        dot *= a.scale;
+        p[s] = dot;
+        max_score = std::max(max_score, dot);
+      }
+      double sum = 0;
+      for (int64_t s = 0; s < kv.used; ++s) {
+        if (!visible[s]) continue;
+        p[s] = std::exp(p[s] - max_score);
+        sum += p[s];
+      }
+      std::vector<double> acc(d, 0.0);
+      for (int64_t s = 0; s < kv.used; ++s) {
+        if (!visible[s]) continue;
+        double prob = p[s] / sum;
+        for (int64_t i = 0; i < d; ++i) acc[i] += prob * kv.v[(base + s) * d + i];
+        if (kv.score != nullptr) kv.score[base + s] += static_cast<float>(prob);
+      }
+      for (int64_t i = 0; i < d; ++i) out[i] = static_cast<float>(acc[i]);
+    }
+  }
+  return Status::Ok();
+}
+
+Status RefAdd(Backend&, TensorView x, TensorView bias, TensorView out) {
+  const int64_t cols = x.cols();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    double b = bias.data != nullptr ? At(bias, i % cols) : 0.0;
+    out.as<float>()[i] = static_cast<float>(out.as<float>()[i] + (x.as<float>()[i] + b));
+  }
+  return Status::Ok();
+}
+
+Status RefLogSoftmax(Backend&, TensorView x, TensorView out) {
+  int64_t cols = x.cols();
+  for (int64_t r = 0; r < x.rows(); ++r) {
+    const float* xr = x.as<float>() + r * cols;
+    double max_v = -std::numeric_limits<double>::infinity();
+    for (int64_t c = 0; c < cols; ++c) max_v = std::max<double>(max_v, xr[c]);
+    double sum = 0;
+    for (int64_t c = 0; c < cols; ++c) sum += std::exp(xr[c] - max_v);
+    double log_z = max_v + std::log(sum);
+    float* orow = out.as<float>() + r * cols;
+    for (int64_t c = 0; c < cols; ++c) orow[c] = static_cast<float>(xr[c] - log_z);
+  }
+  return Status::Ok();
+}
+
+Status RefTopK(Backend&, TensorView x, int32_t k, float* values, int32_t* indices) {
+  int64_t cols = x.cols();
+  std::vector<int32_t> order(cols);
+  for (int64_t r = 0; r < x.rows(); ++r) {
+    const float* xr = x.as<float>() + r * cols;
+    auto key = [&](int32_t i) {
+      return std::isnan(xr[i]) ? -std::numeric_limits<float>::infinity() : xr[i];
+    };
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      if (key(a) != key(b)) return key(a) > key(b);
+      if (std::isnan(xr[a]) != std::isnan(xr[b])) return !std::isnan(xr[a]);
+      return a < b;
+    });
+    for (int32_t j = 0; j < k; ++j) {
+      indices[r * k + j] = order[j];
+      values[r * k + j] = xr[order[j]];
+    }
+  }
+  return Status::Ok();
+}
+
+class ReferenceBackend final : public Backend {
+ public:
+  ReferenceBackend() {
+    table_.embedding = RefEmbedding;
+    table_.layer_norm = RefLayerNorm;
+    table_.linear = RefLinear;
+    table_.attention = RefAttention;
+    table_.add = RefAdd;
+    table_.log_softmax = RefLogSoftmax;
+    table_.top_k = RefTopK;
+  }
+  BackendKind kind() const override { return BackendKind::kReference; }
+  std::string name() const override { return "reference"; }
+  const OpTable& ops() const override { return table_; }
+  bool Supports(OpId op, DType dtype) const override {
+    switch (op) {
+      case OpId::kEmbedding:
+      case OpId::kLayerNorm:
+      case OpId::kLinear:
+      case OpId::kAdd:
+        return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+      case OpId::kAttention:
+      case OpId::kLogSoftmax:
+      case OpId::kTopK:
+        return dtype == DType::kF32;
+      case OpId::kCount: break;
+    }
+    return false;
+  }
+
+ private:
+  OpTable table_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeReferenceBackend() { return std::make_unique<ReferenceBackend>(); }
+
+}  // namespace deja::kernels

@@ -1,0 +1,192 @@
+// The validating op wrappers: every bad argument is rejected with InvalidArgument naming it, and
+// never reaches a backend (which would read out of bounds).
+#include <limits>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/ops.h"
+
+namespace deja::kernels {
+namespace {
+
+::testing::AssertionResult RejectsArg(const Status& s, const std::string& arg) {
+  if (s.code() != StatusCode::kInvalidArgument) {
+    return ::testing::AssertionFailure() << "want InvalidArgument about '" << arg << "', got "
+                                         << s.ToString();
+  }
+  if (s.message().find("'" + arg + "'") == std::string::npos) {
+    return ::testing::AssertionFailure() << "message does not name '" << arg << "': "
+                                         << s.message();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+class OpsValidationTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Backend> b_ = MakeCpuBackend(1);
+  Tensor x_ = Tensor::Zeros(DType::kF32, {2, 8});
+  Tensor out_ = Tensor::Zeros(DType::kF32, {2, 4});
+  Tensor w_ = Tensor::Zeros(DType::kF16, {4, 8});
+  Tensor bias_ = Tensor::Zeros(DType::kF16, {4});
+};
+
+TEST_F(OpsValidationTest, LinearAcceptsGoodArguments) {
+  EXPECT_TRUE(Linear(*b_, x_.view(), w_.view(), bias_.view(), Activation::kRelu, false,
+                     out_.view()).ok());
+  EXPECT_TRUE(
+      Linear(*b_, x_.view(), w_.view(), TensorView{}, Activation::kNone, true, out_.view()).ok());
+}
+
+TEST_F(OpsValidationTest, LinearRejectsBadArguments) {
+  auto lin = [&](TensorView x, TensorView w, TensorView bias, TensorView out) {
+    return Linear(*b_, x, w, bias, Activation::kNone, false, out);
+  };
+  TensorView x = x_.view(), w = w_.view(), bias = bias_.view(), out = out_.view();
+  TensorView bad = x;
+  bad.dtype = DType::kF16;
+  EXPECT_TRUE(RejectsArg(lin(bad, w, bias, out), "x"));
+  bad = x;
+  bad.data = nullptr;
+  EXPECT_TRUE(RejectsArg(lin(bad, w, bias, out), "x"));
+  bad = x;
+  bad.shape = Shape{2, 7};
+  EXPECT_TRUE(RejectsArg(lin(bad, w, bias, out), "x"));
+  bad = w;
+  bad.dtype = DType::kI32;
+  EXPECT_TRUE(RejectsArg(lin(x, bad, bias, out), "w"));
+  bad = w;
+  bad.shape = Shape{32};
+  EXPECT_TRUE(RejectsArg(lin(x, bad, bias, out), "w"));
+  bad = bias;
+  bad.shape = Shape{5};
+  EXPECT_TRUE(RejectsArg(lin(x, w, bad, out), "bias"));
+  bad = out;
+  bad.shape = Shape{2, 5};
+  EXPECT_TRUE(RejectsArg(lin(x, w, bias, bad), "out"));
+  bad = out;
+  bad.shape = Shape{1, 4};
+  EXPECT_TRUE(RejectsArg(lin(x, w, bias, bad), "out"));
+  // out aliasing x.
+  TensorView alias{x_.data(), DType::kF32, Shape{2, 4}};
+  EXPECT_TRUE(RejectsArg(lin(x, w, bias, alias), "out"));
+  EXPECT_TRUE(RejectsArg(Linear(*b_, x, w, bias, static_cast<Activation>(9), false, out), "act"));
+}
+
+TEST_F(OpsValidationTest, EmbeddingRejectsBadArguments) {
+  Tensor table = Tensor::Zeros(DType::kBF16, {10, 8});
+  Tensor out = Tensor::Zeros(DType::kF32, {2, 8});
+  std::vector<int32_t> ids = {1, 9};
+  EXPECT_TRUE(Embedding(*b_, table.view(), ids.data(), 2, false, out.view()).ok());
+  std::vector<int32_t> bad_ids = {1, 10};
+  EXPECT_TRUE(RejectsArg(Embedding(*b_, table.view(), bad_ids.data(), 2, false, out.view()), "ids"));
+  bad_ids = {-1, 0};
+  EXPECT_TRUE(RejectsArg(Embedding(*b_, table.view(), bad_ids.data(), 2, false, out.view()), "ids"));
+  EXPECT_TRUE(RejectsArg(Embedding(*b_, table.view(), nullptr, 2, false, out.view()), "ids"));
+  EXPECT_TRUE(RejectsArg(Embedding(*b_, table.view(), ids.data(), 3, false, out.view()), "out"));
+  EXPECT_TRUE(RejectsArg(Embedding(*b_, table.view(), ids.data(), -1, false, out.view()), "n"));
+  TensorView bad_table = table.view();
+  bad_table.shape = Shape{80};
+  EXPECT_TRUE(RejectsArg(Embedding(*b_, bad_table, ids.data(), 2, false, out.view()), "table"));
+}
+
+TEST_F(OpsValidationTest, LayerNormRejectsBadArguments) {
+  Tensor g = Tensor::Zeros(DType::kF32, {8}), beta = Tensor::Zeros(DType::kF32, {8});
+  Tensor y = Tensor::Zeros(DType::kF32, {2, 8});
+  EXPECT_TRUE(LayerNorm(*b_, x_.view(), g.view(), beta.view(), 1e-5f, y.view()).ok());
+  EXPECT_TRUE(LayerNorm(*b_, x_.view(), g.view(), beta.view(), 1e-5f, x_.view()).ok());
+  Tensor g7 = Tensor::Zeros(DType::kF32, {7});
+  EXPECT_TRUE(RejectsArg(LayerNorm(*b_, x_.view(), g7.view(), beta.view(), 1e-5f, y.view()),
+                         "gamma"));
+  Tensor beta16 = Tensor::Zeros(DType::kF16, {8});
+  EXPECT_TRUE(RejectsArg(LayerNorm(*b_, x_.view(), g.view(), beta16.view(), 1e-5f, y.view()),
+                         "beta"));
+  EXPECT_TRUE(RejectsArg(LayerNorm(*b_, x_.view(), g.view(), beta.view(), 0.f, y.view()), "eps"));
+  EXPECT_TRUE(RejectsArg(LayerNorm(*b_, x_.view(), g.view(), beta.view(), 1e-5f, out_.view()),
+                         "out"));
+  // Partial overlap (not the exact in-place case).
+  Tensor big = Tensor::Zeros(DType::kF32, {3, 8});
+  TensorView in{big.data(), DType::kF32, Shape{2, 8}};
+  TensorView overlap{big.as<float>() + 1, DType::kF32, Shape{2, 8}};
+  EXPECT_TRUE(RejectsArg(LayerNorm(*b_, in, g.view(), beta.view(), 1e-5f, overlap), "out"));
+}
+
+TEST_F(OpsValidationTest, AttentionRejectsBadArguments) {
+  const int32_t heads = 2, d = 4, cap = 3;
+  Tensor q = Tensor::Zeros(DType::kF32, {1, heads * d});
+  Tensor o = Tensor::Zeros(DType::kF32, {1, heads * d});
+  std::vector<float> k(heads * cap * d), v(heads * cap * d);
+  std::vector<int32_t> slot_pos(heads * cap, 0);
+  int32_t q_pos = 0;
+  AttentionArgs good;
+  good.q = q.view();
+  good.q_pos = &q_pos;
+  good.kv = {k.data(), v.data(), slot_pos.data(), cap, cap, nullptr};
+  good.heads = heads;
+  good.head_dim = d;
+  good.out = o.view();
+  EXPECT_TRUE(Attention(*b_, good).ok());
+  auto expect_bad = [&](auto mutate, const char* arg) {
+    AttentionArgs a = good;
+    mutate(a);
+    EXPECT_TRUE(RejectsArg(Attention(*b_, a), arg));
+  };
+  expect_bad([](AttentionArgs& a) { a.heads = 0; }, "heads");
+  expect_bad([](AttentionArgs& a) { a.head_dim = 3; }, "q");
+  expect_bad([](AttentionArgs& a) { a.kv.used = 4; }, "kv.used");
+  expect_bad([](AttentionArgs& a) { a.kv.used = -1; }, "kv.used");
+  expect_bad([](AttentionArgs& a) { a.kv.capacity = 0; }, "kv.capacity");
+  expect_bad([](AttentionArgs& a) { a.kv.k = nullptr; }, "kv.k");
+  expect_bad([](AttentionArgs& a) { a.kv.v = nullptr; }, "kv.v");
+  expect_bad([](AttentionArgs& a) { a.kv.slot_pos = nullptr; }, "kv.slot_pos");
+  expect_bad([](AttentionArgs& a) { a.q_pos = nullptr; }, "q_pos");
+  expect_bad([](AttentionArgs& a) { a.scale = std::numeric_limits<float>::infinity(); }, "scale");
+  expect_bad([&](AttentionArgs& a) { a.out = q.view(); }, "out");
+  int32_t negative = -1;
+  expect_bad([&](AttentionArgs& a) { a.q_pos = &negative; }, "q_pos");
+}
+
+TEST_F(OpsValidationTest, AddLogSoftmaxTopKRejectBadArguments) {
+  Tensor y = Tensor::Zeros(DType::kF32, {2, 8});
+  Tensor bias = Tensor::Zeros(DType::kBF16, {8});
+  EXPECT_TRUE(Add(*b_, x_.view(), bias.view(), y.view()).ok());
+  EXPECT_TRUE(RejectsArg(Add(*b_, x_.view(), TensorView{}, out_.view()), "out"));
+  EXPECT_TRUE(RejectsArg(Add(*b_, x_.view(), TensorView{}, x_.view()), "out"));
+  Tensor bias7 = Tensor::Zeros(DType::kF32, {7});
+  EXPECT_TRUE(RejectsArg(Add(*b_, x_.view(), bias7.view(), y.view()), "bias"));
+
+  EXPECT_TRUE(LogSoftmax(*b_, x_.view(), x_.view()).ok());
+  EXPECT_TRUE(RejectsArg(LogSoftmax(*b_, x_.view(), out_.view()), "out"));
+  TensorView half = x_.view();
+  half.dtype = DType::kF16;
+  EXPECT_TRUE(RejectsArg(LogSoftmax(*b_, half, y.view()), "x"));
+
+  float vals[16];
+  int32_t idx[16];
+  EXPECT_TRUE(TopK(*b_, x_.view(), 8, vals, idx).ok());
+  EXPECT_TRUE(RejectsArg(TopK(*b_, x_.view(), 0, vals, idx), "k"));
+  EXPECT_TRUE(RejectsArg(TopK(*b_, x_.view(), 9, vals, idx), "k"));
+  EXPECT_TRUE(RejectsArg(TopK(*b_, x_.view(), 2, nullptr, idx), "values"));
+  EXPECT_TRUE(RejectsArg(TopK(*b_, x_.view(), 2, vals, nullptr), "indices"));
+}
+
+TEST(Backends, CudaReportsWhyUnavailable) {
+  auto cuda = MakeCudaBackend(0);
+  if (cuda.ok()) GTEST_SKIP() << "a CUDA backend is available in this build";
+  EXPECT_EQ(cuda.status().code(), StatusCode::kUnavailable);
+  EXPECT_FALSE(cuda.status().message().empty());
+}
+
+TEST(Backends, OpNamesAreDistinct) {
+  std::set<std::string> names;
+  for (int i = 0; i < static_cast<int>(OpId::kCount); ++i) {
+    names.insert(OpName(static_cast<OpId>(i)));
+  }
+  EXPECT_EQ(names.size(), static_cast<size_t>(OpId::kCount));
+  EXPECT_EQ(names.count("?"), 0u);
+}
+
+}  // namespace
+}  // namespace deja::kernels
