@@ -12,30 +12,17 @@
 #include <sstream>
 
 #include "common/tokenizer.h"
+#include "tests/common/tokenizer_fixture.h"
 
 namespace deja {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-std::string ReadText(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using tokenizer_fixture::ReadText;
 
 void WriteText(const fs::path& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
-}
-
-fs::path FixtureModelDir() {
-  const char* src = std::getenv("DEJA_SOURCE_DIR");
-  const fs::path root = src != nullptr ? fs::path(src) : fs::path(".");
-  json golden = json::parse(ReadText(root / "tests/golden/tokenizer/cases.json"), nullptr, false);
-  CHECK(!golden.is_discarded()) << "missing tests/golden/tokenizer/cases.json";
-  return root / golden["model_dir"].get<std::string>();
 }
 
 class TokenizerLoadTest : public ::testing::Test {
@@ -44,9 +31,12 @@ class TokenizerLoadTest : public ::testing::Test {
     std::string pattern = (fs::temp_directory_path() / "deja_tokenizer_XXXXXX").string();
     ASSERT_NE(mkdtemp(pattern.data()), nullptr);
     dir_ = pattern;
+    const fs::path fixture =
+        tokenizer_fixture::TokenizerDir(tokenizer_fixture::ReadGolden("cases.json"));
+    ASSERT_FALSE(fixture.empty()) << "no fixture tokenizer: see tests/common/tokenizer_fixture.h";
     for (const char* name :
          {"vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"}) {
-      fs::copy_file(FixtureModelDir() / name, dir_ / name);
+      fs::copy_file(fixture / name, dir_ / name);
     }
   }
   void TearDown() override { fs::remove_all(dir_); }

@@ -14,51 +14,58 @@
 #include <thread>
 
 #include "common/utf8.h"
+#include "tests/common/tokenizer_fixture.h"
 
 namespace deja {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-fs::path SourceDir() {
-  const char* dir = std::getenv("DEJA_SOURCE_DIR");
-  return dir != nullptr ? fs::path(dir) : fs::path(".");
-}
-
-std::string ReadText(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using tokenizer_fixture::ReadGolden;
 
 const json& Golden() {
-  static const json golden = [] {
-    fs::path path = SourceDir() / "tests/golden/tokenizer/cases.json";
-    json parsed = json::parse(ReadText(path), nullptr, false);
-    CHECK(!parsed.is_discarded()) << "cannot read " << path
-                                  << " (regenerate with tools/fixture/golden_tokenizer.py)";
-    return parsed;
-  }();
+  static const json golden = ReadGolden("cases.json");
   return golden;
 }
 
-fs::path ModelDir() { return SourceDir() / Golden()["model_dir"].get<std::string>(); }
-
-const Tokenizer& Fixture() {
-  static const std::unique_ptr<Tokenizer> tokenizer = [] {
-    auto loaded = Tokenizer::Load(ModelDir().string());
-    CHECK(loaded.ok()) << loaded.status().ToString();
+// The fixture tokenizer, or nullptr (with the reason in *error) so tests fail, not crash.
+const Tokenizer* Fixture(std::string* error) {
+  static std::string load_error;
+  static const std::unique_ptr<Tokenizer> tokenizer = []() -> std::unique_ptr<Tokenizer> {
+    if (Golden().is_discarded()) {
+      load_error = "no tests/golden/tokenizer/cases.json: run tools/fixture/golden_tokenizer.py";
+      return nullptr;
+    }
+    const fs::path dir = tokenizer_fixture::TokenizerDir(Golden());
+    if (dir.empty()) {
+      load_error = "no fixture tokenizer (models/opt-mini or the goldens' model_dir)";
+      return nullptr;
+    }
+    auto loaded = Tokenizer::Load(dir.string());
+    if (!loaded.ok()) {
+      load_error = loaded.status().ToString();
+      return nullptr;
+    }
     return std::move(loaded).value();
   }();
-  return *tokenizer;
+  *error = load_error;
+  return tokenizer.get();
 }
+
+class TokenizerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string error;
+    tok_ = Fixture(&error);
+    ASSERT_NE(tok_, nullptr) << error;
+  }
+  const Tokenizer* tok_ = nullptr;
+};
 
 std::string Printable(const std::string& s) { return json(s).dump(); }
 
-TEST(TokenizerTest, SpecialTokensMatchHf) {
-  const Tokenizer& tok = Fixture();
+TEST_F(TokenizerTest, SpecialTokensMatchHf) {
+  const Tokenizer& tok = *tok_;
   EXPECT_EQ(tok.vocab_size(), Golden()["vocab_size"].get<int32_t>());
   EXPECT_EQ(tok.bos_id(), Golden()["bos_id"].get<int32_t>());
   EXPECT_EQ(tok.eos_id(), Golden()["eos_id"].get<int32_t>());
@@ -78,8 +85,8 @@ TEST(TokenizerTest, SpecialTokensMatchHf) {
   EXPECT_EQ(tok.TokenBytes(tok.vocab_size()), "");
 }
 
-TEST(TokenizerTest, GoldenTextsMatchHf) {
-  const Tokenizer& tok = Fixture();
+TEST_F(TokenizerTest, GoldenTextsMatchHf) {
+  const Tokenizer& tok = *tok_;
   const json& cases = Golden()["cases"];
   ASSERT_GE(cases.size(), 200u);
   int failures = 0;
@@ -99,8 +106,8 @@ TEST(TokenizerTest, GoldenTextsMatchHf) {
   EXPECT_EQ(failures, 0) << "of " << cases.size() << " golden texts";
 }
 
-TEST(TokenizerTest, GoldenIdSequencesDecodeLikeHf) {
-  const Tokenizer& tok = Fixture();
+TEST_F(TokenizerTest, GoldenIdSequencesDecodeLikeHf) {
+  const Tokenizer& tok = *tok_;
   for (const json& c : Golden()["decode_cases"]) {
     const auto ids = c["ids"].get<std::vector<int32_t>>();
     EXPECT_EQ(tok.Decode(ids, true), c["decoded"].get<std::string>()) << c["ids"].dump();
@@ -124,8 +131,8 @@ std::string StreamDecode(const Tokenizer& tok, const std::vector<int32_t>& ids, 
   return text + rest;
 }
 
-TEST(TokenizerTest, IncrementalDecodeEqualsFullDecode) {
-  const Tokenizer& tok = Fixture();
+TEST_F(TokenizerTest, IncrementalDecodeEqualsFullDecode) {
+  const Tokenizer& tok = *tok_;
   int sequences = 0;
   for (const char* key : {"cases", "decode_cases"}) {
     for (const json& c : Golden()[key]) {
@@ -139,8 +146,8 @@ TEST(TokenizerTest, IncrementalDecodeEqualsFullDecode) {
   EXPECT_GT(sequences, 300);
 }
 
-TEST(TokenizerTest, IncrementalDecoderHoldsSplitCharacters) {
-  const Tokenizer& tok = Fixture();
+TEST_F(TokenizerTest, IncrementalDecoderHoldsSplitCharacters) {
+  const Tokenizer& tok = *tok_;
   // U+1F600 as four single-byte tokens: nothing is emitted until the last byte arrives.
   std::vector<int32_t> bytes;
   for (char b : std::string("\xF0\x9F\x98\x80")) {
@@ -166,9 +173,8 @@ TEST(TokenizerTest, IncrementalDecoderHoldsSplitCharacters) {
   EXPECT_EQ(decoder.Flush(), "\xEF\xBF\xBD");
 }
 
-TEST(TokenizerTest, PreTokenizerClassesMatchHfOnEveryCodePoint) {
-  json classes =
-      json::parse(ReadText(SourceDir() / "tests/golden/tokenizer/classes.json"), nullptr, false);
+TEST(Gpt2PreTokenizerTest, ClassesMatchHfOnEveryCodePoint) {
+  json classes = ReadGolden("classes.json");
   ASSERT_FALSE(classes.is_discarded());
   std::vector<char> want(0x110000, 'O');
   for (const char* kind : {"L", "N", "S"}) {
@@ -208,7 +214,7 @@ std::vector<std::string> SplitText(const std::string& text) {
   return {pieces.begin(), pieces.end()};
 }
 
-TEST(TokenizerTest, WhitespaceRunsSplitLikePythonLookahead) {
+TEST(Gpt2PreTokenizerTest, WhitespaceRunsSplitLikePythonLookahead) {
   // Expected pieces from Python's regex module with GPT-2's pattern.
   using V = std::vector<std::string>;
   EXPECT_EQ(SplitText("a  b"), (V{"a", " ", " b"}));
@@ -223,8 +229,8 @@ TEST(TokenizerTest, WhitespaceRunsSplitLikePythonLookahead) {
   EXPECT_EQ(SplitText("x \xE2\x80\x99s 12ab"), (V{"x", " \xE2\x80\x99", "s", " 12", "ab"}));
 }
 
-TEST(TokenizerTest, LiteralSpecialTokensInTextAreSpecial) {
-  const Tokenizer& tok = Fixture();
+TEST_F(TokenizerTest, LiteralSpecialTokensInTextAreSpecial) {
+  const Tokenizer& tok = *tok_;
   auto ids = tok.Encode("a</s>b<pad>", false);
   ASSERT_TRUE(ids.ok());
   ASSERT_EQ(ids->size(), 4u);
@@ -234,8 +240,8 @@ TEST(TokenizerTest, LiteralSpecialTokensInTextAreSpecial) {
   EXPECT_EQ(tok.Decode(*ids, false), "a</s>b<pad>");
 }
 
-TEST(TokenizerTest, InvalidUtf8IsRejectedWithOffset) {
-  const Tokenizer& tok = Fixture();
+TEST_F(TokenizerTest, InvalidUtf8IsRejectedWithOffset) {
+  const Tokenizer& tok = *tok_;
   const std::pair<std::string, size_t> bad[] = {
       {"ab\xFF", 2},                   // never valid
       {"\xC0\xAF", 0},                 // overlong '/'
@@ -256,8 +262,8 @@ TEST(TokenizerTest, InvalidUtf8IsRejectedWithOffset) {
   EXPECT_TRUE(tok.Encode(std::string("a\0b", 3), false).ok());
 }
 
-TEST(TokenizerTest, ConcurrentEncodingIsConsistent) {
-  const Tokenizer& tok = Fixture();
+TEST_F(TokenizerTest, ConcurrentEncodingIsConsistent) {
+  const Tokenizer& tok = *tok_;
   const json& cases = Golden()["cases"];
   std::vector<std::thread> threads;
   std::vector<int> failures(4, 0);
