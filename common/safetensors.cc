@@ -184,6 +184,8 @@ StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::OpenDir(const std::string& dir
   if (FileExists(single)) {
     DEJA_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, OpenFile(single));
     ckpt->source_ = dir;
+    LOG(INFO) << "checkpoint " << dir << ": " << ckpt->names_.size() << " tensors, "
+              << ckpt->total_bytes_ / (1 << 20) << " MiB";
     return ckpt;
   }
   const std::string index = JoinPath(dir, kIndexFile);
@@ -195,6 +197,8 @@ StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::OpenDir(const std::string& dir
   ckpt->source_ = dir;
   DEJA_RETURN_IF_ERROR(ckpt->OpenIndex(dir, index));
   ckpt->Finish();
+  LOG(INFO) << "checkpoint " << dir << ": " << ckpt->names_.size() << " tensors, "
+            << ckpt->total_bytes_ / (1 << 20) << " MiB in " << ckpt->mappings_.size() << " shards";
   return ckpt;
 }
 
