@@ -1,0 +1,36 @@
+// The deja binary: one entry point, subcommands in their own files.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include <glog/logging.h>
+
+#include "cli/commands.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: deja <command> [flags]\n"
+    "commands:\n"
+    "  generate   one-shot generation in this process\n"
+    "  ppl        perplexity of a text file\n"
+    "  bench      benchmarks (bench decode)\n"
+    "Every command takes --help.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  FLAGS_logtostderr = true;
+  if (const char* v = std::getenv("DEJA_LOG_LEVEL")) FLAGS_minloglevel = std::atoi(v);
+  google::InitGoogleLogging(argv[0]);
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  std::string cmd = argv[1];
+  if (cmd == "generate") return deja::cli::RunGenerate(argc, argv, 2);
+  if (cmd == "ppl") return deja::cli::RunPerplexity(argc, argv, 2);
+  if (cmd == "bench") return deja::cli::RunBench(argc, argv, 2);
+  std::fprintf(stderr, "deja: unknown command '%s'\n%s", cmd.c_str(), kUsage);
+  return 2;
+}

@@ -1,0 +1,50 @@
+// `deja ppl`: perplexity of a text file in windows of --context tokens (the fixture's
+// procedure, see worker/generation.h).
+#include <chrono>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/common_flags.h"
+#include "common/tokenizer.h"
+#include "worker/generation.h"
+
+namespace deja::cli {
+
+int RunPerplexity(int argc, char** argv, int first) {
+  Args args("ppl", "Perplexity of --text in windows of --context tokens.");
+  AddModelFlags(args);
+  args.Flag("text", "UTF-8 text file", "", true)
+      .Flag("context", "window length in tokens, BOS included", "1024")
+      .Bool("json", "print one JSON object (perplexity, tokens, ...) as the last line");
+  if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("ppl", s);
+  if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
+  auto run = [&]() -> Status {
+    DEJA_ASSIGN_OR_RETURN(int64_t context, args.Int("context"));
+    if (context < 2 || context > (1 << 20)) return InvalidArgument("--context must be >= 2");
+    DEJA_ASSIGN_OR_RETURN(std::string text, ReadFile(args.Str("text")));
+    DEJA_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::Load(args.Str("model")));
+    StatusOr<std::vector<int32_t>> ids = tok->Encode(text, /*add_bos=*/false);
+    if (!ids.ok()) return ids.status().WithContext("--text " + args.Str("text"));
+    DEJA_ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromFlags(args));
+    auto t0 = std::chrono::steady_clock::now();
+    DEJA_ASSIGN_OR_RETURN(worker::PerplexityResult r,
+                          worker::Perplexity(*m.model, *ids, static_cast<int32_t>(context)));
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (args.On("json")) {
+      nlohmann::json j{{"perplexity", r.perplexity}, {"tokens", r.tokens},
+                       {"windows", r.windows},       {"nll", r.total_nll},
+                       {"context", context},         {"seconds", secs}};
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("perplexity %.4f over %ld tokens in %ld windows (%.1f s)\n", r.perplexity,
+                  static_cast<long>(r.tokens), static_cast<long>(r.windows), secs);
+    }
+    return Status::Ok();
+  };
+  if (Status s = run(); !s.ok()) return Fail("ppl", s);
+  return 0;
+}
+
+}  // namespace deja::cli

@@ -1,0 +1,149 @@
+// Sampling: greedy, temperature, top-k, top-p, repetition penalty, seeding, log-probs, top-n,
+// and parameter validation.
+#include "worker/sampler.h"
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace deja::worker {
+namespace {
+
+std::vector<float> LogitsFromProbs(const std::vector<double>& p) {
+  std::vector<float> l;
+  for (double x : p) l.push_back(static_cast<float>(std::log(x)));
+  return l;
+}
+
+std::vector<int> Histogram(const SamplingParams& params, const std::vector<float>& logits,
+                           int draws) {
+  Sampler s(params);
+  std::vector<int> h(logits.size());
+  for (int i = 0; i < draws; ++i) ++h[s.Choose(logits.data(), logits.size(), {}).id];
+  return h;
+}
+
+TEST(SamplerTest, GreedyPicksArgmaxAndReportsLogprob) {
+  std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f};
+  Sampler s(SamplingParams{});
+  TokenChoice c = s.Choose(logits.data(), 4, {});
+  EXPECT_EQ(c.id, 1);  // ties go to the lower id
+  double z = 0;
+  for (float l : logits) z += std::exp(l);
+  EXPECT_NEAR(c.logprob, 2.0 - std::log(z), 1e-6);
+}
+
+TEST(SamplerTest, SamplingFollowsTheDistribution) {
+  std::vector<double> p = {0.1, 0.2, 0.3, 0.4};
+  SamplingParams params;
+  params.do_sample = true;
+  params.seed = 7;
+  const int n = 40000;
+  auto h = Histogram(params, LogitsFromProbs(p), n);
+  for (size_t i = 0; i < p.size(); ++i) {
+    double sd = std::sqrt(n * p[i] * (1 - p[i]));
+    EXPECT_NEAR(h[i], n * p[i], 5 * sd) << "token " << i;
+  }
+}
+
+TEST(SamplerTest, TemperatureSharpens) {
+  std::vector<double> p = {0.1, 0.2, 0.3, 0.4};
+  SamplingParams params;
+  params.do_sample = true;
+  params.temperature = 0.5f;  // p^2 renormalised: 1, 4, 9, 16 over 30
+  const int n = 40000;
+  auto h = Histogram(params, LogitsFromProbs(p), n);
+  std::vector<double> q = {1 / 30.0, 4 / 30.0, 9 / 30.0, 16 / 30.0};
+  for (size_t i = 0; i < q.size(); ++i) {
+    EXPECT_NEAR(h[i], n * q[i], 5 * std::sqrt(n * q[i] * (1 - q[i])));
+  }
+}
+
+TEST(SamplerTest, TopKAndTopPRestrictTheSupport) {
+  std::vector<double> p = {0.05, 0.15, 0.3, 0.5};
+  SamplingParams params;
+  params.do_sample = true;
+  params.top_k = 2;
+  auto h = Histogram(params, LogitsFromProbs(p), 5000);
+  EXPECT_EQ(h[0] + h[1], 0);
+  EXPECT_GT(h[2], 0);
+  params.top_k = 0;
+  params.top_p = 0.75f;  // 0.5 + 0.3 reaches 0.75: tokens 3 and 2 only
+  h = Histogram(params, LogitsFromProbs(p), 5000);
+  EXPECT_EQ(h[0] + h[1], 0);
+  EXPECT_GT(h[2], 1000);
+  params.top_p = 0.4f;  // the top token alone
+  h = Histogram(params, LogitsFromProbs(p), 1000);
+  EXPECT_EQ(h[3], 1000);
+}
+
+TEST(SamplerTest, SeedMakesSamplingReproducible) {
+  std::vector<float> logits(100);
+  for (int i = 0; i < 100; ++i) logits[i] = std::sin(i * 0.37f);
+  SamplingParams params;
+  params.do_sample = true;
+  params.seed = 42;
+  Sampler a(params), b(params);
+  params.seed = 43;
+  Sampler c(params);
+  bool differs = false;
+  for (int i = 0; i < 50; ++i) {
+    int x = a.Choose(logits.data(), 100, {}).id;
+    EXPECT_EQ(x, b.Choose(logits.data(), 100, {}).id);
+    differs |= x != c.Choose(logits.data(), 100, {}).id;
+  }
+  EXPECT_TRUE(differs);
+}
+
+TEST(SamplerTest, RepetitionPenaltyDemotesSeenTokens) {
+  std::vector<float> logits = {1.0f, 3.0f, 2.9f, -1.0f};
+  SamplingParams params;
+  params.repetition_penalty = 1.5f;
+  Sampler s(params);
+  EXPECT_EQ(s.Choose(logits.data(), 4, {1, 1, 1}).id, 2);  // 3/1.5 = 2 < 2.9, penalised once
+  logits = {-1.0f, -0.5f, -0.6f, -3.0f};
+  EXPECT_EQ(s.Choose(logits.data(), 4, {1}).id, 2);  // negative: -0.5 * 1.5 = -0.75 < -0.6
+}
+
+TEST(SamplerTest, TopNAlternativesAreSortedLogprobs) {
+  std::vector<float> logits = {0.1f, 0.9f, 0.5f, 0.7f, -2.f};
+  SamplingParams params;
+  params.top_n = 3;
+  Sampler s(params);
+  TokenChoice c = s.Choose(logits.data(), 5, {});
+  ASSERT_EQ(c.top.size(), 3u);
+  EXPECT_EQ(c.top[0].first, 1);
+  EXPECT_EQ(c.top[1].first, 3);
+  EXPECT_EQ(c.top[2].first, 2);
+  EXPECT_FLOAT_EQ(c.top[0].second, c.logprob);
+  EXPECT_GT(c.top[1].second, c.top[2].second);
+}
+
+TEST(SamplerTest, ValidateNamesTheField) {
+  struct Case {
+    SamplingParams p;
+    const char* field;
+  };
+  std::vector<Case> cases(5);
+  cases[0].p.temperature = -1;
+  cases[0].field = "temperature";
+  cases[1].p.top_p = 0;
+  cases[1].field = "top_p";
+  cases[2].p.top_k = -3;
+  cases[2].field = "top_k";
+  cases[3].p.repetition_penalty = 0;
+  cases[3].field = "repetition_penalty";
+  cases[4].p.top_n = 99;
+  cases[4].field = "top_n";
+  for (const Case& c : cases) {
+    Status s = c.p.Validate();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find(c.field), std::string::npos) << s.message();
+  }
+  EXPECT_TRUE(SamplingParams{}.Validate().ok());
+}
+
+}  // namespace
+}  // namespace deja::worker

@@ -1,0 +1,107 @@
+#include "worker/generation.h"
+
+#include <chrono>
+#include <cmath>
+
+
+namespace deja::worker {
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+StatusOr<GenerationResult> Generate(OptModel& model, const std::vector<int32_t>& prompt,
+                                    const GenerationOptions& options,
+                                    const std::function<void(const TokenChoice&)>& on_token) {
+  DEJA_RETURN_IF_ERROR(options.sampling.Validate());
+  if (prompt.empty()) return InvalidArgument("prompt must hold at least one token");
+  if (options.max_new_tokens < 0) return InvalidArgument("max_new_tokens must be >= 0");
+  if (options.prefill_chunk <= 0) return InvalidArgument("prefill_chunk must be > 0");
+  const int64_t limit = model.config().max_position_embeddings;
+  const int64_t total = static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
+  if (total > limit) {
+    return OutOfRange("prompt of " + std::to_string(prompt.size()) + " tokens plus " +
+                      std::to_string(options.max_new_tokens) +
+                      " new tokens exceeds the model's position limit of " +
+                      std::to_string(limit));
+  }
+  DEJA_ASSIGN_OR_RETURN(std::unique_ptr<SequenceKv> kv,
+                        model.NewSequence(static_cast<int32_t>(std::max<int64_t>(total, 1))));
+  GenerationResult result;
+  result.finish_reason = "length";
+  if (options.max_new_tokens == 0) return result;
+
+  Sampler sampler(options.sampling);
+  std::vector<int32_t> history = prompt;
+  StepResult step;
+  const int32_t vocab = static_cast<int32_t>(model.config().vocab_size);
+  auto t0 = std::chrono::steady_clock::now();
+  for (size_t done = 0; done < prompt.size();) {
+    int32_t n = static_cast<int32_t>(
+        std::min<size_t>(options.prefill_chunk, prompt.size() - done));
+    SequenceStep s{kv.get(), prompt.data() + done, n, false};
+    DEJA_RETURN_IF_ERROR(model.Forward({s}, &step));
+    done += n;
+  }
+  auto t1 = std::chrono::steady_clock::now();
+  result.prefill_seconds = Seconds(t0, t1);
+  const int32_t eos = static_cast<int32_t>(model.config().eos_token_id);
+  for (int32_t i = 0; i < options.max_new_tokens; ++i) {
+    TokenChoice c = sampler.Choose(step.logits.as<float>(), vocab, history);
+    history.push_back(c.id);
+    if (on_token) on_token(c);
+    result.tokens.push_back(c);
+    if (options.stop_at_eos && c.id == eos) {
+      result.finish_reason = "eos";
+      break;
+    }
+    if (i + 1 == options.max_new_tokens) break;
+    SequenceStep s{kv.get(), &history.back(), 1, false};
+    DEJA_RETURN_IF_ERROR(model.Forward({s}, &step));
+  }
+  result.decode_seconds = Seconds(t1, std::chrono::steady_clock::now());
+  return result;
+}
+
+StatusOr<PerplexityResult> Perplexity(OptModel& model, const std::vector<int32_t>& tokens,
+                                      int32_t context) {
+  if (context < 2) return InvalidArgument("context must be >= 2");
+  if (context > model.config().max_position_embeddings) {
+    return OutOfRange("context " + std::to_string(context) +
+                      " exceeds the model's position limit of " +
+                      std::to_string(model.config().max_position_embeddings));
+  }
+  if (tokens.empty()) return InvalidArgument("the text has no tokens to score");
+  const int32_t bos = static_cast<int32_t>(model.config().bos_token_id);
+  const int64_t vocab = model.config().vocab_size;
+  PerplexityResult r;
+  std::vector<int32_t> window;
+  StepResult step;
+  for (size_t begin = 0; begin < tokens.size(); begin += context - 1) {
+    size_t end = std::min(tokens.size(), begin + context - 1);
+    window.assign(1, bos);
+    window.insert(window.end(), tokens.begin() + begin, tokens.begin() + end);
+    DEJA_ASSIGN_OR_RETURN(std::unique_ptr<SequenceKv> kv,
+                          model.NewSequence(static_cast<int32_t>(window.size())));
+    SequenceStep s{kv.get(), window.data(), static_cast<int32_t>(window.size()), true};
+    DEJA_RETURN_IF_ERROR(model.Forward({s}, &step));
+    const float* logits = step.logits.as<float>();
+    for (size_t i = 0; i + 1 < window.size(); ++i) {
+      const float* row = logits + i * vocab;
+      float mx = row[0];
+      for (int64_t j = 1; j < vocab; ++j) mx = std::max(mx, row[j]);
+      double sum = 0;
+      for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j]) - mx);
+      r.total_nll -= static_cast<double>(row[window[i + 1]]) - mx - std::log(sum);
+      ++r.tokens;
+    }
+    ++r.windows;
+  }
+  r.perplexity = std::exp(r.total_nll / static_cast<double>(r.tokens));
+  return r;
+}
+
+}  // namespace deja::worker

@@ -1,0 +1,278 @@
+#include "worker/opt_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/ops.h"
+
+namespace deja::worker {
+namespace {
+
+constexpr float kLayerNormEps = 1e-5f;
+constexpr int32_t kPositionOffset = 2;  // OPT's learned positions start at row 2
+
+TensorView Rows(const Tensor& t, int64_t rows, int64_t cols) {
+  TensorView v = t.view();
+  v.shape = Shape{rows, cols};
+  return v;
+}
+
+int64_t ViewBytes(const TensorView& v) { return v.data ? static_cast<int64_t>(v.bytes()) : 0; }
+
+int64_t LinearBytes(const LinearWeights& l) { return ViewBytes(l.w) + ViewBytes(l.bias); }
+
+}  // namespace
+
+StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
+                                                   kernels::Backend* backend,
+                                                   std::unique_ptr<Communicator> comm) {
+  std::unique_ptr<OptModel> m(new OptModel());
+  m->backend_ = backend;
+  m->comm_ = comm ? std::move(comm) : MakeSoloCommunicator();
+  DEJA_ASSIGN_OR_RETURN(m->config_, LoadOptConfig(dir));
+  DEJA_ASSIGN_OR_RETURN(m->ckpt_, OpenCheckpoint(dir));
+  DEJA_ASSIGN_OR_RETURN(OptTensorNames names, ResolveOptTensorNames(*m->ckpt_, m->config_));
+  DEJA_RETURN_IF_ERROR(CheckOptTensorShapes(*m->ckpt_, m->config_, names));
+  ShardSpec shard{m->comm_->rank(), m->comm_->world_size()};
+  DEJA_ASSIGN_OR_RETURN(m->w_, LoadOptWeights(*m->ckpt_, m->config_, names, shard));
+
+  int64_t bytes = 0;
+  for (const OptLayerWeights& l : m->w_.layers) {
+    bytes += LinearBytes(l.q) + LinearBytes(l.k) + LinearBytes(l.v) + LinearBytes(l.out) +
+             LinearBytes(l.fc1) + LinearBytes(l.fc2);
+    bytes += ViewBytes(l.attn_ln.gamma) * 2 + ViewBytes(l.ffn_ln.gamma) * 2;
+  }
+  bytes += LinearBytes(m->w_.lm_head) + LinearBytes(m->w_.project_in) +
+           LinearBytes(m->w_.project_out);
+  m->weight_bytes_ = bytes;
+  // Page the rank's weights in now, so the first request does not pay for the page faults.
+  for (const OptLayerWeights& l : m->w_.layers) {
+    for (const LinearWeights* lw : {&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2}) {
+      Checkpoint::Prefetch(lw->w);
+    }
+  }
+  Checkpoint::Prefetch(m->w_.lm_head.w);
+  LOG(INFO) << "loaded " << dir << " rank " << shard.rank << "/" << shard.world << ": "
+            << m->config_.num_hidden_layers << " layers, " << bytes / (1 << 20)
+            << " MiB of weights on this rank";
+  return m;
+}
+
+KvGeometry OptModel::kv_geometry() const {
+  return {static_cast<int32_t>(config_.num_hidden_layers), static_cast<int32_t>(w_.local_heads),
+          static_cast<int32_t>(config_.head_dim())};
+}
+
+StatusOr<std::unique_ptr<SequenceKv>> OptModel::NewSequence(int32_t max_tokens) const {
+  if (max_tokens > config_.max_position_embeddings) {
+    return OutOfRange("sequence of " + std::to_string(max_tokens) +
+                      " tokens exceeds the model's position limit of " +
+                      std::to_string(config_.max_position_embeddings));
+  }
+  return SequenceKv::Create(kv_geometry(), max_tokens);
+}
+
+void OptModel::EnsureWorkspace(int64_t rows) {
+  if (rows <= ws_rows_) return;
+  const int64_t d = config_.hidden_size, p = config_.word_embed_proj_dim;
+  const int64_t local = w_.local_heads * config_.head_dim();
+  h_ = Tensor::Empty(DType::kF32, {rows, d});
+  a_ = Tensor::Empty(DType::kF32, {rows, d});
+  o_ = Tensor::Empty(DType::kF32, {rows, d});
+  q_ = Tensor::Empty(DType::kF32, {rows, local});
+  k_ = Tensor::Empty(DType::kF32, {rows, local});
+  v_ = Tensor::Empty(DType::kF32, {rows, local});
+  ctx_ = Tensor::Empty(DType::kF32, {rows, local});
+  u_ = Tensor::Empty(DType::kF32, {rows, w_.local_ffn});
+  emb_ = Tensor::Empty(DType::kF32, {rows, std::max(p, d)});
+  ws_rows_ = rows;
+}
+
+Status OptModel::Forward(const std::vector<SequenceStep>& batch, StepResult* result) {
+  int64_t rows = 0;
+  for (const SequenceStep& s : batch) {
+    if (s.kv == nullptr || s.tokens == nullptr || s.n <= 0) {
+      return InvalidArgument("every sequence of a step needs a cache and at least one token");
+    }
+    if (s.kv->length() + s.n > config_.max_position_embeddings) {
+      return OutOfRange("sequence would reach " + std::to_string(s.kv->length() + s.n) +
+                        " tokens, past the model's position limit of " +
+                        std::to_string(config_.max_position_embeddings));
+    }
+    for (int32_t i = 0; i < s.n; ++i) {
+      if (s.tokens[i] < 0 || s.tokens[i] >= config_.vocab_size) {
+        return InvalidArgument("token id " + std::to_string(s.tokens[i]) +
+                               " is outside the vocabulary [0, " +
+                               std::to_string(config_.vocab_size) + ")");
+      }
+    }
+    rows += s.n;
+  }
+  if (rows == 0) return InvalidArgument("empty step");
+  EnsureWorkspace(rows);
+  ids_.clear();
+  tok_pos_.clear();
+  pos_rows_.clear();
+  for (const SequenceStep& s : batch) {
+    for (int32_t i = 0; i < s.n; ++i) {
+      ids_.push_back(s.tokens[i]);
+      tok_pos_.push_back(s.kv->length() + i);
+      pos_rows_.push_back(s.kv->length() + i + kPositionOffset);
+    }
+  }
+  for (const SequenceStep& s : batch) DEJA_RETURN_IF_ERROR(s.kv->AppendPositions(s.n));
+
+  const int64_t d = config_.hidden_size, p = config_.word_embed_proj_dim;
+  kernels::Backend& be = *backend_;
+  TensorView h = Rows(h_, rows, d);
+  if (w_.project_in.w.data != nullptr) {
+    TensorView e = Rows(emb_, rows, p);
+    DEJA_RETURN_IF_ERROR(kernels::Embedding(be, w_.embed_tokens, ids_.data(), rows, false, e));
+    DEJA_RETURN_IF_ERROR(kernels::Linear(be, e, w_.project_in.w, {}, kernels::Activation::kNone,
+                                         false, h));
+  } else {
+    DEJA_RETURN_IF_ERROR(kernels::Embedding(be, w_.embed_tokens, ids_.data(), rows, false, h));
+  }
+  DEJA_RETURN_IF_ERROR(kernels::Embedding(be, w_.embed_positions, pos_rows_.data(), rows, true, h));
+
+  for (int32_t l = 0; l < config_.num_hidden_layers; ++l) {
+    DEJA_RETURN_IF_ERROR(Layer(l, batch, rows));
+  }
+  return Logits(batch, rows, result);
+}
+
+Status OptModel::Layer(int32_t l, const std::vector<SequenceStep>& batch, int64_t rows) {
+  const OptLayerWeights& lw = w_.layers[l];
+  const bool pre_ln = config_.do_layer_norm_before;
+  const int64_t d = config_.hidden_size;
+  const int32_t heads = static_cast<int32_t>(w_.local_heads);
+  const int32_t hd = static_cast<int32_t>(config_.head_dim());
+  const int64_t local = static_cast<int64_t>(heads) * hd;
+  kernels::Backend& be = *backend_;
+  using kernels::Activation;
+  TensorView h = Rows(h_, rows, d), a = Rows(a_, rows, d), o = Rows(o_, rows, d);
+  TensorView q = Rows(q_, rows, local), k = Rows(k_, rows, local), v = Rows(v_, rows, local);
+  TensorView ctx = Rows(ctx_, rows, local), u = Rows(u_, rows, w_.local_ffn);
+
+  // Attention block.
+  TensorView attn_in = h;
+  if (pre_ln) {
+    DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h, lw.attn_ln.gamma, lw.attn_ln.beta,
+                                            kLayerNormEps, a));
+    attn_in = a;
+  }
+  DEJA_RETURN_IF_ERROR(kernels::Linear(be, attn_in, lw.q.w, lw.q.bias, Activation::kNone, false, q));
+  DEJA_RETURN_IF_ERROR(kernels::Linear(be, attn_in, lw.k.w, lw.k.bias, Activation::kNone, false, k));
+  DEJA_RETURN_IF_ERROR(kernels::Linear(be, attn_in, lw.v.w, lw.v.bias, Activation::kNone, false, v));
+  int64_t row = 0;
+  for (const SequenceStep& s : batch) {
+    s.kv->WriteLayer(l, s.n, k.as<float>() + row * local, v.as<float>() + row * local);
+    kernels::AttentionArgs args;
+    args.q = q.RowSlice(row, row + s.n);
+    args.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    args.q_pos = tok_pos_.data() + row;
+    args.kv = s.kv->View(l);
+    args.heads = heads;
+    args.head_dim = hd;
+    args.out = ctx.RowSlice(row, row + s.n);
+    DEJA_RETURN_IF_ERROR(kernels::Attention(be, args));
+    row += s.n;
+  }
+  DEJA_RETURN_IF_ERROR(kernels::Linear(be, ctx, lw.out.w, {}, Activation::kNone, false, o));
+  DEJA_RETURN_IF_ERROR(comm_->AllReduceSum(o.as<float>(), o.numel()));  // all-reduce 1 of 2
+  DEJA_RETURN_IF_ERROR(kernels::Add(be, o, lw.out.bias, h));
+  if (!pre_ln) {
+    DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h, lw.attn_ln.gamma, lw.attn_ln.beta,
+                                            kLayerNormEps, h));
+  }
+
+  // MLP block.
+  TensorView mlp_in = h;
+  if (pre_ln) {
+    DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h, lw.ffn_ln.gamma, lw.ffn_ln.beta,
+                                            kLayerNormEps, a));
+    mlp_in = a;
+  }
+  DEJA_RETURN_IF_ERROR(kernels::Linear(be, mlp_in, lw.fc1.w, lw.fc1.bias, Activation::kRelu,
+                                       false, u));
+  DEJA_RETURN_IF_ERROR(kernels::Linear(be, u, lw.fc2.w, {}, Activation::kNone, false, o));
+  DEJA_RETURN_IF_ERROR(comm_->AllReduceSum(o.as<float>(), o.numel()));  // all-reduce 2 of 2
+  DEJA_RETURN_IF_ERROR(kernels::Add(be, o, lw.fc2.bias, h));
+  if (!pre_ln) {
+    DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h, lw.ffn_ln.gamma, lw.ffn_ln.beta,
+                                            kLayerNormEps, h));
+  }
+  return Status::Ok();
+}
+
+Status OptModel::Logits(const std::vector<SequenceStep>& batch, int64_t rows,
+                        StepResult* result) {
+  const int64_t d = config_.hidden_size, p = config_.word_embed_proj_dim;
+  kernels::Backend& be = *backend_;
+  // Gather the rows that need logits into a_ (contiguous).
+  result->row_seq.clear();
+  int64_t out_rows = 0, row = 0;
+  const float* hs = h_.as<float>();
+  float* dst = a_.as<float>();
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const SequenceStep& s = batch[b];
+    int32_t first = s.all_logits ? 0 : s.n - 1;
+    for (int32_t i = first; i < s.n; ++i) {
+      std::memcpy(dst + out_rows * d, hs + (row + i) * d, d * sizeof(float));
+      result->row_seq.push_back(static_cast<int32_t>(b));
+      ++out_rows;
+    }
+    row += s.n;
+  }
+  TensorView x = Rows(a_, out_rows, d);
+  if (w_.final_ln.present()) {
+    DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, x, w_.final_ln.gamma, w_.final_ln.beta,
+                                            kLayerNormEps, x));
+  }
+  if (w_.project_out.w.data != nullptr) {
+    TensorView e = Rows(emb_, out_rows, p);
+    DEJA_RETURN_IF_ERROR(kernels::Linear(be, x, w_.project_out.w, {}, kernels::Activation::kNone,
+                                         false, e));
+    x = e;
+  }
+  const int64_t vocab = config_.vocab_size, local_vocab = w_.vocab_end - w_.vocab_begin;
+  if (result->logits.empty() || result->logits.shape()[0] < out_rows ||
+      result->logits.shape()[1] != vocab) {
+    result->logits = Tensor::Empty(DType::kF32, {out_rows, vocab});
+  }
+  if (comm_->world_size() == 1) {
+    TensorView out = Rows(result->logits, out_rows, vocab);
+    return kernels::Linear(be, x, w_.lm_head.w, {}, kernels::Activation::kNone, false, out);
+  }
+  // Vocab-parallel head: each rank computes its slice into a padded [rows, chunk] block, the
+  // blocks are gathered, and the slices are laid side by side.
+  const int world = comm_->world_size();
+  const int64_t chunk = (vocab + world - 1) / world;
+  const int64_t block = out_rows * chunk;
+  if (static_cast<int64_t>(gather_.size()) < block * (world + 1)) {
+    gather_.resize(block * (world + 1));
+  }
+  TensorView local_out{gather_.data(), DType::kF32, Shape{out_rows, local_vocab}};
+  DEJA_RETURN_IF_ERROR(kernels::Linear(be, x, w_.lm_head.w, {}, kernels::Activation::kNone,
+                                       false, local_out));
+  // Re-stride the local [rows, local_vocab] result to [rows, chunk] (in place, back to front).
+  for (int64_t r = out_rows - 1; r >= 0; --r) {
+    std::memmove(gather_.data() + r * chunk, gather_.data() + r * local_vocab,
+                 local_vocab * sizeof(float));
+  }
+  float* all = gather_.data() + block;
+  DEJA_RETURN_IF_ERROR(comm_->AllGather(gather_.data(), block, all));
+  float* logits = result->logits.as<float>();
+  for (int rk = 0; rk < world; ++rk) {
+    int64_t vb, ve;
+    ShardRange(vocab, rk, world, &vb, &ve);
+    for (int64_t r = 0; r < out_rows; ++r) {
+      std::memcpy(logits + r * vocab + vb, all + rk * block + r * chunk,
+                  (ve - vb) * sizeof(float));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace deja::worker

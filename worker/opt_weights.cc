@@ -1,0 +1,130 @@
+#include "worker/opt_weights.h"
+
+#include <cstring>
+#include <string>
+
+namespace deja::worker {
+namespace {
+
+TensorView Slice1D(TensorView v, int64_t begin, int64_t end) {
+  if (v.data == nullptr) return v;
+  v.data = static_cast<char*>(v.data) + begin * DTypeSize(v.dtype);
+  v.shape = Shape{end - begin};
+  return v;
+}
+
+// Copies columns [begin, end) of a [rows, cols] matrix (row-parallel shard).
+Tensor CopyColumns(TensorView w, int64_t begin, int64_t end) {
+  const int64_t rows = w.shape[0], cols = w.shape[1], n = end - begin;
+  const size_t es = DTypeSize(w.dtype);
+  Tensor t = Tensor::Empty(w.dtype, {rows, n});
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(static_cast<char*>(t.data()) + r * n * es,
+                static_cast<const char*>(w.data) + (r * cols + begin) * es, n * es);
+  }
+  return t;
+}
+
+StatusOr<TensorView> GetOptional(const Checkpoint& ckpt, const std::string& name,
+                                 const Shape& shape) {
+  if (name.empty()) return TensorView{};
+  return ckpt.Get(name, shape);
+}
+
+StatusOr<NormWeights> LoadNorm(const Checkpoint& ckpt, const std::string& w,
+                               const std::string& b, int64_t dim) {
+  NormWeights n;
+  DEJA_ASSIGN_OR_RETURN(n.gamma, GetOptional(ckpt, w, {dim}));
+  DEJA_ASSIGN_OR_RETURN(n.beta, GetOptional(ckpt, b, {dim}));
+  return n;
+}
+
+// Column-parallel: rows [begin, end) of w [out, in] and of its bias.
+StatusOr<LinearWeights> LoadColumnParallel(const Checkpoint& ckpt, const std::string& w,
+                                           const std::string& b, int64_t out, int64_t in,
+                                           int64_t begin, int64_t end) {
+  LinearWeights lw;
+  DEJA_ASSIGN_OR_RETURN(TensorView full, ckpt.Get(w, {out, in}));
+  lw.w = full.RowSlice(begin, end);
+  DEJA_ASSIGN_OR_RETURN(TensorView bias, GetOptional(ckpt, b, {out}));
+  lw.bias = Slice1D(bias, begin, end);
+  return lw;
+}
+
+// Row-parallel: columns [begin, end) of w [out, in]; the full bias, added after the reduction.
+StatusOr<LinearWeights> LoadRowParallel(const Checkpoint& ckpt, const std::string& w,
+                                        const std::string& b, int64_t out, int64_t in,
+                                        int64_t begin, int64_t end) {
+  LinearWeights lw;
+  DEJA_ASSIGN_OR_RETURN(TensorView full, ckpt.Get(w, {out, in}));
+  if (begin == 0 && end == in) {
+    lw.w = full;
+  } else {
+    lw.owned = CopyColumns(full, begin, end);
+    lw.w = lw.owned.view();
+  }
+  DEJA_ASSIGN_OR_RETURN(lw.bias, GetOptional(ckpt, b, {out}));
+  return lw;
+}
+
+}  // namespace
+
+void ShardRange(int64_t total, int rank, int world, int64_t* begin, int64_t* end) {
+  const int64_t base = total / world, extra = total % world;
+  *begin = rank * base + std::min<int64_t>(rank, extra);
+  *end = *begin + base + (rank < extra ? 1 : 0);
+}
+
+StatusOr<OptWeights> LoadOptWeights(const Checkpoint& ckpt, const OptConfig& c,
+                                    const OptTensorNames& names, const ShardSpec& shard) {
+  if (shard.world < 1 || shard.rank < 0 || shard.rank >= shard.world) {
+    return InvalidArgument("rank " + std::to_string(shard.rank) + " is outside world size " +
+                           std::to_string(shard.world));
+  }
+  if (c.num_attention_heads % shard.world != 0) {
+    return InvalidArgument("num_attention_heads " + std::to_string(c.num_attention_heads) +
+                           " is not divisible by the tensor-parallel size " +
+                           std::to_string(shard.world));
+  }
+  if (c.ffn_dim % shard.world != 0) {
+    return InvalidArgument("ffn_dim " + std::to_string(c.ffn_dim) +
+                           " is not divisible by the tensor-parallel size " +
+                           std::to_string(shard.world));
+  }
+  const int64_t d = c.hidden_size, p = c.word_embed_proj_dim, f = c.ffn_dim;
+  OptWeights w;
+  w.local_heads = c.num_attention_heads / shard.world;
+  w.local_ffn = f / shard.world;
+  DEJA_ASSIGN_OR_RETURN(w.embed_tokens, ckpt.Get(names.embed_tokens, {c.vocab_size, p}));
+  DEJA_ASSIGN_OR_RETURN(w.embed_positions,
+                        ckpt.Get(names.embed_positions, {c.max_position_embeddings + 2, d}));
+  if (!names.project_in.empty()) {
+    DEJA_ASSIGN_OR_RETURN(w.project_in.w, ckpt.Get(names.project_in, {d, p}));
+    DEJA_ASSIGN_OR_RETURN(w.project_out.w, ckpt.Get(names.project_out, {p, d}));
+  }
+  DEJA_ASSIGN_OR_RETURN(w.final_ln,
+                        LoadNorm(ckpt, names.final_ln_weight, names.final_ln_bias, d));
+
+  const int64_t hb = shard.rank * (d / shard.world), he = hb + d / shard.world;
+  const int64_t fb = shard.rank * w.local_ffn, fe = fb + w.local_ffn;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    OptLayerNames n = names.Layer(l);
+    OptLayerWeights lw;
+    DEJA_ASSIGN_OR_RETURN(lw.attn_ln, LoadNorm(ckpt, n.attn_ln_weight, n.attn_ln_bias, d));
+    DEJA_ASSIGN_OR_RETURN(lw.ffn_ln, LoadNorm(ckpt, n.ffn_ln_weight, n.ffn_ln_bias, d));
+    DEJA_ASSIGN_OR_RETURN(lw.q, LoadColumnParallel(ckpt, n.q_weight, n.q_bias, d, d, hb, he));
+    DEJA_ASSIGN_OR_RETURN(lw.k, LoadColumnParallel(ckpt, n.k_weight, n.k_bias, d, d, hb, he));
+    DEJA_ASSIGN_OR_RETURN(lw.v, LoadColumnParallel(ckpt, n.v_weight, n.v_bias, d, d, hb, he));
+    DEJA_ASSIGN_OR_RETURN(lw.out, LoadRowParallel(ckpt, n.out_weight, n.out_bias, d, d, hb, he));
+    DEJA_ASSIGN_OR_RETURN(lw.fc1,
+                          LoadColumnParallel(ckpt, n.fc1_weight, n.fc1_bias, f, d, fb, fe));
+    DEJA_ASSIGN_OR_RETURN(lw.fc2, LoadRowParallel(ckpt, n.fc2_weight, n.fc2_bias, d, f, fb, fe));
+    w.layers.push_back(std::move(lw));
+  }
+  ShardRange(c.vocab_size, shard.rank, shard.world, &w.vocab_begin, &w.vocab_end);
+  DEJA_ASSIGN_OR_RETURN(TensorView head, ckpt.Get(names.lm_head, {c.vocab_size, p}));
+  w.lm_head.w = head.RowSlice(w.vocab_begin, w.vocab_end);
+  return w;
+}
+
+}  // namespace deja::worker

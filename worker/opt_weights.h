@@ -1,0 +1,59 @@
+// The weights one tensor-parallel rank holds of an OPT checkpoint. Column-parallel matrices
+// (q/k/v, fc1, the vocab slice of the lm head) are row ranges of the HF [out, in] layout, so
+// they are views straight into the mmapped checkpoint; row-parallel ones (out_proj, fc2) are
+// column ranges and are copied for world > 1. Embeddings and LayerNorms are replicated.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/opt_config.h"
+#include "common/safetensors.h"
+#include "common/status.h"
+#include "common/tensor.h"
+
+namespace deja::worker {
+
+struct ShardSpec {
+  int rank = 0;
+  int world = 1;
+};
+
+struct LinearWeights {
+  TensorView w;     // [out, in] (this rank's part)
+  TensorView bias;  // [out] or empty; for row-parallel layers the full bias (added once)
+  Tensor owned;     // backing storage when w is a copied column slice
+};
+
+struct NormWeights {
+  TensorView gamma, beta;  // empty when absent
+  bool present() const { return gamma.data != nullptr; }
+};
+
+struct OptLayerWeights {
+  NormWeights attn_ln, ffn_ln;
+  LinearWeights q, k, v, out, fc1, fc2;
+};
+
+struct OptWeights {
+  TensorView embed_tokens;     // [vocab, word_embed_proj_dim], replicated
+  TensorView embed_positions;  // [max_positions + 2, hidden], replicated
+  LinearWeights project_in;    // [hidden, proj] or empty
+  LinearWeights project_out;   // [proj, hidden] or empty
+  NormWeights final_ln;
+  std::vector<OptLayerWeights> layers;
+  LinearWeights lm_head;       // this rank's vocab rows [vocab_end - vocab_begin, proj]
+  int64_t vocab_begin = 0, vocab_end = 0;
+  int64_t local_heads = 0, local_ffn = 0;
+};
+
+// The [begin, end) part of rank `rank` when `total` is split over `world` ranks as evenly as
+// possible (earlier ranks take the remainder).
+void ShardRange(int64_t total, int rank, int world, int64_t* begin, int64_t* end);
+
+// Fails with InvalidArgument when heads or ffn are not divisible by the world size.
+StatusOr<OptWeights> LoadOptWeights(const Checkpoint& ckpt, const OptConfig& config,
+                                    const OptTensorNames& names, const ShardSpec& shard);
+
+}  // namespace deja::worker
