@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs everything deja needs to build and test from Debian's packages (and numpy from PyPI
+# for the checkpoint tools). Idempotent: does nothing when all packages are present.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libgoogle-glog-dev libgflags-dev libgloo-dev libhwy-dev libre2-dev nlohmann-json3-dev
+  libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-venv python3-pip
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# numpy for tools/checkpoints (random-weight benchmark checkpoints); not needed by the tests.
+if ! python3 -c "import numpy" 2>/dev/null; then
+  python3 -m pip install -q numpy || echo "note: numpy not installed; tools/checkpoints needs it"
+fi
