@@ -1,0 +1,155 @@
+// The deja binary as a user runs it: real processes, checked exit codes and messages. Bad input
+// (missing or corrupted checkpoints, wrong shapes, over-long or invalid prompts, bad flags)
+// must give a clear message and a non-zero exit, never a crash (a signal).
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/common/temp_dir.h"
+#include "tests/worker/golden_util.h"
+
+namespace deja {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Run {
+  int exit_code = -1;
+  bool signaled = false;
+  std::string out;  // stdout and stderr together
+};
+
+Run RunDeja(const std::string& args) {
+  std::string cmd = std::string(DEJA_BINARY) + " " + args + " 2>&1";
+  Run r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.signaled = WIFSIGNALED(status);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string Mini() { return test_util::ModelDir("opt-mini"); }
+
+// Copies the model to a temp dir so a test can damage it.
+std::string CopyModel(const test_util::TempDir& dir) {
+  std::string dst = dir.File("model");
+  fs::copy(Mini(), dst, fs::copy_options::recursive);
+  return dst;
+}
+
+void ExpectCleanFailure(const Run& r, const std::string& needle) {
+  EXPECT_FALSE(r.signaled) << r.out;
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find(needle), std::string::npos) << "expected '" << needle << "' in:\n" << r.out;
+}
+
+nlohmann::json LastJsonLine(const std::string& out) {
+  auto end = out.find_last_not_of('\n');
+  auto begin = out.rfind('\n', end);
+  return nlohmann::json::parse(out.substr(begin == std::string::npos ? 0 : begin + 1));
+}
+
+TEST(CliTest, GenerateJsonMatchesGoldenGreedy) {
+  auto golden = test_util::LoadGolden("opt-mini");
+  const auto& c = golden["cases"][2];
+  std::string prompt = c["prompt"].get<std::string>();
+  test_util::TempDir dir;
+  std::ofstream(dir.File("prompt.txt")) << prompt;
+  // The prompt goes through a file to keep shell quoting out of the way.
+  Run r = RunDeja("generate --model " + Mini() + " --prompt \"$(cat " + dir.File("prompt.txt") +
+                  ")\" --max-new-tokens 32 --ignore-eos --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto j = LastJsonLine(r.out);
+  EXPECT_EQ(j["token_ids"].get<std::vector<int32_t>>(),
+            c["greedy_ids"].get<std::vector<int32_t>>());
+  EXPECT_EQ(j["text"].get<std::string>(), c["greedy_text"].get<std::string>());
+}
+
+TEST(CliTest, PerplexityJson) {
+  Run r = RunDeja("ppl --model " + Mini() + " --text " + test_util::SourceDir() +
+                  "/tests/data/heldout/tinyshakespeare.txt --context 256 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto j = LastJsonLine(r.out);
+  EXPECT_GT(j["perplexity"].get<double>(), 1.0);
+  EXPECT_GT(j["tokens"].get<int64_t>(), 1000);
+}
+
+TEST(CliTest, MissingModelDirectory) {
+  ExpectCleanFailure(RunDeja("generate --model /nonexistent/model --prompt hi"),
+                     "/nonexistent/model");
+}
+
+TEST(CliTest, TruncatedSafetensors) {
+  test_util::TempDir dir;
+  std::string m = CopyModel(dir);
+  fs::resize_file(m + "/model.safetensors", fs::file_size(m + "/model.safetensors") / 2);
+  ExpectCleanFailure(RunDeja("generate --model " + m + " --prompt hi"), "model.safetensors");
+}
+
+TEST(CliTest, CorruptedSafetensorsHeader) {
+  test_util::TempDir dir;
+  std::string m = CopyModel(dir);
+  std::fstream f(m + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(9);
+  f.write("#garbage#garbage#", 17);
+  f.close();
+  ExpectCleanFailure(RunDeja("generate --model " + m + " --prompt hi"), "model.safetensors");
+}
+
+TEST(CliTest, WrongTensorShapes) {
+  test_util::TempDir dir;
+  std::string m = CopyModel(dir);
+  std::ifstream in(m + "/config.json");
+  auto cfg = nlohmann::json::parse(in);
+  cfg["ffn_dim"] = cfg["ffn_dim"].get<int>() * 2;
+  std::ofstream(m + "/config.json") << cfg.dump();
+  ExpectCleanFailure(RunDeja("generate --model " + m + " --prompt hi"), "fc1.weight");
+}
+
+TEST(CliTest, PromptLongerThanPositionLimit) {
+  test_util::TempDir dir;
+  std::string big;
+  for (int i = 0; i < 1500; ++i) big += "word ";
+  std::ofstream(dir.File("p.txt")) << big;
+  ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt \"$(cat " +
+                             dir.File("p.txt") + ")\""),
+                     "position limit");
+}
+
+TEST(CliTest, InvalidUtf8Prompt) {
+  ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt \"$(printf 'ab\\xff\\xfe')\""),
+                     "UTF-8");
+}
+
+TEST(CliTest, BadFlagsNameTheFlag) {
+  ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi --top-p 2"), "top_p");
+  ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi --max-new-tokens x"),
+                     "--max-new-tokens");
+  ExpectCleanFailure(RunDeja("generate --prompt hi"), "--model");
+  ExpectCleanFailure(RunDeja("frobnicate"), "unknown command");
+  ExpectCleanFailure(RunDeja("ppl --model " + Mini() + " --text /nonexistent.txt"),
+                     "/nonexistent.txt");
+}
+
+TEST(CliTest, HelpForEverySubcommand) {
+  for (const char* cmd : {"generate", "ppl", "bench decode"}) {
+    Run r = RunDeja(std::string(cmd) + " --help");
+    EXPECT_EQ(r.exit_code, 0) << cmd;
+    EXPECT_NE(r.out.find("usage: deja"), std::string::npos) << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace deja
