@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include "hwy/targets.h"
+
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -87,6 +89,19 @@ TEST(CompareLinear, ModelSized) {
   uint32_t seed = 2000;
   for (int64_t m : {1, 4, 16})
     for (DType dt : WeightDTypes()) CheckLinear({m, 1024, 2048, dt, true, true, false}, seed++);
+}
+
+TEST(CompareLinear, EverySimdTarget) {
+  // The dispatcher picks the best target of this CPU; force each compiled one that the CPU can
+  // run, so the narrower register tiles (AVX2, SSE4) are checked as well.
+  uint32_t seed = 2500;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    for (int64_t m : {1, 3, 7, 13})
+      for (DType dt : WeightDTypes()) CheckLinear({m, 37, 71, dt, true, true, true}, seed++);
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 struct AttentionCase {

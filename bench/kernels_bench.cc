@@ -1,0 +1,112 @@
+// Kernel benchmarks. Decode Linear is memory-bound, so each case reports the weight bytes it
+// streams per second and the fraction of the machine's measured read bandwidth that is (1.0 =
+// at the floor). Several copies of the weights are cycled so a matrix that fits the last-level
+// cache is not re-read from it, as in a real model where every layer has its own weights.
+#include <cblas.h>
+
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "common/tensor.h"
+#include "common/thread_pool.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/bandwidth.h"
+#include "kernels/ops.h"
+
+namespace deja::kernels {
+namespace {
+
+Backend& Cpu() {
+  static std::unique_ptr<Backend> backend = MakeCpuBackend(0);
+  return *backend;
+}
+
+double& BandwidthBytesPerSec() {
+  static double bw = 0;
+  return bw;
+}
+
+Tensor Random(DType dtype, Shape shape, uint32_t seed) {
+  Tensor t = Tensor::Empty(dtype, shape);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  for (int64_t i = 0; i < t.numel(); ++i) StoreFromFloat(t.data(), dtype, i, dist(rng));
+  return t;
+}
+
+// Args: M, N, K, dtype.
+void BM_Linear(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const DType dtype = static_cast<DType>(state.range(3));
+  // At least 128 MiB of weights in total: 4x a 32 MiB L3.
+  const int64_t bytes_per_copy = n * k * static_cast<int64_t>(DTypeSize(dtype));
+  const int copies = static_cast<int>(std::max<int64_t>(1, (int64_t{128} << 20) / bytes_per_copy));
+  std::vector<Tensor> weights;
+  for (int c = 0; c < copies; ++c) weights.push_back(Random(dtype, {n, k}, 1 + c));
+  Tensor x = Random(DType::kF32, {m, k}, 100);
+  Tensor bias = Random(dtype, {n}, 101);
+  Tensor out = Tensor::Zeros(DType::kF32, {m, n});
+  int next = 0;
+  for (auto _ : state) {
+    Status s = Linear(Cpu(), x.view(), weights[next].view(), bias.view(), Activation::kNone, false,
+                      out.view());
+    if (!s.ok()) state.SkipWithError(s.ToString().c_str());
+    next = (next + 1) % copies;
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(state.iterations() * bytes_per_copy);
+  state.counters["floor_us"] = 1e6 * bytes_per_copy / BandwidthBytesPerSec();
+  state.counters["frac_of_bw"] = benchmark::Counter(
+      static_cast<double>(bytes_per_copy) / BandwidthBytesPerSec(),
+      benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * n * k * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(DTypeName(dtype));
+}
+
+constexpr int64_t kF32 = static_cast<int64_t>(DType::kF32);
+constexpr int64_t kF16 = static_cast<int64_t>(DType::kF16);
+constexpr int64_t kBF16 = static_cast<int64_t>(DType::kBF16);
+
+// OPT-1.3B sized: fc1 is [8192, 2048]. M = 1, 4, 16 are decode batch sizes; 128 is prefill.
+BENCHMARK(BM_Linear)
+    ->ArgNames({"M", "N", "K", "dtype"})
+    ->Args({1, 8192, 2048, kF16})
+    ->Args({4, 8192, 2048, kF16})
+    ->Args({16, 8192, 2048, kF16})
+    ->Args({32, 8192, 2048, kF16})
+    ->Args({1, 8192, 2048, kBF16})
+    ->Args({1, 8192, 2048, kF32})
+    ->Args({16, 8192, 2048, kF32})
+    ->Args({128, 8192, 2048, kF16})
+    ->Args({1, 2048, 8192, kF16})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+void BM_ReadBandwidth(benchmark::State& state) {
+  for (auto _ : state) {
+    double bw = MeasureReadBandwidthBytesPerSec(Cpu().pool());
+    state.counters["GB/s"] = bw * 1e-9;
+  }
+}
+BENCHMARK(BM_ReadBandwidth)->Iterations(1)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace deja::kernels
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  using deja::kernels::BandwidthBytesPerSec;
+  using deja::kernels::Cpu;
+  BandwidthBytesPerSec() = deja::kernels::MeasureReadBandwidthBytesPerSec(Cpu().pool());
+  std::printf("backend: %s\nOpenBLAS: %s (%d thread per call)\nread bandwidth: %.2f GB/s\n",
+              Cpu().name().c_str(), openblas_get_config(), openblas_get_num_threads(),
+              BandwidthBytesPerSec() * 1e-9);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
