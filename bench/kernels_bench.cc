@@ -2,14 +2,13 @@
 // streams per second and the fraction of the machine's measured read bandwidth that is (1.0 =
 // at the floor). Several copies of the weights are cycled so a matrix that fits the last-level
 // cache is not re-read from it, as in a real model where every layer has its own weights.
+#include <benchmark/benchmark.h>
 #include <cblas.h>
 
 #include <cstdio>
 #include <memory>
 #include <random>
 #include <vector>
-
-#include <benchmark/benchmark.h>
 
 #include "common/tensor.h"
 #include "common/thread_pool.h"
@@ -60,11 +59,11 @@ void BM_Linear(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * bytes_per_copy);
   state.counters["floor_us"] = 1e6 * bytes_per_copy / BandwidthBytesPerSec();
-  state.counters["frac_of_bw"] = benchmark::Counter(
-      static_cast<double>(bytes_per_copy) / BandwidthBytesPerSec(),
-      benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * n * k * 1e-9,
-                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["frac_of_bw"] =
+      benchmark::Counter(static_cast<double>(bytes_per_copy) / BandwidthBytesPerSec(),
+                         benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * m * n * k * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(DTypeName(dtype));
 }
 

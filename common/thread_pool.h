@@ -32,8 +32,8 @@ class ThreadPool {
   template <typename Fn>
   void ParallelFor(int64_t n, Fn&& fn, int64_t min_chunk = 1) {
     using F = std::remove_reference_t<Fn>;
-    Run(n, min_chunk,
-        [](void* ctx, int64_t b, int64_t e) { (*static_cast<F*>(ctx))(b, e); },
+    Run(
+        n, min_chunk, [](void* ctx, int64_t b, int64_t e) { (*static_cast<F*>(ctx))(b, e); },
         const_cast<void*>(static_cast<const void*>(&fn)));
   }
 

@@ -7,14 +7,22 @@ namespace deja::kernels {
 
 const char* OpName(OpId op) {
   switch (op) {
-    case OpId::kEmbedding: return "embedding";
-    case OpId::kLayerNorm: return "layer_norm";
-    case OpId::kLinear: return "linear";
-    case OpId::kAttention: return "attention";
-    case OpId::kAdd: return "add";
-    case OpId::kLogSoftmax: return "log_softmax";
-    case OpId::kTopK: return "top_k";
-    case OpId::kCount: break;
+    case OpId::kEmbedding:
+      return "embedding";
+    case OpId::kLayerNorm:
+      return "layer_norm";
+    case OpId::kLinear:
+      return "linear";
+    case OpId::kAttention:
+      return "attention";
+    case OpId::kAdd:
+      return "add";
+    case OpId::kLogSoftmax:
+      return "log_softmax";
+    case OpId::kTopK:
+      return "top_k";
+    case OpId::kCount:
+      break;
   }
   return "?";
 }
@@ -31,8 +39,9 @@ bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DTyp
 // there are elements.
 Status CheckView(const char* op, const char* arg, const TensorView& v, int min_rank, int max_rank) {
   if (v.shape.rank < min_rank || v.shape.rank > max_rank) {
-    return Bad(op, arg, "has rank " + std::to_string(v.shape.rank) + ", want " +
-                            std::to_string(min_rank) + ".." + std::to_string(max_rank));
+    return Bad(op, arg,
+               "has rank " + std::to_string(v.shape.rank) + ", want " + std::to_string(min_rank) +
+                   ".." + std::to_string(max_rank));
   }
   for (int i = 0; i < v.shape.rank; ++i) {
     if (v.shape[i] < 0 || (i > 0 && v.shape[i] == 0)) {
@@ -84,8 +93,8 @@ std::string Dims(int64_t r, int64_t c) { return Shape{r, c}.ToString(); }
 
 }  // namespace
 
-Status Embedding(Backend& backend, TensorView table, const int32_t* ids, int64_t n,
-                 bool accumulate, TensorView out) {
+Status Embedding(Backend& backend, TensorView table, const int32_t* ids, int64_t n, bool accumulate,
+                 TensorView out) {
   constexpr const char* kOp = "embedding";
   DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "table", table, 2));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", out));
@@ -97,8 +106,9 @@ Status Embedding(Backend& backend, TensorView table, const int32_t* ids, int64_t
   DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, "table", table));
   for (int64_t i = 0; i < n; ++i) {
     if (ids[i] < 0 || ids[i] >= table.rows()) {
-      return Bad(kOp, "ids", "holds " + std::to_string(ids[i]) + " at " + std::to_string(i) +
-                                 ", outside [0, " + std::to_string(table.rows()) + ")");
+      return Bad(kOp, "ids",
+                 "holds " + std::to_string(ids[i]) + " at " + std::to_string(i) + ", outside [0, " +
+                     std::to_string(table.rows()) + ")");
     }
   }
   DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kEmbedding, table.dtype,
@@ -115,8 +125,9 @@ Status LayerNorm(Backend& backend, TensorView x, TensorView gamma, TensorView be
   DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "gamma", gamma, 1));
   DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "beta", beta, 1));
   if (gamma.numel() != x.cols()) {
-    return Bad(kOp, "gamma", "has " + std::to_string(gamma.numel()) + " elements, want " +
-                                 std::to_string(x.cols()));
+    return Bad(
+        kOp, "gamma",
+        "has " + std::to_string(gamma.numel()) + " elements, want " + std::to_string(x.cols()));
   }
   if (!(beta.shape == gamma.shape) || beta.dtype != gamma.dtype) {
     return Bad(kOp, "beta", "must match gamma's shape and dtype");
@@ -140,8 +151,8 @@ Status Linear(Backend& backend, TensorView x, TensorView w, TensorView bias, Act
   DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "w", w, 2));
   int64_t n = w.shape[0], k = w.shape[1];
   if (x.cols() != k) {
-    return Bad(kOp, "x", "has " + std::to_string(x.cols()) + " columns, w has K = " +
-                             std::to_string(k));
+    return Bad(kOp, "x",
+               "has " + std::to_string(x.cols()) + " columns, w has K = " + std::to_string(k));
   }
   if (out.rows() != x.rows() || out.cols() != n) {
     return Bad(kOp, "out", "has shape " + out.shape.ToString() + ", want " + Dims(x.rows(), n));
@@ -149,8 +160,8 @@ Status Linear(Backend& backend, TensorView x, TensorView w, TensorView bias, Act
   if (bias.data != nullptr) {
     DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "bias", bias, 1));
     if (bias.numel() != n) {
-      return Bad(kOp, "bias", "has " + std::to_string(bias.numel()) + " elements, want " +
-                                  std::to_string(n));
+      return Bad(kOp, "bias",
+                 "has " + std::to_string(bias.numel()) + " elements, want " + std::to_string(n));
     }
     DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, "bias", bias));
   }
@@ -174,20 +185,22 @@ Status Attention(Backend& backend, const AttentionArgs& args) {
   if (!std::isfinite(args.scale)) return Bad(kOp, "scale", "must be finite");
   int64_t width = static_cast<int64_t>(args.heads) * args.head_dim;
   if (args.q.cols() != width) {
-    return Bad(kOp, "q", "has " + std::to_string(args.q.cols()) + " columns, want heads * " +
-                             "head_dim = " + std::to_string(width));
+    return Bad(kOp, "q",
+               "has " + std::to_string(args.q.cols()) + " columns, want heads * " +
+                   "head_dim = " + std::to_string(width));
   }
   int64_t tokens = args.q.rows();
   if (!(args.out.shape == args.q.shape)) {
-    return Bad(kOp, "out", "has shape " + args.out.shape.ToString() + ", want " +
-                               args.q.shape.ToString());
+    return Bad(kOp, "out",
+               "has shape " + args.out.shape.ToString() + ", want " + args.q.shape.ToString());
   }
   DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", args.out, "q", args.q));
   const KvView& kv = args.kv;
   if (kv.capacity <= 0) return Bad(kOp, "kv.capacity", "must be positive");
   if (kv.used < 0 || kv.used > kv.capacity) {
-    return Bad(kOp, "kv.used", std::to_string(kv.used) + " is outside [0, capacity = " +
-                                   std::to_string(kv.capacity) + "]");
+    return Bad(kOp, "kv.used",
+               std::to_string(kv.used) +
+                   " is outside [0, capacity = " + std::to_string(kv.capacity) + "]");
   }
   if (kv.k == nullptr) return Bad(kOp, "kv.k", "is null");
   if (kv.v == nullptr) return Bad(kOp, "kv.v", "is null");
@@ -195,8 +208,8 @@ Status Attention(Backend& backend, const AttentionArgs& args) {
   if (tokens > 0 && args.q_pos == nullptr) return Bad(kOp, "q_pos", "is null");
   for (int64_t t = 0; t < tokens; ++t) {
     if (args.q_pos[t] < 0) {
-      return Bad(kOp, "q_pos", "holds " + std::to_string(args.q_pos[t]) + " at " +
-                                   std::to_string(t));
+      return Bad(kOp, "q_pos",
+                 "holds " + std::to_string(args.q_pos[t]) + " at " + std::to_string(t));
     }
   }
   TensorView cache{nullptr, DType::kF32,
@@ -223,14 +236,15 @@ Status Add(Backend& backend, TensorView x, TensorView bias, TensorView out) {
   if (bias.data != nullptr) {
     DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "bias", bias, 1));
     if (bias.numel() != x.cols()) {
-      return Bad(kOp, "bias", "has " + std::to_string(bias.numel()) + " elements, want " +
-                                  std::to_string(x.cols()));
+      return Bad(
+          kOp, "bias",
+          "has " + std::to_string(bias.numel()) + " elements, want " + std::to_string(x.cols()));
     }
     DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, "bias", bias));
     dtype = bias.dtype;
   }
-  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kAdd, dtype,
-                                    reinterpret_cast<const void*>(backend.ops().add)));
+  DEJA_RETURN_IF_ERROR(
+      CheckSupport(backend, OpId::kAdd, dtype, reinterpret_cast<const void*>(backend.ops().add)));
   if (x.numel() == 0) return Status::Ok();
   return backend.ops().add(backend, x, bias, out);
 }

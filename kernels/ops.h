@@ -19,8 +19,8 @@ namespace deja::kernels {
 
 // out[i, :] = table[ids[i], :] (+= when accumulate). table [vocab, dim]; out f32 [n, dim]; every
 // id must be in [0, vocab).
-Status Embedding(Backend& backend, TensorView table, const int32_t* ids, int64_t n,
-                 bool accumulate, TensorView out);
+Status Embedding(Backend& backend, TensorView table, const int32_t* ids, int64_t n, bool accumulate,
+                 TensorView out);
 
 // Row-wise LayerNorm of x [rows, dim]; gamma and beta [dim] in one weight dtype; eps > 0.
 // out may be x itself (same data pointer).

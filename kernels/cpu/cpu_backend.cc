@@ -154,7 +154,8 @@ class CpuBackend final : public Backend {
       case OpId::kLogSoftmax:
       case OpId::kTopK:
         return dtype == DType::kF32;
-      case OpId::kCount: break;
+      case OpId::kCount:
+        break;
     }
     return false;
   }

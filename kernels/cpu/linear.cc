@@ -106,8 +106,8 @@ Status CpuLinear(Backend& backend, TensorView x, TensorView w, TensorView bias, 
     pool->ParallelFor(
         blocks,
         [&](int64_t b0, int64_t b1) {
-          LinearSmallM(xs, m_rows, k_dim, w.data, w.dtype, b0 * 4, std::min(n_dim, b1 * 4), e,
-                       o, n_dim);
+          LinearSmallM(xs, m_rows, k_dim, w.data, w.dtype, b0 * 4, std::min(n_dim, b1 * 4), e, o,
+                       n_dim);
         },
         min_chunk);
     return Status::Ok();

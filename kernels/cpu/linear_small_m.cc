@@ -12,11 +12,13 @@
 // Compiled per x86 target by Highway's foreach_target and dispatched at run time.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/linear_small_m.cc"
+// foreach_target must precede highway.h and the -inl headers.
+// clang-format off
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
-
 #include "hwy/highway.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/simd_load-inl.h"
+// clang-format on
 
 HWY_BEFORE_NAMESPACE();
 namespace deja::kernels::cpu {
@@ -85,12 +87,23 @@ HWY_INLINE void RowBlock(const WT* w, const float* x, int64_t m_rows, int64_t k_
     Tile<R, kCols>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo);
   }
   switch (m_rows - m) {
-    case 5: Tile<R, 5>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo); break;
-    case 4: Tile<R, 4>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo); break;
-    case 3: Tile<R, 3>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo); break;
-    case 2: Tile<R, 2>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo); break;
-    case 1: Tile<R, 1>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo); break;
-    default: break;
+    case 5:
+      Tile<R, 5>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo);
+      break;
+    case 4:
+      Tile<R, 4>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo);
+      break;
+    case 3:
+      Tile<R, 3>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo);
+      break;
+    case 2:
+      Tile<R, 2>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo);
+      break;
+    case 1:
+      Tile<R, 1>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo);
+      break;
+    default:
+      break;
   }
 }
 
@@ -102,23 +115,30 @@ void LinearTyped(const float* x, int64_t m_rows, int64_t k_dim, const WT* w, int
     RowBlock<kRows>(w + n * k_dim, x, m_rows, k_dim, n, e, out, ldo);
   }
   switch (n_end - n) {
-    case 3: RowBlock<3>(w + n * k_dim, x, m_rows, k_dim, n, e, out, ldo); break;
-    case 2: RowBlock<2>(w + n * k_dim, x, m_rows, k_dim, n, e, out, ldo); break;
-    case 1: RowBlock<1>(w + n * k_dim, x, m_rows, k_dim, n, e, out, ldo); break;
-    default: break;
+    case 3:
+      RowBlock<3>(w + n * k_dim, x, m_rows, k_dim, n, e, out, ldo);
+      break;
+    case 2:
+      RowBlock<2>(w + n * k_dim, x, m_rows, k_dim, n, e, out, ldo);
+      break;
+    case 1:
+      RowBlock<1>(w + n * k_dim, x, m_rows, k_dim, n, e, out, ldo);
+      break;
+    default:
+      break;
   }
 }
 
-void LinearSmallMImpl(const float* x, int64_t m_rows, int64_t k_dim, const void* w,
-                      DType w_dtype, int64_t n_begin, int64_t n_end, const LinearEpilogue& e,
-                      float* out, int64_t ldo) {
+void LinearSmallMImpl(const float* x, int64_t m_rows, int64_t k_dim, const void* w, DType w_dtype,
+                      int64_t n_begin, int64_t n_end, const LinearEpilogue& e, float* out,
+                      int64_t ldo) {
   switch (w_dtype) {
     case DType::kF16:
-      return LinearTyped(x, m_rows, k_dim, static_cast<const hwy::float16_t*>(w), n_begin, n_end,
-                         e, out, ldo);
+      return LinearTyped(x, m_rows, k_dim, static_cast<const hwy::float16_t*>(w), n_begin, n_end, e,
+                         out, ldo);
     case DType::kBF16:
-      return LinearTyped(x, m_rows, k_dim, static_cast<const hwy::bfloat16_t*>(w), n_begin,
-                         n_end, e, out, ldo);
+      return LinearTyped(x, m_rows, k_dim, static_cast<const hwy::bfloat16_t*>(w), n_begin, n_end,
+                         e, out, ldo);
     default:
       return LinearTyped(x, m_rows, k_dim, static_cast<const float*>(w), n_begin, n_end, e, out,
                          ldo);
@@ -137,8 +157,8 @@ HWY_EXPORT(LinearSmallMImpl);
 void LinearSmallM(const float* x, int64_t m_rows, int64_t k_dim, const void* w, DType w_dtype,
                   int64_t n_begin, int64_t n_end, const LinearEpilogue& epilogue, float* out,
                   int64_t ldo) {
-  HWY_DYNAMIC_DISPATCH(LinearSmallMImpl)(x, m_rows, k_dim, w, w_dtype, n_begin, n_end, epilogue,
-                                         out, ldo);
+  HWY_DYNAMIC_DISPATCH(LinearSmallMImpl)
+  (x, m_rows, k_dim, w, w_dtype, n_begin, n_end, epilogue, out, ldo);
 }
 
 }  // namespace deja::kernels::cpu

@@ -2,12 +2,14 @@
 // x86 target by Highway's foreach_target and dispatched at run time.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/simd.cc"
+// foreach_target must precede highway.h and the -inl headers.
+// clang-format off
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
-
-#include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/simd_load-inl.h"
+// clang-format on
 
 HWY_BEFORE_NAMESPACE();
 namespace deja::kernels::cpu {
@@ -51,7 +53,8 @@ float DotImpl(const float* a, const float* b, int64_t n) {
     acc0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc0);
     acc1 = hn::MulAdd(hn::LoadU(df, a + i + lanes), hn::LoadU(df, b + i + lanes), acc1);
   }
-  for (; i + lanes <= n; i += lanes) acc0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc0);
+  for (; i + lanes <= n; i += lanes)
+    acc0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc0);
   float sum = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
@@ -200,8 +203,12 @@ HWY_EXPORT(TargetNameImpl);
 void ConvertToF32(const void* src, DType dtype, int64_t n, float* dst, bool accumulate) {
   HWY_DYNAMIC_DISPATCH(ConvertToF32Impl)(src, dtype, n, dst, accumulate);
 }
-float Dot(const float* a, const float* b, int64_t n) { return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n); }
-void Axpy(float a, const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(AxpyImpl)(a, x, y, n); }
+float Dot(const float* a, const float* b, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n);
+}
+void Axpy(float a, const float* x, float* y, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(AxpyImpl)(a, x, y, n);
+}
 void AddInto(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(AddIntoImpl)(x, y, n); }
 void AddBiasedInto(const float* x, const float* b, float* y, int64_t n) {
   HWY_DYNAMIC_DISPATCH(AddBiasedIntoImpl)(x, b, y, n);

@@ -180,7 +180,8 @@ class ReferenceBackend final : public Backend {
       case OpId::kLogSoftmax:
       case OpId::kTopK:
         return dtype == DType::kF32;
-      case OpId::kCount: break;
+      case OpId::kCount:
+        break;
     }
     return false;
   }

@@ -1,15 +1,14 @@
 // Linear and attention of every backend under test against the reference, on fresh seeded
 // random inputs over a grid of shapes (tiny, odd and model-sized; both Linear code paths).
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "hwy/targets.h"
-
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -28,8 +27,8 @@ struct LinearCase {
   DType dtype;
   bool bias, relu, accumulate;
   std::string Label() const {
-    return "M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
-           " " + DTypeName(dtype) + (bias ? " bias" : "") + (relu ? " relu" : "") +
+    return "M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k) + " " +
+           DTypeName(dtype) + (bias ? " bias" : "") + (relu ? " relu" : "") +
            (accumulate ? " accumulate" : "");
   }
 };
@@ -59,7 +58,7 @@ void CheckLinear(const LinearCase& c, uint32_t seed) {
 
 TEST(CompareLinear, ShapeGrid) {
   const int64_t ms[] = {1, 2, 5, 16, 33, 70};
-  const std::pair<int64_t, int64_t> nks[] = {{1, 1},     {3, 17},    {17, 3},   {255, 1000},
+  const std::pair<int64_t, int64_t> nks[] = {{1, 1},      {3, 17},     {17, 3},   {255, 1000},
                                              {1000, 255}, {130, 2049}, {64, 4099}};
   uint32_t seed = 1;
   for (int64_t m : ms) {
@@ -132,7 +131,8 @@ void CheckAttention(const AttentionCase& c, uint32_t seed) {
     std::vector<int32_t> pos(c.used);
     for (int32_t s = 0; s < c.used; ++s) pos[s] = s + 1;
     std::shuffle(pos.begin(), pos.end(), rng);
-    for (int32_t s = 0; s < c.used; ++s) slot_pos[h * c.capacity + s] = coin(rng) == 0 ? -1 : pos[s];
+    for (int32_t s = 0; s < c.used; ++s)
+      slot_pos[h * c.capacity + s] = coin(rng) == 0 ? -1 : pos[s];
     // Slots beyond `used` hold positions that must not be read.
     for (int32_t s = c.used; s < c.capacity; ++s) slot_pos[h * c.capacity + s] = 0;
   }
@@ -147,8 +147,8 @@ void CheckAttention(const AttentionCase& c, uint32_t seed) {
     a.q = q.view();
     a.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
     a.q_pos = q_pos.data();
-    a.kv = {k.as<float>(), v.as<float>(), slot_pos.data(), c.capacity, c.used,
-            c.score ? score.as<float>() : nullptr};
+    a.kv = {k.as<float>(), v.as<float>(), slot_pos.data(),
+            c.capacity,    c.used,        c.score ? score.as<float>() : nullptr};
     a.heads = c.heads;
     a.head_dim = c.head_dim;
     a.out = out.view();
@@ -172,10 +172,10 @@ void CheckAttention(const AttentionCase& c, uint32_t seed) {
 
 TEST(CompareAttention, ShapeGrid) {
   const AttentionCase cases[] = {
-      {1, 1, 1, 1, 1, false},     {1, 1, 1, 1, 1, true},       {2, 3, 5, 5, 1, true},
-      {4, 64, 40, 33, 1, true},   {3, 17, 20, 13, 5, true},    {3, 17, 20, 13, 5, false},
-      {2, 128, 300, 300, 7, true}, {8, 64, 256, 200, 16, false}, {5, 80, 1100, 1030, 3, true},
-      {32, 64, 64, 0, 2, true},   {16, 64, 2048, 1500, 1, true},
+      {1, 1, 1, 1, 1, false},      {1, 1, 1, 1, 1, true},         {2, 3, 5, 5, 1, true},
+      {4, 64, 40, 33, 1, true},    {3, 17, 20, 13, 5, true},      {3, 17, 20, 13, 5, false},
+      {2, 128, 300, 300, 7, true}, {8, 64, 256, 200, 16, false},  {5, 80, 1100, 1030, 3, true},
+      {32, 64, 64, 0, 2, true},    {16, 64, 2048, 1500, 1, true},
   };
   uint32_t seed = 3000;
   for (const auto& c : cases) CheckAttention(c, seed++);

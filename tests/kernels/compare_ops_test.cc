@@ -1,12 +1,12 @@
 // Embedding, LayerNorm, Add, LogSoftmax and TopK of every backend under test against the
 // reference, on fresh seeded random inputs over a grid of shapes including tiny and odd ones.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "kernels/ops.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -93,8 +93,8 @@ TEST(CompareAdd, ShapeGrid) {
       std::mt19937 rng(seed++);
       Tensor x = RandomTensor(rng, DType::kF32, {rows, cols});
       Tensor init = RandomTensor(rng, DType::kF32, {rows, cols});
-      Tensor bias = bias_kind == 0 ? Tensor()
-                                   : RandomTensor(rng, WeightDTypes()[bias_kind - 1], {cols});
+      Tensor bias =
+          bias_kind == 0 ? Tensor() : RandomTensor(rng, WeightDTypes()[bias_kind - 1], {cols});
       TensorView bias_view = bias_kind == 0 ? TensorView{} : bias.view();
       Tensor want = CopyOf(init);
       ASSERT_TRUE(Add(*ref, x.view(), bias_view, want.view()).ok());

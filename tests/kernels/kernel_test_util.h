@@ -2,6 +2,8 @@
 // norm-wise closeness check against the reference.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -11,8 +13,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/tensor.h"
 #include "kernels/backend.h"
@@ -78,8 +78,8 @@ inline ::testing::AssertionResult Close(const float* got, const float* want, int
   int64_t worst = -1;
   for (int64_t i = 0; i < n; ++i) {
     if (std::isnan(got[i]) != std::isnan(want[i])) {
-      return ::testing::AssertionFailure() << "NaN mismatch at " << i << ": got " << got[i]
-                                           << ", want " << want[i];
+      return ::testing::AssertionFailure()
+             << "NaN mismatch at " << i << ": got " << got[i] << ", want " << want[i];
     }
     if (std::isnan(want[i])) continue;
     double d = std::fabs(static_cast<double>(got[i]) - want[i]);

@@ -1,11 +1,11 @@
 // The validating op wrappers: every bad argument is rejected with InvalidArgument naming it, and
 // never reaches a backend (which would read out of bounds).
+#include <gtest/gtest.h>
+
 #include <limits>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "kernels/ops.h"
 
@@ -14,12 +14,12 @@ namespace {
 
 ::testing::AssertionResult RejectsArg(const Status& s, const std::string& arg) {
   if (s.code() != StatusCode::kInvalidArgument) {
-    return ::testing::AssertionFailure() << "want InvalidArgument about '" << arg << "', got "
-                                         << s.ToString();
+    return ::testing::AssertionFailure()
+           << "want InvalidArgument about '" << arg << "', got " << s.ToString();
   }
   if (s.message().find("'" + arg + "'") == std::string::npos) {
-    return ::testing::AssertionFailure() << "message does not name '" << arg << "': "
-                                         << s.message();
+    return ::testing::AssertionFailure()
+           << "message does not name '" << arg << "': " << s.message();
   }
   return ::testing::AssertionSuccess();
 }
@@ -34,8 +34,8 @@ class OpsValidationTest : public ::testing::Test {
 };
 
 TEST_F(OpsValidationTest, LinearAcceptsGoodArguments) {
-  EXPECT_TRUE(Linear(*b_, x_.view(), w_.view(), bias_.view(), Activation::kRelu, false,
-                     out_.view()).ok());
+  EXPECT_TRUE(
+      Linear(*b_, x_.view(), w_.view(), bias_.view(), Activation::kRelu, false, out_.view()).ok());
   EXPECT_TRUE(
       Linear(*b_, x_.view(), w_.view(), TensorView{}, Activation::kNone, true, out_.view()).ok());
 }
@@ -81,9 +81,11 @@ TEST_F(OpsValidationTest, EmbeddingRejectsBadArguments) {
   std::vector<int32_t> ids = {1, 9};
   EXPECT_TRUE(Embedding(*b_, table.view(), ids.data(), 2, false, out.view()).ok());
   std::vector<int32_t> bad_ids = {1, 10};
-  EXPECT_TRUE(RejectsArg(Embedding(*b_, table.view(), bad_ids.data(), 2, false, out.view()), "ids"));
+  EXPECT_TRUE(
+      RejectsArg(Embedding(*b_, table.view(), bad_ids.data(), 2, false, out.view()), "ids"));
   bad_ids = {-1, 0};
-  EXPECT_TRUE(RejectsArg(Embedding(*b_, table.view(), bad_ids.data(), 2, false, out.view()), "ids"));
+  EXPECT_TRUE(
+      RejectsArg(Embedding(*b_, table.view(), bad_ids.data(), 2, false, out.view()), "ids"));
   EXPECT_TRUE(RejectsArg(Embedding(*b_, table.view(), nullptr, 2, false, out.view()), "ids"));
   EXPECT_TRUE(RejectsArg(Embedding(*b_, table.view(), ids.data(), 3, false, out.view()), "out"));
   EXPECT_TRUE(RejectsArg(Embedding(*b_, table.view(), ids.data(), -1, false, out.view()), "n"));
@@ -98,14 +100,14 @@ TEST_F(OpsValidationTest, LayerNormRejectsBadArguments) {
   EXPECT_TRUE(LayerNorm(*b_, x_.view(), g.view(), beta.view(), 1e-5f, y.view()).ok());
   EXPECT_TRUE(LayerNorm(*b_, x_.view(), g.view(), beta.view(), 1e-5f, x_.view()).ok());
   Tensor g7 = Tensor::Zeros(DType::kF32, {7});
-  EXPECT_TRUE(RejectsArg(LayerNorm(*b_, x_.view(), g7.view(), beta.view(), 1e-5f, y.view()),
-                         "gamma"));
+  EXPECT_TRUE(
+      RejectsArg(LayerNorm(*b_, x_.view(), g7.view(), beta.view(), 1e-5f, y.view()), "gamma"));
   Tensor beta16 = Tensor::Zeros(DType::kF16, {8});
-  EXPECT_TRUE(RejectsArg(LayerNorm(*b_, x_.view(), g.view(), beta16.view(), 1e-5f, y.view()),
-                         "beta"));
+  EXPECT_TRUE(
+      RejectsArg(LayerNorm(*b_, x_.view(), g.view(), beta16.view(), 1e-5f, y.view()), "beta"));
   EXPECT_TRUE(RejectsArg(LayerNorm(*b_, x_.view(), g.view(), beta.view(), 0.f, y.view()), "eps"));
-  EXPECT_TRUE(RejectsArg(LayerNorm(*b_, x_.view(), g.view(), beta.view(), 1e-5f, out_.view()),
-                         "out"));
+  EXPECT_TRUE(
+      RejectsArg(LayerNorm(*b_, x_.view(), g.view(), beta.view(), 1e-5f, out_.view()), "out"));
   // Partial overlap (not the exact in-place case).
   Tensor big = Tensor::Zeros(DType::kF32, {3, 8});
   TensorView in{big.data(), DType::kF32, Shape{2, 8}};

@@ -2,12 +2,12 @@
 // run inline instead of deadlocking, and workers survive sleeping between jobs.
 #include "common/thread_pool.h"
 
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <chrono>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace deja {
 namespace {
