@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 
 #include "common/tensor.h"
 #include "common/thread_pool.h"
@@ -15,9 +14,11 @@ double MeasureReadBandwidthBytesPerSec(ThreadPool* pool) {
   constexpr int64_t kFloats = int64_t{64} << 20;
   Tensor buf = Tensor::Empty(DType::kF32, Shape{kFloats});
   float* data = buf.as<float>();
-  // Touch in parallel so pages are faulted in (and placed) by the threads that read them.
+  // Touch in parallel so pages are faulted in (and placed) by the threads that read them. Every
+  // page gets distinct contents: zero-filled or repeated pages may be merged by the kernel or
+  // hypervisor (KSM) into one physical page, and reading that would measure the cache.
   pool->ParallelFor(kFloats, [&](int64_t b, int64_t e) {
-    std::memset(data + b, 0, static_cast<size_t>(e - b) * sizeof(float));
+    for (int64_t i = b; i < e; ++i) data[i] = static_cast<float>(i);
   });
   double best = 0;
   for (int rep = 0; rep < 5; ++rep) {
