@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""A short client for deja's public gRPC API (deja.v1.TextGeneration).
+
+Generate the Python modules first (see examples/README.md), then for example:
+  python examples/python_client.py --target localhost:50051 generate "Hello, my name is"
+  python examples/python_client.py --target localhost:50051 stream "Once upon a time" --max-new-tokens 40
+  python examples/python_client.py --target localhost:50051 tokenize "Hello world"
+  python examples/python_client.py --target localhost:50051 info
+"""
+import argparse
+import os
+import sys
+
+import grpc
+
+# The generated modules live in --gen-dir (default: examples/gen next to this file).
+_DEFAULT_GEN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gen")
+
+
+def _import_api(gen_dir):
+    sys.path.insert(0, gen_dir)
+    try:
+        from deja.v1 import text_generation_pb2 as pb
+        from deja.v1 import text_generation_pb2_grpc as pb_grpc
+    except ImportError as e:
+        sys.exit(f"cannot import the generated deja.v1 modules from {gen_dir} ({e}); "
+                 "run the protoc command in examples/README.md first")
+    return pb, pb_grpc
+
+
+def _build_request(pb, args):
+    req = pb.GenerateRequest(text=args.prompt)
+    if args.request_id:
+        req.request_id = args.request_id
+    if args.max_new_tokens is not None:
+        req.stopping.max_new_tokens = args.max_new_tokens
+    req.stopping.stop_sequences.extend(args.stop or [])
+    if args.temperature is not None:
+        req.sampling.do_sample = args.temperature > 0
+        req.sampling.temperature = args.temperature
+    if args.top_p is not None:
+        req.sampling.top_p = args.top_p
+    if args.seed is not None:
+        req.sampling.seed = args.seed
+    if args.logprobs:
+        req.response.logprobs = True
+    if args.cache:
+        req.cache.kind = pb.CachePolicy.Kind.Value("KIND_" + args.cache.upper())
+    return req
+
+
+def _finish(pb, reason):
+    return pb.FinishReason.Name(reason).removeprefix("FINISH_REASON_").lower()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="localhost:50051", help="coordinator host:port")
+    parser.add_argument("--gen-dir", default=_DEFAULT_GEN_DIR, help="generated modules")
+    parser.add_argument("--timeout", type=float, default=60.0, help="deadline in seconds")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("generate", "stream"):
+        p = sub.add_parser(name)
+        p.add_argument("prompt")
+        p.add_argument("--max-new-tokens", type=int)
+        p.add_argument("--temperature", type=float, help="> 0 samples; unset = greedy")
+        p.add_argument("--top-p", type=float)
+        p.add_argument("--seed", type=int)
+        p.add_argument("--stop", action="append", help="stop sequence (up to 4)")
+        p.add_argument("--logprobs", action="store_true")
+        p.add_argument("--cache", choices=["full", "window", "h2o"])
+        p.add_argument("--request-id")
+    sub.add_parser("tokenize").add_argument("text")
+    sub.add_parser("info")
+    args = parser.parse_args()
+
+    pb, pb_grpc = _import_api(args.gen_dir)
+    with grpc.insecure_channel(args.target) as channel:
+        stub = pb_grpc.TextGenerationStub(channel)
+        try:
+            if args.command == "generate":
+                resp = stub.Generate(_build_request(pb, args), timeout=args.timeout)
+                print(resp.text)
+                print(f"[{resp.request_id}] {resp.prompt_tokens} prompt + "
+                      f"{resp.generated_tokens} generated tokens, "
+                      f"finish={_finish(pb, resp.finish_reason)}, "
+                      f"total={resp.timings.total_ms:.1f} ms", file=sys.stderr)
+                for t in resp.tokens:
+                    print(f"  {t.id:6d} {t.logprob:9.4f} {t.text!r}", file=sys.stderr)
+            elif args.command == "stream":
+                for msg in stub.GenerateStream(_build_request(pb, args), timeout=args.timeout):
+                    print(msg.text_delta, end="", flush=True)
+                    if msg.finished:
+                        print()
+                        print(f"[{msg.request_id}] {msg.generated_tokens} tokens, "
+                              f"finish={_finish(pb, msg.finish_reason)}, ttft="
+                              f"{msg.timings.time_to_first_token_ms:.1f} ms", file=sys.stderr)
+            elif args.command == "tokenize":
+                resp = stub.Tokenize(pb.TokenizeRequest(text=args.text), timeout=args.timeout)
+                for i, t in zip(resp.ids, resp.tokens):
+                    print(f"{i}\t{t!r}")
+            elif args.command == "info":
+                print(stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=args.timeout), end="")
+        except grpc.RpcError as e:
+            sys.exit(f"error: {e.code().name}: {e.details()}")
+
+
+if __name__ == "__main__":
+    main()
