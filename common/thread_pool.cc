@@ -28,6 +28,11 @@ constexpr auto kSpinTime = std::chrono::microseconds(200);
 constexpr int kChunkBits = 16;
 constexpr uint64_t kChunkMask = (1u << kChunkBits) - 1;
 
+// Chunks are claimed dynamically, a few per thread, so a thread that is descheduled (another
+// process, or a concurrent op on a second pool) delays the job by one small chunk instead of a
+// whole 1/N share. The extra claims cost a compare-and-swap each.
+constexpr int64_t kChunksPerThread = 4;
+
 uint64_t PackClaim(uint64_t gen, uint64_t chunks, uint64_t index) {
   return (gen << 32) | (chunks << kChunkBits) | index;
 }
@@ -36,7 +41,7 @@ uint64_t PackClaim(uint64_t gen, uint64_t chunks, uint64_t index) {
 
 ThreadPool::ThreadPool(int threads) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  num_threads_ = std::min<int>(threads, static_cast<int>(kChunkMask));
+  num_threads_ = std::min<int>(threads, static_cast<int>(kChunkMask / kChunksPerThread));
   workers_.reserve(num_threads_ - 1);
   for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
@@ -53,8 +58,9 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::Run(int64_t n, int64_t min_chunk, Trampoline call, void* ctx) {
   if (n <= 0) return;
   min_chunk = std::max<int64_t>(1, min_chunk);
-  int64_t chunks = std::min<int64_t>(num_threads_, (n + min_chunk - 1) / min_chunk);
-  if (chunks <= 1 || tls_in_job) {
+  int64_t chunks =
+      std::min<int64_t>(num_threads_ * kChunksPerThread, (n + min_chunk - 1) / min_chunk);
+  if (num_threads_ == 1 || chunks <= 1 || tls_in_job) {
     call(ctx, 0, n);
     return;
   }

@@ -24,11 +24,12 @@ class ThreadPool {
 
   int num_threads() const { return num_threads_; }
 
-  // Calls fn(begin, end) over contiguous chunks covering [0, n), at most one chunk per thread
-  // and none smaller than min_chunk elements (so tiny ranges stay on the caller). Returns when
-  // all chunks are done. Safe to call from several threads: if the pool is busy with another
-  // caller's job, or when called from inside a job, the range runs inline on the calling thread
-  // instead of blocking or deadlocking.
+  // Calls fn(begin, end) over contiguous chunks covering [0, n): a few chunks per thread, claimed
+  // dynamically (so a descheduled thread holds up little), none smaller than min_chunk elements
+  // (so tiny ranges stay on the caller). Chunks may run on any thread, in any order; fn must not
+  // assume one chunk per thread. Returns when all chunks are done. Safe to call from several
+  // threads: if the pool is busy with another caller's job, or when called from inside a job, the
+  // range runs inline on the calling thread instead of blocking or deadlocking.
   template <typename Fn>
   void ParallelFor(int64_t n, Fn&& fn, int64_t min_chunk = 1) {
     using F = std::remove_reference_t<Fn>;
