@@ -1,0 +1,84 @@
+// What the tensor-parallel model tests run on every rank (threads or processes): for a few
+// golden prompts, the last-position logits of the prefill and a greedy continuation.
+#pragma once
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "tests/worker/golden_util.h"
+#include "worker/generation.h"
+#include "worker/opt_model.h"
+
+namespace deja::test_util {
+
+constexpr int32_t kTpNewTokens = 12;
+constexpr size_t kTpCases = 4;
+
+struct TpCase {
+  std::vector<int32_t> tokens;
+  std::vector<float> last_logits;
+};
+
+// The trained fixture when it and its goldens exist, else the committed post-LN tiny model.
+inline std::string TpModelName() {
+  namespace fs = std::filesystem;
+  const std::string mini = "opt-mini";
+  if (fs::exists(ModelDir(mini) + "/config.json") &&
+      fs::exists(SourceDir() + "/tests/golden/" + mini + "/cases.json")) {
+    return mini;
+  }
+  return "opt-tiny-postln";
+}
+
+// The first golden prompts of at most 100 tokens.
+inline std::vector<std::vector<int32_t>> TpPrompts(const nlohmann::json& golden) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& c : golden["cases"]) {
+    if (c["input_ids"].size() <= 100 && prompts.size() < kTpCases) {
+      prompts.push_back(c["input_ids"].get<std::vector<int32_t>>());
+    }
+  }
+  return prompts;
+}
+
+inline StatusOr<std::vector<TpCase>> RunTpCases(worker::OptModel& model,
+                                                const std::vector<std::vector<int32_t>>& prompts) {
+  std::vector<TpCase> out;
+  const int64_t vocab = model.config().vocab_size;
+  for (const std::vector<int32_t>& ids : prompts) {
+    TpCase c;
+    DEJA_ASSIGN_OR_RETURN(std::unique_ptr<worker::SequenceKv> kv,
+                          model.NewSequence(static_cast<int32_t>(ids.size())));
+    worker::StepResult step;
+    DEJA_RETURN_IF_ERROR(
+        model.Forward({{kv.get(), ids.data(), static_cast<int32_t>(ids.size()), false}}, &step));
+    c.last_logits.assign(step.logits.as<float>(), step.logits.as<float>() + vocab);
+    worker::GenerationOptions opt;
+    opt.max_new_tokens = kTpNewTokens;
+    opt.stop_at_eos = false;
+    DEJA_ASSIGN_OR_RETURN(worker::GenerationResult g, worker::Generate(model, ids, opt));
+    for (const worker::TokenChoice& t : g.tokens) c.tokens.push_back(t.id);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+inline nlohmann::json TpCasesToJson(const std::vector<TpCase>& cases) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const TpCase& c : cases) j.push_back({{"tokens", c.tokens}, {"last_logits", c.last_logits}});
+  return j;
+}
+
+inline std::vector<TpCase> TpCasesFromJson(const nlohmann::json& j) {
+  std::vector<TpCase> cases;
+  for (const auto& c : j) {
+    cases.push_back(
+        {c["tokens"].get<std::vector<int32_t>>(), c["last_logits"].get<std::vector<float>>()});
+  }
+  return cases;
+}
+
+}  // namespace deja::test_util
