@@ -1,0 +1,159 @@
+// The CUDA backend: MakeCudaBackend (Unavailable with the runtime's reason when there is no
+// usable device), the backend object owning the per-device context, its op table, and the
+// host <-> device copy helpers of cuda_backend.h.
+#include "kernels/cuda/cuda_backend.h"
+
+#include <string>
+#include <utility>
+
+#include "kernels/cuda/cuda_context.h"
+#include "kernels/cuda/launch.h"
+
+namespace deja::kernels {
+namespace cuda {
+namespace {
+
+// cuBLAS's recommended workspace for Hopper; ample for Ampere.
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+class CudaBackendImpl final : public CudaBackend {
+ public:
+  CudaBackendImpl(CudaContext ctx, std::string device_name)
+      : ctx_(std::move(ctx)),
+        name_("cuda:" + std::to_string(ctx_.device) + " (" + device_name + ")") {
+    table_.embedding = CudaEmbedding;
+    table_.layer_norm = CudaLayerNorm;
+    table_.linear = CudaLinear;
+    table_.attention = CudaAttention;
+    table_.add = CudaAdd;
+    table_.log_softmax = CudaLogSoftmax;
+    table_.top_k = CudaTopK;
+  }
+
+  BackendKind kind() const override { return BackendKind::kCuda; }
+  std::string name() const override { return name_; }
+  const OpTable& ops() const override { return table_; }
+  bool Supports(OpId op, DType dtype) const override {
+    switch (op) {
+      case OpId::kEmbedding:
+      case OpId::kLayerNorm:
+      case OpId::kLinear:
+      case OpId::kAdd:
+        return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+      case OpId::kAttention:
+      case OpId::kLogSoftmax:
+      case OpId::kTopK:
+        return dtype == DType::kF32;
+      case OpId::kCount:
+        break;
+    }
+    return false;
+  }
+
+  int device() const override { return ctx_.device; }
+
+  StatusOr<DeviceTensor> Allocate(DType dtype, Shape shape) override {
+    DEJA_RETURN_IF_ERROR(Enter());
+    const size_t bytes = static_cast<size_t>(shape.numel()) * DTypeSize(dtype);
+    DEJA_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(bytes));
+    return DeviceTensor(std::move(buffer), dtype, shape);
+  }
+
+  Status CopyToDevice(const void* host, size_t bytes, void* device_dst) override {
+    return Copy(device_dst, host, bytes, cudaMemcpyHostToDevice, "copy to device");
+  }
+
+  Status CopyToHost(const void* device_src, size_t bytes, void* host) override {
+    return Copy(host, device_src, bytes, cudaMemcpyDeviceToHost, "copy to host");
+  }
+
+  Status Synchronize() override {
+    DEJA_RETURN_IF_ERROR(Enter());
+    return CudaStatus(cudaStreamSynchronize(ctx_.stream.get()), "cudaStreamSynchronize");
+  }
+
+  StatusOr<float> TimeMs(const std::function<Status()>& enqueue) override {
+    DEJA_RETURN_IF_ERROR(Enter());
+    DEJA_ASSIGN_OR_RETURN(Event start, Event::Create());
+    DEJA_ASSIGN_OR_RETURN(Event stop, Event::Create());
+    DEJA_RETURN_IF_ERROR(start.Record(ctx_.stream.get()));
+    DEJA_RETURN_IF_ERROR(enqueue());
+    DEJA_RETURN_IF_ERROR(stop.Record(ctx_.stream.get()));
+    DEJA_RETURN_IF_ERROR(stop.Synchronize());
+    return stop.MillisecondsSince(start);
+  }
+
+  CudaContext& context() { return ctx_; }
+
+ private:
+  Status Enter() { return CudaStatus(cudaSetDevice(ctx_.device), "cudaSetDevice"); }
+
+  Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* what) {
+    if (bytes == 0) return Status::Ok();
+    DEJA_RETURN_IF_ERROR(Enter());
+    DEJA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, kind, ctx_.stream.get()), what);
+    return CudaStatus(cudaStreamSynchronize(ctx_.stream.get()), what);
+  }
+
+  CudaContext ctx_;
+  std::string name_;
+  OpTable table_;
+};
+
+StatusOr<std::unique_ptr<Backend>> Create(int device) {
+  int count = 0;
+  Status s = CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (!s.ok()) return Unavailable(s.message());
+  if (count == 0) return Unavailable("cudaGetDeviceCount: no CUDA device");
+  if (device < 0 || device >= count) {
+    return InvalidArgument("CUDA device " + std::to_string(device) + " is outside [0, " +
+                           std::to_string(count) + ")");
+  }
+  DEJA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "cudaSetDevice");
+  cudaDeviceProp prop{};
+  DEJA_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  int optin = 0;
+  DEJA_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+      "cudaDeviceGetAttribute");
+
+  CudaContext ctx;
+  ctx.device = device;
+  DEJA_ASSIGN_OR_RETURN(ctx.stream, Stream::Create());
+  DEJA_ASSIGN_OR_RETURN(ctx.cublas_workspace, DeviceBuffer::Allocate(kCublasWorkspaceBytes));
+  DEJA_ASSIGN_OR_RETURN(ctx.cublas, CublasHandle::Create(ctx.stream.get(), ctx.cublas_workspace));
+  DEJA_CUDA_RETURN_IF_ERROR(
+      ConfigureAttention(static_cast<size_t>(optin), &ctx.attention_shared_limit),
+      "configuring the attention kernel");
+  LOG(INFO) << "CUDA backend on device " << device << ": " << prop.name << ", sm_" << prop.major
+            << prop.minor << ", " << (prop.totalGlobalMem >> 20) << " MiB";
+  return std::unique_ptr<Backend>(std::make_unique<CudaBackendImpl>(std::move(ctx), prop.name));
+}
+
+}  // namespace
+
+CudaContext& ContextOf(Backend& backend) {
+  return static_cast<CudaBackendImpl&>(backend).context();
+}
+
+CudaBackend* AsCuda(Backend& backend) {
+  return backend.kind() == BackendKind::kCuda ? static_cast<CudaBackend*>(&backend) : nullptr;
+}
+
+StatusOr<DeviceTensor> ToDevice(CudaBackend& backend, const Tensor& host) {
+  DEJA_ASSIGN_OR_RETURN(DeviceTensor t, backend.Allocate(host.dtype(), host.shape()));
+  DEJA_RETURN_IF_ERROR(backend.CopyToDevice(host.data(), host.bytes(), t.data()));
+  return t;
+}
+
+StatusOr<Tensor> ToHost(CudaBackend& backend, const DeviceTensor& device) {
+  Tensor t = Tensor::Empty(device.dtype(), device.shape());
+  DEJA_RETURN_IF_ERROR(backend.CopyToHost(device.data(), device.bytes(), t.data()));
+  return t;
+}
+
+}  // namespace cuda
+
+StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) { return cuda::Create(device); }
+
+}  // namespace deja::kernels

@@ -1,0 +1,139 @@
+// Row-wise CUDA kernels, one thread block per row with f32 block reductions: LayerNorm (two-pass
+// mean and variance), LogSoftmax (max-shifted) and TopK (k rounds of block arg-max).
+#include <cmath>
+
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/launch.h"
+
+namespace deja::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// x and out may alias (in-place ops): each element is read, then written, by the same thread
+// after every reduction over the row has finished.
+__global__ void LayerNormKernel(const float* x, const void* gamma, const void* beta, DType dtype,
+                                int64_t dim, float eps, float* out) {
+  __shared__ float scratch[kWarp];
+  const float* xr = x + blockIdx.x * dim;
+  float* orow = out + blockIdx.x * dim;
+  float s = 0.f;
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) s += xr[c];
+  const float mean = BlockSum(s, scratch) / static_cast<float>(dim);
+  // Two passes: E[(x - mean)^2] keeps its precision when |mean| >> stddev.
+  float v = 0.f;
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+    const float d = xr[c] - mean;
+    v += d * d;
+  }
+  const float var = BlockSum(v, scratch) / static_cast<float>(dim);
+  const float inv = 1.f / sqrtf(var + eps);
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+    orow[c] = (xr[c] - mean) * inv * LoadF(gamma, dtype, c) + LoadF(beta, dtype, c);
+  }
+}
+
+__global__ void LogSoftmaxKernel(const float* x, int64_t cols, float* out) {
+  __shared__ float scratch[kWarp];
+  const float* xr = x + blockIdx.x * cols;
+  float* orow = out + blockIdx.x * cols;
+  float m = -INFINITY;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, xr[c]);
+  m = BlockMax(m, scratch);
+  float s = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += expf(xr[c] - m);
+  const float log_z = m + logf(BlockSum(s, scratch));
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) orow[c] = xr[c] - log_z;
+}
+
+// The TopK order: larger values first, every number before NaN, ties (and NaNs) to the lower
+// index. Index -1 is "no candidate" and loses to everything.
+__device__ __forceinline__ bool Better(float av, int32_t ai, float bv, int32_t bi) {
+  if (bi < 0) return ai >= 0;
+  if (ai < 0) return false;
+  const bool a_nan = isnan(av), b_nan = isnan(bv);
+  if (a_nan != b_nan) return b_nan;
+  if (!a_nan && av != bv) return av > bv;
+  return ai < bi;
+}
+
+__device__ __forceinline__ void WarpBest(float& v, int32_t& i) {
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (Better(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
+// Round j picks the best element strictly worse than pick j - 1; the order is total (indices
+// are unique), so the k picks are exactly the first k of the sorted row.
+__global__ void TopKKernel(const float* x, int64_t cols, int32_t k, float* values,
+                           int32_t* indices) {
+  __shared__ float warp_v[kWarp];
+  __shared__ int32_t warp_i[kWarp];
+  __shared__ float prev_v;
+  __shared__ int32_t prev_i;
+  const float* xr = x + blockIdx.x * cols;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int warps = blockDim.x / kWarp;
+  if (threadIdx.x == 0) prev_i = -1;
+  __syncthreads();
+  for (int32_t j = 0; j < k; ++j) {
+    const float pv = prev_v;
+    const int32_t pi = prev_i;
+    float best_v = 0.f;
+    int32_t best_i = -1;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float v = xr[c];
+      const int32_t ci = static_cast<int32_t>(c);
+      if ((pi < 0 || Better(pv, pi, v, ci)) && Better(v, ci, best_v, best_i)) {
+        best_v = v;
+        best_i = ci;
+      }
+    }
+    WarpBest(best_v, best_i);
+    if (lane == 0) {
+      warp_v[warp] = best_v;
+      warp_i[warp] = best_i;
+    }
+    __syncthreads();  // also: every thread has read prev_* before thread 0 rewrites them
+    if (warp == 0) {
+      best_v = lane < warps ? warp_v[lane] : 0.f;
+      best_i = lane < warps ? warp_i[lane] : -1;
+      WarpBest(best_v, best_i);
+      if (lane == 0) {
+        values[blockIdx.x * static_cast<int64_t>(k) + j] = best_v;
+        indices[blockIdx.x * static_cast<int64_t>(k) + j] = best_i;
+        prev_v = best_v;
+        prev_i = best_i;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchLayerNorm(const float* x, const void* gamma, const void* beta, DType dtype,
+                            int64_t rows, int64_t dim, float eps, float* out, cudaStream_t stream) {
+  LayerNormKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, gamma, beta, dtype, dim,
+                                                                        eps, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchLogSoftmax(const float* x, int64_t rows, int64_t cols, float* out,
+                             cudaStream_t stream) {
+  LogSoftmaxKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, cols, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchTopK(const float* x, int64_t rows, int64_t cols, int32_t k, float* values,
+                       int32_t* indices, cudaStream_t stream) {
+  TopKKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, cols, k, values, indices);
+  return cudaGetLastError();
+}
+
+}  // namespace deja::kernels::cuda
