@@ -28,8 +28,12 @@ StatusOr<GenerationResult> Generate(OptModel& model, const std::vector<int32_t>&
                       " new tokens exceeds the model's position limit of " +
                       std::to_string(limit));
   }
+  const int32_t chunk = static_cast<int32_t>(
+      std::min<int64_t>(options.prefill_chunk, static_cast<int64_t>(prompt.size())));
   DEJA_ASSIGN_OR_RETURN(std::unique_ptr<SequenceKv> kv,
-                        model.NewSequence(static_cast<int32_t>(std::max<int64_t>(total, 1))));
+                        model.NewSequence(static_cast<int32_t>(std::max<int64_t>(total, 1)),
+                                          options.cache, static_cast<int32_t>(prompt.size()),
+                                          chunk));
   GenerationResult result;
   result.finish_reason = "length";
   if (options.max_new_tokens == 0) return result;
@@ -48,6 +52,11 @@ StatusOr<GenerationResult> Generate(OptModel& model, const std::vector<int32_t>&
   }
   auto t1 = std::chrono::steady_clock::now();
   result.prefill_seconds = Seconds(t0, t1);
+  // A bounded policy needs only budget + 1 slots per head from here on.
+  if (kv->policy().budget() > 0 && kv->policy().budget() + 1 < kv->capacity()) {
+    DEJA_RETURN_IF_ERROR(kv->Resize(kv->policy().budget() + 1));
+  }
+  result.kv_bytes = kv->bytes();
   const int32_t eos = static_cast<int32_t>(model.config().eos_token_id);
   for (int32_t i = 0; i < options.max_new_tokens; ++i) {
     TokenChoice c = sampler.Choose(step.logits.as<float>(), vocab, history);
@@ -63,6 +72,7 @@ StatusOr<GenerationResult> Generate(OptModel& model, const std::vector<int32_t>&
     DEJA_RETURN_IF_ERROR(model.Forward({s}, &step));
   }
   result.decode_seconds = Seconds(t1, std::chrono::steady_clock::now());
+  result.evictions = kv->evictions();
   return result;
 }
 
@@ -102,6 +112,63 @@ StatusOr<PerplexityResult> Perplexity(OptModel& model, const std::vector<int32_t
   }
   r.perplexity = std::exp(r.total_nll / static_cast<double>(r.tokens));
   return r;
+}
+
+namespace {
+
+double NextTokenNll(const float* row, int64_t vocab, int32_t next) {
+  float mx = row[0];
+  for (int64_t j = 1; j < vocab; ++j) mx = std::max(mx, row[j]);
+  double sum = 0;
+  for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j]) - mx);
+  return -(static_cast<double>(row[next]) - mx - std::log(sum));
+}
+
+}  // namespace
+
+StatusOr<PolicyPerplexityResult> PolicyPerplexity(OptModel& model,
+                                                  const std::vector<int32_t>& tokens,
+                                                  int32_t context, int32_t prompt_tokens,
+                                                  const CachePolicyConfig& cache) {
+  if (prompt_tokens < 1 || prompt_tokens >= context) {
+    return InvalidArgument("prompt_tokens must be in [1, context)");
+  }
+  if (context > model.config().max_position_embeddings) {
+    return OutOfRange("context " + std::to_string(context) +
+                      " exceeds the model's position limit of " +
+                      std::to_string(model.config().max_position_embeddings));
+  }
+  const int32_t bos = static_cast<int32_t>(model.config().bos_token_id);
+  const int64_t vocab = model.config().vocab_size;
+  PolicyPerplexityResult out;
+  PerplexityResult& r = out.result;
+  std::vector<int32_t> window;
+  StepResult step;
+  for (size_t begin = 0; begin < tokens.size(); begin += context - 1) {
+    size_t end = std::min(tokens.size(), begin + context - 1);
+    window.assign(1, bos);
+    window.insert(window.end(), tokens.begin() + begin, tokens.begin() + end);
+    const int32_t n = static_cast<int32_t>(window.size());
+    if (n <= prompt_tokens) continue;
+    DEJA_ASSIGN_OR_RETURN(std::unique_ptr<SequenceKv> kv,
+                          model.NewSequence(n, cache, prompt_tokens, prompt_tokens));
+    DEJA_RETURN_IF_ERROR(model.Forward({{kv.get(), window.data(), prompt_tokens, false}}, &step));
+    if (kv->policy().budget() > 0 && kv->policy().budget() + 1 < kv->capacity()) {
+      DEJA_RETURN_IF_ERROR(kv->Resize(kv->policy().budget() + 1));
+    }
+    out.kv_bytes_per_sequence = std::max(out.kv_bytes_per_sequence, kv->bytes());
+    for (int32_t i = prompt_tokens;; ++i) {
+      r.total_nll += NextTokenNll(step.logits.as<float>(), vocab, window[i]);
+      ++r.tokens;
+      if (i + 1 >= n) break;
+      DEJA_RETURN_IF_ERROR(model.Forward({{kv.get(), &window[i], 1, false}}, &step));
+    }
+    out.evictions += kv->evictions();
+    ++r.windows;
+  }
+  if (r.tokens == 0) return InvalidArgument("no window is longer than prompt_tokens");
+  r.perplexity = std::exp(r.total_nll / static_cast<double>(r.tokens));
+  return out;
 }
 
 }  // namespace deja::worker

@@ -19,12 +19,15 @@ struct GenerationOptions {
   int32_t max_new_tokens = 32;
   bool stop_at_eos = true;
   int32_t prefill_chunk = 512;  // prompt tokens per forward step
+  CachePolicyConfig cache;      // KV eviction policy (ratios resolve against the prompt)
 };
 
 struct GenerationResult {
   std::vector<TokenChoice> tokens;
   std::string finish_reason;  // "length" or "eos"
   double prefill_seconds = 0, decode_seconds = 0;
+  size_t kv_bytes = 0;        // the sequence's KV allocation while decoding
+  int64_t evictions = 0;
 };
 
 // Runs prompt (which already holds the BOS) then up to max_new_tokens decode steps. `on_token`
@@ -45,5 +48,19 @@ struct PerplexityResult {
 // chunk counts. perplexity = exp(total NLL / scored tokens).
 StatusOr<PerplexityResult> Perplexity(OptModel& model, const std::vector<int32_t>& tokens,
                                       int32_t context);
+
+// Each window evaluated the way serving runs it: the first `prompt_tokens` tokens of the window
+// (BOS included) as one prefill, then the rest token by token under the cache policy, scoring
+// each next token. Only the tokens predicted after the prompt count (the prompt's predictions
+// do not depend on the policy). Windows shorter than prompt_tokens + 1 are skipped.
+struct PolicyPerplexityResult {
+  PerplexityResult result;
+  size_t kv_bytes_per_sequence = 0;  // steady-state allocation while decoding
+  int64_t evictions = 0;
+};
+StatusOr<PolicyPerplexityResult> PolicyPerplexity(OptModel& model,
+                                                  const std::vector<int32_t>& tokens,
+                                                  int32_t context, int32_t prompt_tokens,
+                                                  const CachePolicyConfig& cache);
 
 }  // namespace deja::worker

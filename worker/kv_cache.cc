@@ -1,52 +1,89 @@
 #include "worker/kv_cache.h"
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
 namespace deja::worker {
 
-SequenceKv::SequenceKv(const KvGeometry& g, int32_t capacity) : geometry_(g), capacity_(capacity) {}
+SequenceKv::SequenceKv(const KvGeometry& g, int32_t capacity,
+                       std::unique_ptr<EvictionPolicy> policy)
+    : geometry_(g), capacity_(capacity), policy_(std::move(policy)) {}
 
-StatusOr<std::unique_ptr<SequenceKv>> SequenceKv::Create(const KvGeometry& g, int32_t capacity) {
+StatusOr<std::unique_ptr<SequenceKv>> SequenceKv::Create(const KvGeometry& g, int32_t capacity,
+                                                         std::unique_ptr<EvictionPolicy> policy) {
   if (g.layers <= 0 || g.heads <= 0 || g.head_dim <= 0 || capacity <= 0) {
     return InvalidArgument("kv cache geometry and capacity must be positive");
   }
-  std::unique_ptr<SequenceKv> kv(new SequenceKv(g, capacity));
-  try {
-    for (int32_t l = 0; l < g.layers; ++l) {
-      kv->k_.push_back(Tensor::Empty(DType::kF32, {g.heads, capacity, g.head_dim}));
-      kv->v_.push_back(Tensor::Empty(DType::kF32, {g.heads, capacity, g.head_dim}));
-      kv->score_.push_back(Tensor::Zeros(DType::kF32, {g.heads, capacity}));
-    }
-    kv->slot_pos_.assign(static_cast<size_t>(g.heads) * capacity, -1);
-  } catch (const std::bad_alloc&) {
-    return ResourceExhausted("cannot allocate a KV cache of " + std::to_string(capacity) +
-                             " slots");
+  if (policy == nullptr) return InvalidArgument("kv cache needs an eviction policy");
+  std::unique_ptr<SequenceKv> kv(new SequenceKv(g, capacity, std::move(policy)));
+  DEJA_RETURN_IF_ERROR(kv->Allocate());
+  const size_t heads = static_cast<size_t>(g.layers) * g.heads;
+  kv->slot_pos_.assign(heads * capacity, -1);
+  kv->used_.assign(g.layers, 0);
+  kv->occupied_.assign(heads, 0);
+  kv->free_.resize(heads);
+  for (auto& f : kv->free_) {
+    f.resize(capacity);
+    for (int32_t s = 0; s < capacity; ++s) f[s] = capacity - 1 - s;  // pop gives 0, 1, 2, ...
   }
   return kv;
 }
 
-size_t SequenceKv::bytes() const {
-  size_t per_layer = static_cast<size_t>(geometry_.heads) * capacity_ *
-                     (2 * geometry_.head_dim + 1) * sizeof(float);
-  return per_layer * geometry_.layers + slot_pos_.size() * sizeof(int32_t);
+Status SequenceKv::Allocate() {
+  const KvGeometry& g = geometry_;
+  try {
+    k_.clear();
+    v_.clear();
+    score_.clear();
+    for (int32_t l = 0; l < g.layers; ++l) {
+      k_.push_back(Tensor::Empty(DType::kF32, {g.heads, capacity_, g.head_dim}));
+      v_.push_back(Tensor::Empty(DType::kF32, {g.heads, capacity_, g.head_dim}));
+      score_.push_back(Tensor::Zeros(DType::kF32, {g.heads, capacity_}));
+    }
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted("cannot allocate a KV cache of " + std::to_string(capacity_) +
+                             " slots per head");
+  }
+  return Status::Ok();
+}
+
+int64_t SequenceKv::cached_slots() const {
+  int64_t n = 0;
+  for (int32_t o : occupied_) n += o;
+  return n;
 }
 
 Status SequenceKv::AppendPositions(int32_t n) {
-  if (n < 0 || length_ + n > capacity_) {
-    return OutOfRange("sequence of " + std::to_string(length_ + n) +
-                      " tokens exceeds its KV capacity of " + std::to_string(capacity_));
-  }
-  new_slots_.resize(static_cast<size_t>(geometry_.heads) * n);
-  for (int32_t h = 0; h < geometry_.heads; ++h) {
-    for (int32_t i = 0; i < n; ++i) {
-      int32_t slot = length_ + i;
-      slot_pos_[static_cast<size_t>(h) * capacity_ + slot] = length_ + i;
-      new_slots_[static_cast<size_t>(h) * n + i] = slot;
+  if (n < 0) return InvalidArgument("cannot append a negative number of tokens");
+  for (const auto& f : free_) {
+    if (static_cast<int32_t>(f.size()) < n) {
+      return OutOfRange("appending " + std::to_string(n) + " tokens to a sequence of " +
+                        std::to_string(length_) + " exceeds its KV capacity of " +
+                        std::to_string(capacity_) + " slots per head");
     }
   }
+  const int32_t heads = geometry_.heads;
+  new_slots_.resize(static_cast<size_t>(geometry_.layers) * heads * n);
+  for (int32_t l = 0; l < geometry_.layers; ++l) {
+    float* score = score_[l].as<float>();
+    for (int32_t h = 0; h < heads; ++h) {
+      const size_t hi = HeadIndex(l, h);
+      auto& f = free_[hi];
+      int32_t* table = slot_pos_.data() + hi * capacity_;
+      for (int32_t i = 0; i < n; ++i) {
+        int32_t slot = f.back();
+        f.pop_back();
+        table[slot] = length_ + i;
+        score[static_cast<size_t>(h) * capacity_ + slot] = 0.f;
+        new_slots_[hi * n + i] = slot;
+        used_[l] = std::max(used_[l], slot + 1);
+      }
+      occupied_[hi] += n;
+    }
+  }
+  last_n_ = n;
   length_ += n;
-  used_ = length_;
   return Status::Ok();
 }
 
@@ -56,9 +93,9 @@ void SequenceKv::WriteLayer(int32_t layer, int32_t n, const float* k, const floa
   float* kc = k_[layer].as<float>();
   float* vc = v_[layer].as<float>();
   for (int32_t h = 0; h < geometry_.heads; ++h) {
+    const int32_t* slots = new_slots_.data() + HeadIndex(layer, h) * last_n_;
     for (int32_t i = 0; i < n; ++i) {
-      int64_t slot = new_slots_[static_cast<size_t>(h) * n + i];
-      int64_t dst = (static_cast<int64_t>(h) * capacity_ + slot) * hd;
+      int64_t dst = (static_cast<int64_t>(h) * capacity_ + slots[i]) * hd;
       std::memcpy(kc + dst, k + i * row + h * hd, hd * sizeof(float));
       std::memcpy(vc + dst, v + i * row + h * hd, hd * sizeof(float));
     }
@@ -69,11 +106,80 @@ kernels::KvView SequenceKv::View(int32_t layer) {
   kernels::KvView view;
   view.k = k_[layer].as<float>();
   view.v = v_[layer].as<float>();
-  view.slot_pos = slot_pos_.data();
+  view.slot_pos = slot_pos_.data() + HeadIndex(layer, 0) * capacity_;
   view.capacity = capacity_;
-  view.used = used_;
-  view.score = score_[layer].as<float>();
+  view.used = used_[layer];
+  view.score = policy_->needs_scores() ? score_[layer].as<float>() : nullptr;
   return view;
+}
+
+void SequenceKv::EvictLayer(int32_t layer) {
+  if (policy_->budget() == 0) return;
+  float* score = score_[layer].as<float>();
+  for (int32_t h = 0; h < geometry_.heads; ++h) {
+    const size_t hi = HeadIndex(layer, h);
+    if (occupied_[hi] <= policy_->budget()) continue;
+    int32_t* table = slot_pos_.data() + hi * capacity_;
+    float* head_score = score + static_cast<size_t>(h) * capacity_;
+    HeadSlots head;
+    head.slot_pos = {table, static_cast<size_t>(used_[layer])};
+    head.score = {head_score, static_cast<size_t>(used_[layer])};
+    head.occupied = occupied_[hi];
+    head.length = length_;
+    plan_.clear();
+    policy_->Plan(head, &plan_);
+    for (int32_t s : plan_) {
+      table[s] = -1;
+      head_score[s] = 0.f;
+      free_[hi].push_back(s);
+    }
+    occupied_[hi] -= static_cast<int32_t>(plan_.size());
+    evictions_ += static_cast<int64_t>(plan_.size());
+  }
+}
+
+Status SequenceKv::Resize(int32_t capacity) {
+  if (capacity <= 0) return InvalidArgument("kv capacity must be positive");
+  for (int32_t o : occupied_) {
+    if (o > capacity) {
+      return OutOfRange("cannot shrink a KV cache holding " + std::to_string(o) +
+                        " tokens per head to " + std::to_string(capacity) + " slots");
+    }
+  }
+  const KvGeometry g = geometry_;
+  std::vector<Tensor> old_k = std::move(k_), old_v = std::move(v_), old_score = std::move(score_);
+  std::vector<int32_t> old_pos = std::move(slot_pos_);
+  const int32_t old_cap = capacity_;
+  capacity_ = capacity;
+  DEJA_RETURN_IF_ERROR(Allocate());
+  slot_pos_.assign(static_cast<size_t>(g.layers) * g.heads * capacity, -1);
+  const size_t row = g.head_dim * sizeof(float);
+  for (int32_t l = 0; l < g.layers; ++l) {
+    int32_t used = 0;
+    for (int32_t h = 0; h < g.heads; ++h) {
+      const size_t hi = HeadIndex(l, h);
+      int32_t dst = 0;
+      for (int32_t s = 0; s < used_[l]; ++s) {
+        int32_t pos = old_pos[hi * old_cap + s];
+        if (pos < 0) continue;
+        const size_t from = static_cast<size_t>(h) * old_cap + s;
+        const size_t to = static_cast<size_t>(h) * capacity + dst;
+        std::memcpy(k_[l].as<float>() + to * g.head_dim, old_k[l].as<float>() + from * g.head_dim,
+                    row);
+        std::memcpy(v_[l].as<float>() + to * g.head_dim, old_v[l].as<float>() + from * g.head_dim,
+                    row);
+        score_[l].as<float>()[to] = old_score[l].as<float>()[from];
+        slot_pos_[hi * capacity + dst] = pos;
+        ++dst;
+      }
+      auto& f = free_[hi];
+      f.clear();
+      for (int32_t s = capacity - 1; s >= dst; --s) f.push_back(s);
+      used = std::max(used, dst);
+    }
+    used_[l] = used;
+  }
+  return Status::Ok();
 }
 
 }  // namespace deja::worker

@@ -1,7 +1,8 @@
-// Per-sequence KV cache storage: for each layer and each local head, `capacity` slots of key and
-// value (f32), a slot -> position table and an accumulated attention score per slot. Slot
-// assignment belongs to the eviction policy; this class only stores and exposes views. With the
-// full policy, slot == position.
+// Per-sequence KV cache storage (DESIGN §6.1): for each layer and each local head, `capacity`
+// slots of key and value (f32), a slot -> position table and an accumulated attention score per
+// slot. Slots are reused in place (a free list per head), never compacted during a step. The
+// eviction policy plans which slots go; this class applies the plan. With the full policy,
+// slot == position.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include "common/status.h"
 #include "common/tensor.h"
 #include "kernels/op_table.h"
+#include "worker/eviction_policy.h"
 
 namespace deja::worker {
 
@@ -18,39 +20,66 @@ struct KvGeometry {
   int32_t layers = 0;
   int32_t heads = 0;  // heads held by this rank
   int32_t head_dim = 0;
+
+  // Bytes one slot of one head costs across all layers (K, V, score, position).
+  size_t SlotBytes() const {
+    return static_cast<size_t>(layers) * heads * ((2 * head_dim + 1) * sizeof(float) + 4);
+  }
 };
 
 class SequenceKv {
  public:
-  // Slots per head; fails with ResourceExhausted when the allocation is impossible.
-  static StatusOr<std::unique_ptr<SequenceKv>> Create(const KvGeometry& geometry,
-                                                       int32_t capacity);
+  // `capacity` slots per head: the sequence's length for `full`; the policy's budget plus the
+  // largest chunk appended in one step otherwise. ResourceExhausted when it cannot be allocated.
+  static StatusOr<std::unique_ptr<SequenceKv>> Create(
+      const KvGeometry& geometry, int32_t capacity,
+      std::unique_ptr<EvictionPolicy> policy = MakeFullPolicy());
 
   const KvGeometry& geometry() const { return geometry_; }
+  const EvictionPolicy& policy() const { return *policy_; }
   int32_t capacity() const { return capacity_; }
   // Tokens appended so far (the next token's position).
   int32_t length() const { return length_; }
-  size_t bytes() const;
+  size_t bytes() const { return geometry_.SlotBytes() * capacity_; }
+  // Occupied slots summed over layers and heads, and evictions so far.
+  int64_t cached_slots() const;
+  int64_t evictions() const { return evictions_; }
 
-  // Full policy: positions [length, length + n) take slots of the same index. OutOfRange when
-  // the capacity would be exceeded.
+  // Positions [length, length + n) take a free slot in every (layer, head). OutOfRange when a
+  // head has fewer than n free slots.
   Status AppendPositions(int32_t n);
   // Writes the keys/values of the last-appended `n` tokens of one layer. k and v are f32
-  // [n, heads * head_dim] (the projection's layout); they go to the tokens' slots per head.
+  // [n, heads * head_dim] (the projection's layout).
   void WriteLayer(int32_t layer, int32_t n, const float* k, const float* v);
+  // The attention view of one layer (scores only when the policy uses them).
   kernels::KvView View(int32_t layer);
+  // Applies the policy to every head of `layer` (after that layer's attention of the step).
+  void EvictLayer(int32_t layer);
+  // Moves occupied slots to the front and reallocates to `capacity` slots (after a prefill, a
+  // bounded policy needs only budget + 1). OutOfRange when a head holds more than that.
+  Status Resize(int32_t capacity);
 
  private:
-  SequenceKv(const KvGeometry& g, int32_t capacity);
+  SequenceKv(const KvGeometry& g, int32_t capacity, std::unique_ptr<EvictionPolicy> policy);
+  Status Allocate();
+  size_t HeadIndex(int32_t layer, int32_t head) const {
+    return static_cast<size_t>(layer) * geometry_.heads + head;
+  }
 
   KvGeometry geometry_;
   int32_t capacity_;
+  std::unique_ptr<EvictionPolicy> policy_;
   int32_t length_ = 0;
-  int32_t used_ = 0;                 // slots [0, used_) are occupied
-  std::vector<Tensor> k_, v_;        // per layer: [heads, capacity, head_dim]
-  std::vector<Tensor> score_;        // per layer: [heads, capacity]
-  std::vector<int32_t> slot_pos_;    // [heads, capacity], shared by layers under `full`
-  std::vector<int32_t> new_slots_;   // slots of the last-appended tokens (head-major)
+  int64_t evictions_ = 0;
+  std::vector<Tensor> k_, v_;                // per layer: [heads, capacity, head_dim]
+  std::vector<Tensor> score_;                // per layer: [heads, capacity]
+  std::vector<int32_t> slot_pos_;            // [layers, heads, capacity]
+  std::vector<int32_t> used_;                // per layer: slots [0, used) may be occupied
+  std::vector<int32_t> occupied_;            // per (layer, head)
+  std::vector<std::vector<int32_t>> free_;   // per (layer, head): free slots, next at back
+  std::vector<int32_t> new_slots_;           // [layers, heads, n] of the last append
+  int32_t last_n_ = 0;
+  std::vector<int32_t> plan_;                // scratch for eviction plans
 };
 
 }  // namespace deja::worker

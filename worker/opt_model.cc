@@ -65,12 +65,23 @@ KvGeometry OptModel::kv_geometry() const {
 }
 
 StatusOr<std::unique_ptr<SequenceKv>> OptModel::NewSequence(int32_t max_tokens) const {
+  return NewSequence(max_tokens, CachePolicyConfig{}, max_tokens, max_tokens);
+}
+
+StatusOr<std::unique_ptr<SequenceKv>> OptModel::NewSequence(int32_t max_tokens,
+                                                            const CachePolicyConfig& policy,
+                                                            int32_t prompt_tokens,
+                                                            int32_t max_chunk) const {
   if (max_tokens > config_.max_position_embeddings) {
     return OutOfRange("sequence of " + std::to_string(max_tokens) +
                       " tokens exceeds the model's position limit of " +
                       std::to_string(config_.max_position_embeddings));
   }
-  return SequenceKv::Create(kv_geometry(), max_tokens);
+  DEJA_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> p,
+                        MakeEvictionPolicy(policy, prompt_tokens));
+  int32_t capacity = max_tokens;
+  if (p->budget() > 0) capacity = std::min(max_tokens, p->budget() + std::max(1, max_chunk));
+  return SequenceKv::Create(kv_geometry(), capacity, std::move(p));
 }
 
 void OptModel::EnsureWorkspace(int64_t rows) {
@@ -177,6 +188,7 @@ Status OptModel::Layer(int32_t l, const std::vector<SequenceStep>& batch, int64_
     args.head_dim = hd;
     args.out = ctx.RowSlice(row, row + s.n);
     DEJA_RETURN_IF_ERROR(kernels::Attention(be, args));
+    s.kv->EvictLayer(l);  // heads are rank-local: no communication
     row += s.n;
   }
   DEJA_RETURN_IF_ERROR(kernels::Linear(be, ctx, lw.out.w, {}, Activation::kNone, false, o));

@@ -43,8 +43,14 @@ class OptModel {
   int64_t weight_bytes() const { return weight_bytes_; }
   Communicator& comm() { return *comm_; }
 
-  // Creates an empty cache able to hold `max_tokens` tokens.
+  // Creates an empty cache for a sequence of at most `max_tokens` tokens (full policy).
   StatusOr<std::unique_ptr<SequenceKv>> NewSequence(int32_t max_tokens) const;
+  // The same under a cache policy whose ratios resolve against `prompt_tokens`; bounded policies
+  // get budget + `max_chunk` slots per head (the largest number of tokens one step appends).
+  StatusOr<std::unique_ptr<SequenceKv>> NewSequence(int32_t max_tokens,
+                                                    const CachePolicyConfig& policy,
+                                                    int32_t prompt_tokens,
+                                                    int32_t max_chunk) const;
 
   // Runs one step. Appends every step's tokens to its cache. Fails (leaving the caches of the
   // batch unspecified) on bad token ids or when a sequence would pass the position limit.

@@ -1,0 +1,64 @@
+// KV-cache eviction policies (DESIGN §6.1). A policy only plans: given one head's slot table
+// (slot -> position, accumulated attention score) it names the slots to evict; SequenceKv
+// applies the plan. Policies: `full` (never evicts), `window` (keeps the most recent tokens),
+// `h2o` (keeps the most recent tokens plus the highest-scoring "heavy hitters").
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace deja::worker {
+
+enum class CachePolicyKind { kFull, kWindow, kH2O };
+
+// How a request asks for its cache policy. Budgets are per head and fixed when the sequence
+// starts: absolute token counts when given (>= 0), otherwise ratios of the prompt length.
+struct CachePolicyConfig {
+  CachePolicyKind kind = CachePolicyKind::kFull;
+  float heavy_ratio = 0.1f;
+  float recent_ratio = 0.1f;
+  int32_t heavy_tokens = -1;
+  int32_t recent_tokens = -1;
+
+  // InvalidArgument naming the field.
+  Status Validate() const;
+  // "full", "window" or "h2o"; parsing is the inverse (InvalidArgument otherwise).
+  static const char* KindName(CachePolicyKind kind);
+  static StatusOr<CachePolicyKind> ParseKind(const std::string& name);
+};
+
+// One head's cache as the policy sees it.
+struct HeadSlots {
+  std::span<const int32_t> slot_pos;  // -1 = free
+  std::span<const float> score;       // accumulated attention (h2o); may be empty
+  int32_t occupied = 0;               // slots with slot_pos >= 0
+  int32_t length = 0;                 // tokens the sequence has seen (next position)
+};
+
+class EvictionPolicy {
+ public:
+  virtual ~EvictionPolicy() = default;
+  virtual CachePolicyKind kind() const = 0;
+  // Slots a head keeps between steps; 0 = unbounded (full).
+  virtual int32_t budget() const = 0;
+  // Whether attention must accumulate scores for this policy.
+  virtual bool needs_scores() const = 0;
+  // Appends to `evict` the slots to free so that at most budget() remain.
+  virtual void Plan(const HeadSlots& head, std::vector<int32_t>* evict) const = 0;
+};
+
+// Resolves ratios against `prompt_tokens` (each part at least 1 token when its ratio is > 0)
+// and builds the policy.
+StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(const CachePolicyConfig& config,
+                                                             int32_t prompt_tokens);
+
+std::unique_ptr<EvictionPolicy> MakeFullPolicy();
+std::unique_ptr<EvictionPolicy> MakeWindowPolicy(int32_t recent);
+std::unique_ptr<EvictionPolicy> MakeH2OPolicy(int32_t heavy, int32_t recent);
+
+}  // namespace deja::worker
