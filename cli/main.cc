@@ -15,6 +15,7 @@ constexpr const char* kUsage =
     "  generate   one-shot generation in this process\n"
     "  ppl        perplexity of a text file\n"
     "  bench      benchmarks (bench decode)\n"
+    "  worker     one tensor-parallel rank serving a coordinator\n"
     "Every command takes --help.\n";
 
 }  // namespace
@@ -31,6 +32,7 @@ int main(int argc, char** argv) {
   if (cmd == "generate") return deja::cli::RunGenerate(argc, argv, 2);
   if (cmd == "ppl") return deja::cli::RunPerplexity(argc, argv, 2);
   if (cmd == "bench") return deja::cli::RunBench(argc, argv, 2);
+  if (cmd == "worker") return deja::cli::RunWorker(argc, argv, 2);
   std::fprintf(stderr, "deja: unknown command '%s'\n%s", cmd.c_str(), kUsage);
   return 2;
 }

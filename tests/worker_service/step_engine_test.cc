@@ -1,0 +1,211 @@
+// StepEngine on one rank (TP 1, in process): prefill (whole and chunked) then decode gives the
+// tokens worker::Generate gives; several sequences share a step; every bad request is a
+// per-step error that leaves the sequences as they were; KV usage returns to its baseline.
+#include "worker/service/step_engine.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "kernels/backend.h"
+#include "tests/comm/tp_util.h"
+#include "tests/worker_service/step_util.h"
+
+namespace deja::service {
+namespace {
+
+using deja::v1::StepRequest;
+using deja::v1::StepResponse;
+using test_util::FirstChunk;
+using test_util::NextChunk;
+
+constexpr int32_t kNewTokens = 8;
+
+class StepEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    backend_ = kernels::MakeCpuBackend(1);
+    auto m = worker::OptModel::Load(test_util::ModelDir(test_util::TpModelName()), backend_.get());
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    model_ = std::move(*m);
+    auto engine = StepEngine::Create(model_.get(), 64ull << 20);
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    engine_ = std::move(*engine);
+    ASSERT_TRUE(engine_->WarmUp().ok());
+    prompts_ = test_util::TpPrompts(test_util::LoadGolden(test_util::TpModelName()));
+    ASSERT_GE(prompts_.size(), 2u);
+  }
+
+  StepResponse Run(const StepRequest& req) {
+    StepResponse resp;
+    Status fatal = engine_->Run(req, &resp);
+    EXPECT_TRUE(fatal.ok()) << fatal.ToString();
+    return resp;
+  }
+
+  // Feeds each sequence's sampled token back until kNewTokens per sequence.
+  std::vector<std::vector<int32_t>> Decode(StepResponse resp, std::vector<uint64_t> ids,
+                                           std::vector<uint32_t> lengths) {
+    std::vector<std::vector<int32_t>> out(ids.size());
+    for (int32_t step = 0;; ++step) {
+      EXPECT_EQ(resp.error_code(), 0) << resp.error_message();
+      EXPECT_EQ(resp.results_size(), static_cast<int>(ids.size()));
+      if (resp.error_code() != 0 || resp.results_size() != static_cast<int>(ids.size())) break;
+      StepRequest next;
+      next.set_step_id(resp.step_id() + 1);
+      for (size_t i = 0; i < ids.size(); ++i) {
+        EXPECT_EQ(resp.results(i).seq_id(), ids[i]);
+        out[i].push_back(resp.results(i).token_id());
+        *next.add_sequences() = NextChunk(ids[i], {resp.results(i).token_id()}, lengths[i]++, true);
+      }
+      if (step + 1 == kNewTokens) break;
+      resp = Run(next);
+    }
+    return out;
+  }
+
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<worker::OptModel> model_;
+  std::unique_ptr<StepEngine> engine_;
+  std::vector<std::vector<int32_t>> prompts_;
+};
+
+TEST_F(StepEngineTest, PrefillAndDecodeMatchGenerate) {
+  const uint64_t baseline = engine_->Usage().free_bytes();
+  const std::vector<int32_t>& p = prompts_.back();
+  StepRequest req;
+  req.set_step_id(1);
+  *req.add_sequences() = FirstChunk(7, p, p.size(), kNewTokens, 3);
+  StepResponse resp = Run(req);
+  ASSERT_EQ(resp.results_size(), 1);
+  EXPECT_EQ(resp.results(0).top_size(), 3);
+  EXPECT_EQ(resp.results(0).top(0).id(), resp.results(0).token_id());
+  EXPECT_LE(resp.results(0).logprob(), 0.f);
+  EXPECT_EQ(resp.kv().sequences(), 1u);
+  EXPECT_EQ(baseline - resp.kv().free_bytes(),
+            engine_->kv_bytes_per_token() * (p.size() + kNewTokens));
+  auto got = Decode(resp, {7}, {static_cast<uint32_t>(p.size())});
+  EXPECT_EQ(got[0], test_util::ReferenceGreedy(*model_, p, kNewTokens));
+
+  StepRequest release;
+  release.set_step_id(100);
+  release.add_release_seq_ids(7);
+  release.add_release_seq_ids(12345);  // unknown ids are ignored
+  StepResponse r = Run(release);
+  EXPECT_EQ(r.error_code(), 0);
+  EXPECT_EQ(r.kv().free_bytes(), baseline);
+  EXPECT_EQ(r.kv().sequences(), 0u);
+  EXPECT_EQ(engine_->Usage().cached_tokens(), 0u);
+}
+
+TEST_F(StepEngineTest, ChunkedPrefillAndBatchedSequencesMatchGenerate) {
+  const std::vector<int32_t>& a = prompts_.back();
+  const std::vector<int32_t>& b = prompts_[prompts_.size() - 2];
+  ASSERT_GT(a.size(), 3u);
+  // Step 1: a's first 3 tokens (no sample). Step 2: a's rest and all of b, both sampled.
+  StepRequest s1;
+  s1.set_step_id(1);
+  *s1.add_sequences() = FirstChunk(1, a, 3, kNewTokens);
+  StepResponse r1 = Run(s1);
+  ASSERT_EQ(r1.error_code(), 0) << r1.error_message();
+  EXPECT_EQ(r1.results(0).token_id(), -1);
+  StepRequest s2;
+  s2.set_step_id(2);
+  *s2.add_sequences() = NextChunk(1, {a.begin() + 3, a.end()}, 3, true);
+  *s2.add_sequences() = FirstChunk(2, b, b.size(), kNewTokens);
+  auto got =
+      Decode(Run(s2), {1, 2}, {static_cast<uint32_t>(a.size()), static_cast<uint32_t>(b.size())});
+  EXPECT_EQ(got[0], test_util::ReferenceGreedy(*model_, a, kNewTokens));
+  EXPECT_EQ(got[1], test_util::ReferenceGreedy(*model_, b, kNewTokens));
+}
+
+TEST_F(StepEngineTest, BadRequestsAreStepErrorsAndChangeNothing) {
+  const std::vector<int32_t>& p = prompts_.back();
+  StepRequest ok;
+  ok.set_step_id(1);
+  *ok.add_sequences() = FirstChunk(1, p, p.size(), 2);
+  ASSERT_EQ(Run(ok).error_code(), 0);
+  const deja::v1::KvUsage before = engine_->Usage();
+  const int32_t vocab = static_cast<int32_t>(model_->config().vocab_size);
+  const uint32_t len = static_cast<uint32_t>(p.size());
+
+  struct Case {
+    const char* name;
+    StepRequest req;
+    StatusCode code;
+  };
+  std::vector<Case> cases;
+  auto add = [&](const char* name, StatusCode code, std::vector<deja::v1::SequenceWork> works) {
+    Case c{name, {}, code};
+    c.req.set_step_id(2);
+    for (auto& w : works) *c.req.add_sequences() = w;
+    cases.push_back(std::move(c));
+  };
+  add("unknown seq", StatusCode::kNotFound, {NextChunk(99, {5}, 4, true)});
+  add("token out of range", StatusCode::kInvalidArgument, {NextChunk(1, {vocab}, len, true)});
+  add("negative token", StatusCode::kInvalidArgument, {NextChunk(1, {-1}, len, true)});
+  add("wrong position", StatusCode::kFailedPrecondition, {NextChunk(1, {5}, len + 1, true)});
+  add("capacity", StatusCode::kOutOfRange, {NextChunk(1, {5, 6, 7}, len, true)});
+  add("empty tokens", StatusCode::kInvalidArgument, {NextChunk(1, {}, len, true)});
+  add("exists", StatusCode::kAlreadyExists, {FirstChunk(1, p, p.size(), 2)});
+  add("duplicate", StatusCode::kInvalidArgument,
+      {NextChunk(1, {5}, len, true), NextChunk(1, {5}, len, true)});
+  auto no_config = FirstChunk(3, p, p.size(), 2);
+  no_config.clear_config();
+  add("no config", StatusCode::kInvalidArgument, {no_config});
+  add("too long", StatusCode::kOutOfRange,
+      {FirstChunk(3, p, p.size(), model_->config().max_position_embeddings)});
+  auto h2o = FirstChunk(3, p, p.size(), 2);
+  h2o.mutable_config()->mutable_cache()->set_kind(deja::v1::WorkerCachePolicy::KIND_H2O);
+  add("h2o", StatusCode::kUnimplemented, {h2o});
+  auto sampling = FirstChunk(3, p, p.size(), 2);
+  sampling.mutable_config()->mutable_sampling()->set_do_sample(true);
+  add("temperature 0", StatusCode::kInvalidArgument, {sampling});
+  // A good new sequence next to a bad one: neither is created.
+  add("mixed", StatusCode::kNotFound, {FirstChunk(4, p, p.size(), 2), NextChunk(98, {5}, 1, true)});
+  // Enough full-length sequences to pass the budget together.
+  const uint32_t room = static_cast<uint32_t>(model_->config().max_position_embeddings - p.size());
+  const uint64_t each = engine_->kv_bytes_per_token() * (p.size() + room);
+  std::vector<deja::v1::SequenceWork> many;
+  for (uint64_t i = 0; i <= before.free_bytes() / each; ++i) {
+    many.push_back(FirstChunk(1000 + i, p, p.size(), room));
+  }
+  add("budget", StatusCode::kResourceExhausted, many);
+  for (Case& c : cases) {
+    StepResponse r = Run(c.req);
+    EXPECT_EQ(r.error_code(), static_cast<int>(c.code)) << c.name << ": " << r.error_message();
+    EXPECT_FALSE(r.error_message().empty()) << c.name;
+    EXPECT_FALSE(r.fatal()) << c.name;
+    EXPECT_EQ(r.results_size(), 0) << c.name;
+    EXPECT_EQ(r.kv().free_bytes(), before.free_bytes()) << c.name;
+    EXPECT_EQ(r.kv().sequences(), before.sequences()) << c.name;
+    EXPECT_EQ(r.kv().cached_tokens(), before.cached_tokens()) << c.name;
+  }
+  // The sequence still decodes where it was.
+  StepRequest next;
+  next.set_step_id(3);
+  *next.add_sequences() = NextChunk(1, {5}, len, true);
+  StepResponse r = Run(next);
+  EXPECT_EQ(r.error_code(), 0) << r.error_message();
+  EXPECT_GE(r.results(0).token_id(), 0);
+}
+
+TEST_F(StepEngineTest, AllLogprobsAreLogSoftmaxRows) {
+  const std::vector<int32_t> p = {2, 10, 11, 12};
+  StepRequest req;
+  req.set_step_id(1);
+  *req.add_sequences() = FirstChunk(1, p, p.size(), 1);
+  req.mutable_sequences(0)->set_want_all_logits(true);
+  StepResponse r = Run(req);
+  ASSERT_EQ(r.results_size(), 1);
+  const int64_t vocab = model_->config().vocab_size;
+  ASSERT_EQ(r.results(0).all_logprobs_size(), static_cast<int>(p.size() * vocab));
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(r.results(0).all_logprobs(3 * vocab + i));
+  EXPECT_NEAR(sum, 1.0, 1e-4);
+  EXPECT_NEAR(r.results(0).all_logprobs(3 * vocab + r.results(0).token_id()),
+              r.results(0).logprob(), 1e-5);
+}
+
+}  // namespace
+}  // namespace deja::service

@@ -1,0 +1,287 @@
+#include "worker/service/step_engine.h"
+
+#include <glog/logging.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <unordered_set>
+
+#include "worker/comm/timed_communicator.h"
+
+namespace deja::service {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string Seq(uint64_t id) { return "seq_id " + std::to_string(id) + ": "; }
+
+void LogSoftmax(const float* x, int32_t n, float* out) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int32_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  double sum = 0.0;
+  for (int32_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i]) - mx);
+  const float lse = mx + static_cast<float>(std::log(sum));
+  for (int32_t i = 0; i < n; ++i) out[i] = x[i] - lse;
+}
+
+comm::CollectiveStats Stats(const worker::Communicator& c) {
+  return comm::StatsOf(c).value_or(comm::CollectiveStats{});
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<StepEngine>> StepEngine::Create(worker::OptModel* model,
+                                                         uint64_t kv_budget_bytes) {
+  // A cache's size is linear in its capacity, with no fixed part.
+  DEJA_ASSIGN_OR_RETURN(std::unique_ptr<worker::SequenceKv> one, model->NewSequence(1));
+  return std::unique_ptr<StepEngine>(new StepEngine(model, kv_budget_bytes, one->bytes()));
+}
+
+StepEngine::StepEngine(worker::OptModel* model, uint64_t kv_budget_bytes, uint64_t bytes_per_token)
+    : model_(model), budget_(kv_budget_bytes), bytes_per_token_(bytes_per_token) {
+  vocab_ = static_cast<int32_t>(model_->config().vocab_size);
+  rank_ = model_->comm().rank();
+  PublishUsage();
+}
+
+Status StepEngine::WarmUp() {
+  DEJA_ASSIGN_OR_RETURN(std::unique_ptr<worker::SequenceKv> kv, model_->NewSequence(1));
+  const int32_t bos = static_cast<int32_t>(model_->config().bos_token_id);
+  return model_->Forward({{kv.get(), &bos, 1, false}}, &step_);
+}
+
+Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t* new_bytes) {
+  const uint64_t id = w.seq_id();
+  if (seqs_.count(id)) {
+    return Status(StatusCode::kAlreadyExists, Seq(id) + "start_position 0 but the sequence exists");
+  }
+  if (!w.has_config()) return InvalidArgument(Seq(id) + "config must be set with start_position 0");
+  const deja::v1::SequenceConfig& c = w.config();
+  if (c.cache().kind() != deja::v1::WorkerCachePolicy::KIND_FULL) {
+    return Unimplemented(Seq(id) + "config.cache: only the full KV cache is available");
+  }
+  if (c.sparse()) return Unimplemented(Seq(id) + "config.sparse: sparsity is not available");
+  if (c.top_n() > 5) return InvalidArgument(Seq(id) + "config.top_n must be in [0, 5]");
+  if (c.prompt_tokens() < static_cast<uint32_t>(w.tokens_size())) {
+    return InvalidArgument(Seq(id) + "config.prompt_tokens " + std::to_string(c.prompt_tokens()) +
+                           " is less than the first chunk's " + std::to_string(w.tokens_size()) +
+                           " tokens");
+  }
+  const int64_t capacity = static_cast<int64_t>(c.prompt_tokens()) + c.max_new_tokens();
+  const int64_t limit = model_->config().max_position_embeddings;
+  if (capacity > limit) {
+    return OutOfRange(Seq(id) + "prompt_tokens + max_new_tokens = " + std::to_string(capacity) +
+                      " exceeds the model's position limit of " + std::to_string(limit));
+  }
+  worker::SamplingParams sp;
+  const deja::v1::WorkerSampling& s = c.sampling();
+  sp.do_sample = s.do_sample();
+  sp.temperature = s.do_sample() ? s.temperature() : 1.0f;
+  sp.top_k = s.top_k();
+  sp.top_p = s.top_p() == 0.f ? 1.f : s.top_p();
+  sp.repetition_penalty = s.repetition_penalty() == 0.f ? 1.f : s.repetition_penalty();
+  sp.seed = s.seed();
+  sp.top_n = static_cast<int32_t>(c.top_n());
+  if (Status v = sp.Validate(); !v.ok())
+    return InvalidArgument(Seq(id) + "config.sampling." + v.message());
+  const uint64_t bytes = bytes_per_token_ * static_cast<uint64_t>(capacity);
+  if (reserved_bytes_ + *new_bytes + bytes > budget_) {
+    return ResourceExhausted(Seq(id) + "needs " + std::to_string(bytes) + " KV bytes, " +
+                             std::to_string(budget_ - reserved_bytes_ - *new_bytes) +
+                             " of the budget are free");
+  }
+  *new_bytes += bytes;
+  p->fresh = std::make_unique<Sequence>();
+  p->fresh->top_n = c.top_n();
+  if (rank_ == 0) p->fresh->sampler = std::make_unique<worker::Sampler>(sp);
+  p->capacity = static_cast<int32_t>(capacity);
+  return Status::Ok();
+}
+
+Status StepEngine::Plan(const deja::v1::StepRequest& req, std::vector<Planned>* plan) {
+  std::unordered_set<uint64_t> seen;
+  uint64_t new_bytes = 0;
+  for (const deja::v1::SequenceWork& w : req.sequences()) {
+    const uint64_t id = w.seq_id();
+    if (!seen.insert(id).second) return InvalidArgument(Seq(id) + "appears twice in the step");
+    if (w.tokens_size() == 0) return InvalidArgument(Seq(id) + "tokens must not be empty");
+    for (int32_t t : w.tokens()) {
+      if (t < 0 || t >= vocab_) {
+        return InvalidArgument(Seq(id) + "token id " + std::to_string(t) +
+                               " is outside the vocabulary [0, " + std::to_string(vocab_) + ")");
+      }
+    }
+    Planned p;
+    p.work = &w;
+    if (w.start_position() == 0) {
+      DEJA_RETURN_IF_ERROR(PlanNew(w, &p, &new_bytes));
+      if (w.tokens_size() > p.capacity) {
+        return OutOfRange(Seq(id) + std::to_string(w.tokens_size()) +
+                          " tokens exceed the sequence's KV capacity of " +
+                          std::to_string(p.capacity));
+      }
+    } else {
+      auto it = seqs_.find(id);
+      if (it == seqs_.end()) return NotFound(Seq(id) + "unknown sequence");
+      if (w.has_config()) {
+        return InvalidArgument(Seq(id) + "config is only sent with start_position 0");
+      }
+      p.seq = it->second.get();
+      const int32_t len = p.seq->kv->length();
+      if (w.start_position() != static_cast<uint32_t>(len)) {
+        return FailedPrecondition(Seq(id) + "start_position " + std::to_string(w.start_position()) +
+                                  " but the worker holds " + std::to_string(len) + " tokens");
+      }
+      if (static_cast<int64_t>(len) + w.tokens_size() > p.seq->kv->capacity()) {
+        return OutOfRange(Seq(id) + std::to_string(len + w.tokens_size()) +
+                          " tokens exceed the sequence's KV capacity of " +
+                          std::to_string(p.seq->kv->capacity()) +
+                          " (prompt_tokens + max_new_tokens)");
+      }
+    }
+    plan->push_back(std::move(p));
+  }
+  // Allocate the new caches last, so a failure leaves nothing behind.
+  for (Planned& p : *plan) {
+    if (!p.fresh) continue;
+    DEJA_ASSIGN_OR_RETURN(p.fresh->kv, model_->NewSequence(p.capacity));
+    p.seq = p.fresh.get();
+  }
+  return Status::Ok();
+}
+
+Status StepEngine::Run(const deja::v1::StepRequest& req, deja::v1::StepResponse* resp) {
+  const Clock::time_point t0 = Clock::now();
+  resp->set_step_id(req.step_id());
+  resp->set_rank(static_cast<uint32_t>(rank_));
+  for (uint64_t id : req.release_seq_ids()) Release(id);
+
+  std::vector<Planned> plan;
+  Status planned = Plan(req, &plan);
+  Status fatal;
+  if (!planned.ok()) {
+    resp->set_error_code(static_cast<int32_t>(planned.code()));
+    resp->set_error_message(planned.message());
+    VLOG(1) << "rank " << rank_ << " step " << req.step_id() << ": " << planned.ToString();
+  } else if (!plan.empty()) {
+    std::vector<worker::SequenceStep> batch;
+    for (const Planned& p : plan) {
+      batch.push_back({p.seq->kv.get(), p.work->tokens().data(), p.work->tokens_size(),
+                       p.work->want_all_logits()});
+    }
+    const comm::CollectiveStats before = Stats(model_->comm());
+    const Clock::time_point tf = Clock::now();
+    Status s = model_->Forward(batch, &step_);
+    const double forward = Since(tf);
+    const comm::CollectiveStats after = Stats(model_->comm());
+    const double ar = after.all_reduce_seconds - before.all_reduce_seconds;
+    resp->mutable_timings()->set_allreduce_seconds(ar);
+    resp->mutable_timings()->set_allreduce_calls(
+        static_cast<uint32_t>(after.all_reduce_calls - before.all_reduce_calls));
+    resp->mutable_timings()->set_compute_seconds(std::max(0.0, forward - ar));
+    if (!s.ok()) {
+      // Every input was checked above, so this is a failed collective: the caches of the batch
+      // and the group's lockstep are lost.
+      fatal = s.WithContext("rank " + std::to_string(rank_) + " forward failed");
+      resp->set_error_code(static_cast<int32_t>(s.code()));
+      resp->set_error_message(fatal.message());
+      resp->set_fatal(true);
+      LOG(ERROR) << fatal.ToString();
+    } else {
+      for (Planned& p : plan) {
+        p.seq->history.insert(p.seq->history.end(), p.work->tokens().begin(),
+                              p.work->tokens().end());
+        if (p.fresh) {
+          reserved_bytes_ += p.fresh->kv->bytes();
+          seqs_[p.work->seq_id()] = std::move(p.fresh);
+        }
+      }
+      if (rank_ == 0) {
+        const Clock::time_point ts = Clock::now();
+        Sample(plan, resp);
+        resp->mutable_timings()->set_sample_seconds(Since(ts));
+      }
+    }
+  }
+  PublishUsage();
+  *resp->mutable_kv() = Usage();
+  resp->mutable_timings()->set_total_seconds(Since(t0));
+  VLOG(1) << "rank " << rank_ << " step " << req.step_id() << ": " << plan.size() << " sequences, "
+          << req.release_seq_ids_size() << " released, " << resp->timings().total_seconds() * 1e3
+          << " ms";
+  return fatal;
+}
+
+void StepEngine::Sample(const std::vector<Planned>& plan, deja::v1::StepResponse* resp) {
+  const float* logits = step_.logits.as<float>();
+  // Logits rows in batch order; each sequence's rows are contiguous, its last row last.
+  size_t row = 0;
+  for (size_t b = 0; b < plan.size(); ++b) {
+    const Planned& p = plan[b];
+    size_t first = row;
+    while (row < step_.row_seq.size() && step_.row_seq[row] == static_cast<int32_t>(b)) ++row;
+    deja::v1::SequenceResult* r = resp->add_results();
+    r->set_seq_id(p.work->seq_id());
+    r->set_token_id(-1);
+    if (p.work->want_all_logits()) {
+      logprob_row_.resize(vocab_);
+      for (size_t i = first; i < row; ++i) {
+        LogSoftmax(logits + i * vocab_, vocab_, logprob_row_.data());
+        r->mutable_all_logprobs()->Add(logprob_row_.begin(), logprob_row_.end());
+      }
+    }
+    if (p.work->sample() && row > first) {
+      worker::TokenChoice c =
+          p.seq->sampler->Choose(logits + (row - 1) * vocab_, vocab_, p.seq->history);
+      r->set_token_id(c.id);
+      r->set_logprob(c.logprob);
+      for (const auto& [id, lp] : c.top) {
+        deja::v1::TopLogprob* t = r->add_top();
+        t->set_id(id);
+        t->set_logprob(lp);
+      }
+    }
+  }
+}
+
+void StepEngine::Release(uint64_t seq_id) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return;
+  reserved_bytes_ -= it->second->kv->bytes();
+  seqs_.erase(it);
+  VLOG(1) << "rank " << rank_ << ": released seq_id " << seq_id;
+}
+
+void StepEngine::ReleaseAll() {
+  if (!seqs_.empty())
+    LOG(INFO) << "rank " << rank_ << ": releasing " << seqs_.size() << " sequences";
+  seqs_.clear();
+  reserved_bytes_ = 0;
+  PublishUsage();
+}
+
+void StepEngine::PublishUsage() {
+  const worker::KvGeometry g = model_->kv_geometry();
+  uint64_t tokens = 0;
+  for (const auto& [id, s] : seqs_) tokens += static_cast<uint64_t>(s->kv->length());
+  std::lock_guard<std::mutex> lock(usage_mu_);
+  usage_.set_total_bytes(budget_);
+  usage_.set_free_bytes(budget_ > reserved_bytes_ ? budget_ - reserved_bytes_ : 0);
+  usage_.set_cached_tokens(tokens * static_cast<uint64_t>(g.layers) * g.heads);
+  usage_.set_evicted_tokens_total(0);
+  usage_.set_sequences(static_cast<uint32_t>(seqs_.size()));
+}
+
+deja::v1::KvUsage StepEngine::Usage() const {
+  std::lock_guard<std::mutex> lock(usage_mu_);
+  return usage_;
+}
+
+}  // namespace deja::service

@@ -1,0 +1,83 @@
+// StepEngine: one rank's side of a Worker.Step message, without gRPC. Holds the live sequences
+// (KV cache, token history, rank 0's sampler) keyed by seq_id, checks a step completely before
+// touching any state, runs the batch through OptModel::Forward in lockstep with the other ranks,
+// and on rank 0 samples and fills the per-sequence results. Also accounts KV memory against a
+// fixed budget: a sequence reserves its whole cache (prompt + max_new_tokens positions) when it
+// starts, and gives it back when released.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "deja/v1/worker.pb.h"
+#include "worker/kv_cache.h"
+#include "worker/opt_model.h"
+#include "worker/sampler.h"
+
+namespace deja::service {
+
+class StepEngine {
+ public:
+  // `model` outlives the engine. `kv_budget_bytes` is this rank's KV memory budget.
+  static StatusOr<std::unique_ptr<StepEngine>> Create(worker::OptModel* model,
+                                                      uint64_t kv_budget_bytes);
+
+  // Runs one dummy forward step (every rank must call it, as it runs collectives).
+  Status WarmUp();
+
+  // Answers `req` in `resp` (step id, rank, results on rank 0, timings, KV usage). A bad request
+  // (unknown sequence, wrong position, token out of range, capacity or budget exceeded, unsupported
+  // setting) is reported in resp's error fields and changes none of the request's sequences.
+  // Returns non-OK only when the rank's state is lost (a collective failed); resp then carries
+  // the error with `fatal` set and the caller must exit.
+  Status Run(const deja::v1::StepRequest& req, deja::v1::StepResponse* resp);
+
+  // Drops every sequence (the Step stream closed).
+  void ReleaseAll();
+
+  // Safe to call from any thread.
+  deja::v1::KvUsage Usage() const;
+  uint64_t kv_bytes_per_token() const { return bytes_per_token_; }
+
+ private:
+  StepEngine(worker::OptModel* model, uint64_t kv_budget_bytes, uint64_t bytes_per_token);
+
+  struct Sequence {
+    std::unique_ptr<worker::SequenceKv> kv;
+    std::unique_ptr<worker::Sampler> sampler;  // rank 0
+    std::vector<int32_t> history;              // every token fed so far
+    uint32_t top_n = 0;
+  };
+  // A checked SequenceWork: the existing sequence, or the settings of a new one.
+  struct Planned {
+    const deja::v1::SequenceWork* work = nullptr;
+    Sequence* seq = nullptr;
+    std::unique_ptr<Sequence> fresh;  // new sequence, committed after a successful forward
+    int32_t capacity = 0;
+  };
+
+  Status Plan(const deja::v1::StepRequest& req, std::vector<Planned>* plan);
+  Status PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t* new_bytes);
+  void Sample(const std::vector<Planned>& plan, deja::v1::StepResponse* resp);
+  void Release(uint64_t seq_id);
+  void PublishUsage();
+
+  worker::OptModel* model_;
+  const uint64_t budget_;
+  const uint64_t bytes_per_token_;
+  int32_t vocab_ = 0;
+  int rank_ = 0;
+  std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
+  uint64_t reserved_bytes_ = 0;
+  worker::StepResult step_;
+  std::vector<float> logprob_row_;
+
+  mutable std::mutex usage_mu_;
+  deja::v1::KvUsage usage_;
+};
+
+}  // namespace deja::service

@@ -1,0 +1,250 @@
+#include "worker/service/worker_server.h"
+
+#include <glog/logging.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "deja/v1/worker.grpc.pb.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/service/grpc_status.h"
+#include "worker/service/grpc_store.h"
+#include "worker/service/step_engine.h"
+
+namespace deja::service {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+// Messages may carry all-position log-probabilities (tokens x vocab floats).
+constexpr int kMaxMessageBytes = 512 << 20;
+
+// Splits "host:port" (host may be "[v6]"); port -1 when absent.
+std::pair<std::string, int> SplitHostPort(const std::string& hp) {
+  const size_t colon = hp.rfind(':');
+  if (colon == std::string::npos) return {hp, -1};
+  return {hp.substr(0, colon), std::atoi(hp.c_str() + colon + 1)};
+}
+
+}  // namespace
+
+class WorkerServiceImpl final : public deja::v1::Worker::Service {
+ public:
+  explicit WorkerServiceImpl(WorkerServer* owner) : owner_(owner) {}
+
+  std::atomic<bool> loaded{false};
+  std::atomic<bool> warmed_up{false};
+  std::atomic<uint64_t> epoch{0};
+
+  grpc::Status Step(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<deja::v1::StepResponse, deja::v1::StepRequest>* stream) override {
+    if (!warmed_up.load()) return {grpc::StatusCode::UNAVAILABLE, "worker is not ready yet"};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stream_active_) {
+        return {grpc::StatusCode::FAILED_PRECONDITION, "another Step stream is active"};
+      }
+      stream_active_ = true;
+    }
+    const int rank = owner_->options_.rank;
+    LOG(INFO) << "rank " << rank << ": Step stream opened by " << ctx->peer();
+    StepEngine& engine = *owner_->engine_;
+    deja::v1::StepRequest req;
+    grpc::Status result = grpc::Status::OK;
+    while (stream->Read(&req)) {
+      deja::v1::StepResponse resp;
+      Status fatal = engine.Run(req, &resp);
+      const bool written = stream->Write(resp);
+      if (!fatal.ok()) {
+        owner_->Finish(fatal);
+        result = ToGrpc(fatal);
+        break;
+      }
+      if (req.shutdown()) {
+        LOG(INFO) << "rank " << rank << ": shutdown requested by the coordinator";
+        owner_->Finish(Status::Ok());
+        break;
+      }
+      if (!written) break;
+    }
+    // Closing the stream releases every sequence of the rank.
+    engine.ReleaseAll();
+    LOG(INFO) << "rank " << rank << ": Step stream closed";
+    std::lock_guard<std::mutex> lock(mu_);
+    stream_active_ = false;
+    return result;
+  }
+
+  grpc::Status GetStatus(grpc::ServerContext*, const deja::v1::GetStatusRequest*,
+                         deja::v1::WorkerStatus* st) override {
+    const WorkerOptions& o = owner_->options_;
+    st->set_rank(static_cast<uint32_t>(o.rank));
+    st->set_world_size(static_cast<uint32_t>(o.world_size));
+    st->set_loaded(loaded.load());
+    st->set_warmed_up(warmed_up.load());
+    st->set_pid(static_cast<uint32_t>(::getpid()));
+    st->set_uptime_seconds(std::chrono::duration<double>(Clock::now() - owner_->started_).count());
+    st->set_group_epoch(epoch.load());
+    if (warmed_up.load()) {
+      *st->mutable_kv() = owner_->engine_->Usage();
+      st->set_kv_bytes_per_token(owner_->engine_->kv_bytes_per_token());
+    } else {
+      st->mutable_kv()->set_total_bytes(o.kv_memory_bytes);
+      st->mutable_kv()->set_free_bytes(o.kv_memory_bytes);
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  WorkerServer* owner_;
+  std::mutex mu_;
+  bool stream_active_ = false;
+};
+
+WorkerServer::WorkerServer(WorkerOptions options)
+    : options_(std::move(options)), started_(Clock::now()) {}
+
+WorkerServer::~WorkerServer() {
+  if (server_) server_->Shutdown(std::chrono::system_clock::now());
+}
+
+void WorkerServer::Stop() { Finish(Status::Ok()); }
+
+void WorkerServer::Finish(Status status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return;
+    done_ = true;
+    outcome_ = std::move(status);
+  }
+  cv_.notify_all();
+}
+
+bool WorkerServer::finished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+Status WorkerServer::StartGrpc() {
+  service_ = std::make_unique<WorkerServiceImpl>(this);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service_.get());
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  server_ = builder.BuildAndStart();
+  if (!server_ || port == 0) return Unavailable("cannot listen on " + options_.listen);
+  if (!options_.advertise.empty()) {
+    address_ = options_.advertise;
+  } else {
+    std::string host = SplitHostPort(options_.listen).first;
+    if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") {
+      char name[256] = {};
+      ::gethostname(name, sizeof(name) - 1);
+      host = name;
+    }
+    address_ = host + ":" + std::to_string(port);
+  }
+  LOG(INFO) << "rank " << options_.rank << "/" << options_.world_size
+            << ": Worker service listening on " << options_.listen << " (port " << port
+            << "), advertised as " << address_;
+  return Status::Ok();
+}
+
+StatusOr<uint64_t> WorkerServer::Register() {
+  auto channel = grpc::CreateChannel(options_.coordinator, grpc::InsecureChannelCredentials());
+  auto stub = deja::v1::Rendezvous::NewStub(channel);
+  deja::v1::RegisterRequest req;
+  req.set_rank(static_cast<uint32_t>(options_.rank));
+  req.set_world_size(static_cast<uint32_t>(options_.world_size));
+  req.set_address(address_);
+  req.set_pid(static_cast<uint32_t>(::getpid()));
+  const Clock::time_point deadline = Clock::now() + options_.connect_timeout;
+  Status last;
+  while (!finished()) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    ctx.set_wait_for_ready(true);
+    deja::v1::RegisterResponse resp;
+    last = FromGrpc(stub->Register(&ctx, req, &resp));
+    if (last.ok()) return resp.group_epoch();
+    if (last.code() != StatusCode::kUnavailable && last.code() != StatusCode::kDeadlineExceeded) {
+      return last.WithContext("registering with the coordinator at " + options_.coordinator);
+    }
+    if (Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  if (finished()) return Status(StatusCode::kCancelled, "stopped while registering");
+  return Unavailable("cannot reach the coordinator's Rendezvous at " + options_.coordinator +
+                     " within " + std::to_string(options_.connect_timeout.count()) +
+                     " ms: " + last.ToString());
+}
+
+Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
+  const Clock::time_point t0 = Clock::now();
+  std::unique_ptr<worker::Communicator> comm;
+  if (options_.world_size > 1) {
+    GrpcStore store(grpc::CreateChannel(options_.coordinator, grpc::InsecureChannelCredentials()));
+    comm::GlooOptions g;
+    g.rank = options_.rank;
+    g.world_size = options_.world_size;
+    g.hostname = options_.gloo_hostname;
+    g.timeout = options_.collective_timeout;
+    g.key_prefix = "epoch" + std::to_string(epoch) + "/gloo";
+    DEJA_ASSIGN_OR_RETURN(comm, comm::MakeGlooCommunicator(store, g));
+    LOG(INFO) << "rank " << options_.rank << ": Gloo group of " << options_.world_size
+              << " built (epoch " << epoch << ")";
+  }
+  backend_ = kernels::MakeCpuBackend(options_.threads);
+  DEJA_ASSIGN_OR_RETURN(
+      model_, worker::OptModel::Load(options_.model_dir, backend_.get(), std::move(comm)));
+  DEJA_ASSIGN_OR_RETURN(engine_, StepEngine::Create(model_.get(), options_.kv_memory_bytes));
+  service_->loaded.store(true);
+  LOG(INFO) << "rank " << options_.rank << ": shard of " << options_.model_dir << " loaded ("
+            << model_->weight_bytes() << " weight bytes)";
+  DEJA_RETURN_IF_ERROR(engine_->WarmUp().WithContext("warm-up step"));
+  service_->warmed_up.store(true);
+  LOG(INFO) << "rank " << options_.rank << ": warmed up, ready after "
+            << std::chrono::duration<double>(Clock::now() - t0).count() << " s; KV budget "
+            << options_.kv_memory_bytes << " bytes, " << engine_->kv_bytes_per_token()
+            << " bytes per cached position";
+  return Status::Ok();
+}
+
+Status WorkerServer::Run() {
+  if (options_.rank < 0 || options_.world_size < 1 || options_.rank >= options_.world_size) {
+    return InvalidArgument("rank " + std::to_string(options_.rank) + " must be in [0, world " +
+                           std::to_string(options_.world_size) + ")");
+  }
+  if (options_.kv_memory_bytes == 0) return InvalidArgument("the KV memory budget must be > 0");
+  DEJA_RETURN_IF_ERROR(StartGrpc());
+  StatusOr<uint64_t> epoch = Register();
+  if (epoch.ok()) {
+    service_->epoch.store(*epoch);
+    LOG(INFO) << "rank " << options_.rank << ": registered with " << options_.coordinator
+              << ", group epoch " << *epoch;
+    if (!finished()) {
+      if (Status s = LoadAndWarmUp(*epoch); !s.ok()) Finish(s);
+    }
+  } else if (epoch.status().code() != StatusCode::kCancelled) {
+    Finish(epoch.status());
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_; });
+  Status outcome = outcome_;
+  lock.unlock();
+  LOG(INFO) << "rank " << options_.rank << ": stopping (" << outcome.ToString() << ")";
+  // Let an in-flight step answer; then cancel the long-lived Step stream.
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  server_.reset();
+  return outcome;
+}
+
+}  // namespace deja::service

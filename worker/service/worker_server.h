@@ -1,0 +1,80 @@
+// WorkerServer: one tensor-parallel rank as a process. Serves deja.v1.Worker on its own address
+// (GetStatus from the first moment, Step once warmed up), registers with the coordinator's
+// Rendezvous, builds the Gloo group through it (keys under the group epoch), loads its shard,
+// runs one warm-up step, then answers the coordinator's Step stream until it is stopped, told to
+// shut down, or a collective fails (then it exits non-zero so the launcher restarts the group).
+#pragma once
+
+#include <grpcpp/server.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/status.h"
+#include "kernels/backend.h"
+#include "worker/opt_model.h"
+
+namespace deja::service {
+
+class StepEngine;
+class WorkerServiceImpl;
+
+struct WorkerOptions {
+  std::string model_dir;
+  int rank = 0;
+  int world_size = 1;
+  std::string coordinator;             // host:port of the Rendezvous service
+  std::string listen = "127.0.0.1:0";  // port 0: any free port
+  // Registered with the coordinator; empty: the listen host with the bound port (the host name
+  // when listening on every interface).
+  std::string advertise;
+  int threads = 0;  // CPU threads, 0 = one per core
+  uint64_t kv_memory_bytes = 1ull << 30;
+  std::chrono::milliseconds connect_timeout{60000};     // reaching the coordinator
+  std::chrono::milliseconds collective_timeout{30000};  // Gloo rendezvous and collectives
+  std::string gloo_hostname = "127.0.0.1";              // where Gloo listens
+};
+
+class WorkerServer {
+ public:
+  explicit WorkerServer(WorkerOptions options);
+  ~WorkerServer();
+  WorkerServer(const WorkerServer&) = delete;
+  WorkerServer& operator=(const WorkerServer&) = delete;
+
+  // Starts, then serves until Stop(), a shutdown step, or a fatal error. OK for the first two;
+  // the error (start-up failure or failed collective) otherwise.
+  Status Run();
+  // Asks Run() to return (thread-safe, from any thread, before or during Run()).
+  void Stop();
+
+ private:
+  friend class WorkerServiceImpl;
+
+  Status StartGrpc();
+  StatusOr<uint64_t> Register();
+  Status LoadAndWarmUp(uint64_t epoch);
+  // Wakes Run() with the outcome; the first call wins.
+  void Finish(Status status);
+  bool finished() const;
+
+  WorkerOptions options_;
+  std::string address_;
+  const std::chrono::steady_clock::time_point started_;
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<worker::OptModel> model_;
+  std::unique_ptr<StepEngine> engine_;
+  std::unique_ptr<WorkerServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  Status outcome_;
+};
+
+}  // namespace deja::service
