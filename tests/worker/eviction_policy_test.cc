@@ -1,0 +1,188 @@
+// Eviction policies on scripted score traces, and SequenceKv applying them: the budget is never
+// exceeded, the kept set is the recent window plus the top scorers (checked against a brute-force
+// oracle), evicted tokens never return, and memory stays bounded however long a sequence runs.
+#include <algorithm>
+#include <random>
+#include <set>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "worker/eviction_policy.h"
+#include "worker/kv_cache.h"
+
+namespace deja::worker {
+namespace {
+
+HeadSlots Head(const std::vector<int32_t>& pos, const std::vector<float>& score, int32_t length) {
+  HeadSlots h;
+  h.slot_pos = pos;
+  h.score = score;
+  h.occupied = static_cast<int32_t>(std::count_if(pos.begin(), pos.end(), [](int p) {
+    return p >= 0;
+  }));
+  h.length = length;
+  return h;
+}
+
+TEST(EvictionPolicyTest, WindowEvictsEverythingOlderThanTheWindow) {
+  auto p = MakeWindowPolicy(3);
+  std::vector<int32_t> pos = {0, 1, 2, 3, 4, -1};
+  std::vector<int32_t> evict;
+  p->Plan(Head(pos, {}, 5), &evict);
+  EXPECT_EQ(std::set<int32_t>(evict.begin(), evict.end()), (std::set<int32_t>{0, 1}));
+}
+
+TEST(EvictionPolicyTest, H2OKeepsRecentAndHeavyHitters) {
+  auto p = MakeH2OPolicy(/*heavy=*/2, /*recent=*/2);
+  // Slots hold positions 0..6 (slot 7 free); positions 5 and 6 are recent.
+  std::vector<int32_t> pos = {0, 1, 2, 3, 4, 5, 6, -1};
+  std::vector<float> score = {5.0f, 0.1f, 3.0f, 0.2f, 0.3f, 0.0f, 0.0f, 0.0f};
+  std::vector<int32_t> evict;
+  p->Plan(Head(pos, score, 7), &evict);
+  // Keep 0 and 2 (heavy) + 5, 6 (recent); evict 1, 3, 4.
+  EXPECT_EQ(std::set<int32_t>(evict.begin(), evict.end()), (std::set<int32_t>{1, 3, 4}));
+}
+
+TEST(EvictionPolicyTest, H2OTiesEvictTheOlderToken) {
+  auto p = MakeH2OPolicy(1, 1);
+  std::vector<int32_t> pos = {3, 1, 2};  // slot order differs from position order
+  std::vector<float> score = {1.0f, 1.0f, 9.0f};
+  std::vector<int32_t> evict;
+  p->Plan(Head(pos, score, 4), &evict);  // recent: position 3 (slot 0)
+  // Candidates slots 1 (pos 1) and 2 (pos 2); one must go: the lower score (slot 1).
+  EXPECT_EQ(evict, (std::vector<int32_t>{1}));
+  score = {1.0f, 2.0f, 2.0f};
+  evict.clear();
+  p->Plan(Head(pos, score, 4), &evict);
+  EXPECT_EQ(evict, (std::vector<int32_t>{1}));  // tie: position 1 is older than 2
+}
+
+TEST(EvictionPolicyTest, RatiosResolveAgainstThePrompt) {
+  CachePolicyConfig c;
+  c.kind = CachePolicyKind::kH2O;
+  auto p = MakeEvictionPolicy(c, 100);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ((*p)->budget(), 20);
+  c.kind = CachePolicyKind::kWindow;
+  EXPECT_EQ((*MakeEvictionPolicy(c, 100))->budget(), 20);
+  c.kind = CachePolicyKind::kH2O;
+  c.heavy_tokens = 7;
+  c.recent_tokens = 5;
+  EXPECT_EQ((*MakeEvictionPolicy(c, 100))->budget(), 12);
+  c.recent_tokens = -1;
+  EXPECT_EQ(MakeEvictionPolicy(c, 100).status().code(), StatusCode::kInvalidArgument);
+  c = CachePolicyConfig{};
+  c.kind = CachePolicyKind::kH2O;
+  c.heavy_ratio = 1.5f;
+  Status s = MakeEvictionPolicy(c, 10).status();
+  EXPECT_NE(s.message().find("heavy_ratio"), std::string::npos);
+  EXPECT_EQ((*MakeEvictionPolicy(CachePolicyConfig{}, 10))->budget(), 0);  // full
+}
+
+// Drives SequenceKv with random score traces and checks every step against an oracle that
+// keeps, per head, its own list of (position, score) entries.
+TEST(SequenceKvTest, H2OMatchesOracleOnRandomScoreTraces) {
+  const int32_t heavy = 5, recent = 4, budget = heavy + recent;
+  KvGeometry g{2, 3, 4};
+  auto kv_or = SequenceKv::Create(g, budget + 8, MakeH2OPolicy(heavy, recent));
+  ASSERT_TRUE(kv_or.ok());
+  SequenceKv& kv = **kv_or;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  struct Entry {
+    int32_t pos;
+    float score;
+  };
+  std::vector<std::vector<Entry>> oracle(g.layers * g.heads);
+  std::vector<float> k(8 * g.heads * g.head_dim, 0.f);
+  std::set<int32_t> ever_evicted_h0;
+  for (int step = 0; step < 200; ++step) {
+    const int32_t n = step == 0 ? 8 : 1;  // a prefill chunk, then decode
+    ASSERT_TRUE(kv.AppendPositions(n).ok());
+    for (int32_t l = 0; l < g.layers; ++l) {
+      kv.WriteLayer(l, n, k.data(), k.data());
+      kernels::KvView view = kv.View(l);
+      ASSERT_NE(view.score, nullptr);
+      for (int32_t h = 0; h < g.heads; ++h) {
+        auto& o = oracle[l * g.heads + h];
+        for (int32_t i = 0; i < n; ++i) o.push_back({kv.length() - n + i, 0.f});
+        // Attention "adds probabilities": a scripted random increment per cached token.
+        for (int32_t s = 0; s < view.used; ++s) {
+          int32_t p = view.slot_pos[h * view.capacity + s];
+          if (p < 0) continue;
+          float inc = u(rng);
+          view.score[h * view.capacity + s] += inc;
+          for (Entry& e : o)
+            if (e.pos == p) e.score += inc;
+        }
+        // Oracle eviction: keep recent + top-heavy (ties: the older goes first).
+        while (static_cast<int32_t>(o.size()) > budget) {
+          auto victim = o.end();
+          for (auto it = o.begin(); it != o.end(); ++it) {
+            if (it->pos >= kv.length() - recent) continue;
+            if (victim == o.end() || it->score < victim->score ||
+                (it->score == victim->score && it->pos < victim->pos)) {
+              victim = it;
+            }
+          }
+          if (l == 0 && h == 0) ever_evicted_h0.insert(victim->pos);
+          o.erase(victim);
+        }
+      }
+      kv.EvictLayer(l);
+      view = kv.View(l);
+      for (int32_t h = 0; h < g.heads; ++h) {
+        std::set<int32_t> got, want;
+        for (int32_t s = 0; s < view.used; ++s) {
+          int32_t p = view.slot_pos[h * view.capacity + s];
+          if (p >= 0) got.insert(p);
+        }
+        for (const Entry& e : oracle[l * g.heads + h]) want.insert(e.pos);
+        ASSERT_EQ(got, want) << "step " << step << " layer " << l << " head " << h;
+        ASSERT_LE(static_cast<int32_t>(got.size()), budget);
+      }
+    }
+  }
+  EXPECT_EQ(kv.cached_slots(), int64_t{budget} * g.layers * g.heads);
+  EXPECT_GT(kv.evictions(), 0);
+  EXPECT_FALSE(ever_evicted_h0.empty());
+  // Memory is fixed at creation however long the sequence runs.
+  EXPECT_EQ(kv.bytes(), g.SlotBytes() * (budget + 8));
+}
+
+TEST(SequenceKvTest, ResizeKeepsContentsAndShrinksMemory) {
+  KvGeometry g{1, 2, 3};
+  auto kv = std::move(*SequenceKv::Create(g, 12, MakeWindowPolicy(4)));
+  ASSERT_TRUE(kv->AppendPositions(10).ok());
+  std::vector<float> k(10 * 2 * 3), v(10 * 2 * 3);
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = static_cast<float>(i);
+    v[i] = -static_cast<float>(i);
+  }
+  kv->WriteLayer(0, 10, k.data(), v.data());
+  kv->EvictLayer(0);
+  EXPECT_EQ(kv->cached_slots(), 8);
+  ASSERT_TRUE(kv->Resize(5).ok());
+  EXPECT_EQ(kv->bytes(), g.SlotBytes() * 5);
+  kernels::KvView view = kv->View(0);
+  for (int32_t h = 0; h < 2; ++h) {
+    std::set<int32_t> positions;
+    for (int32_t s = 0; s < view.used; ++s) {
+      int32_t p = view.slot_pos[h * view.capacity + s];
+      if (p < 0) continue;
+      positions.insert(p);
+      for (int32_t d = 0; d < 3; ++d) {
+        EXPECT_EQ(view.k[(h * view.capacity + s) * 3 + d], k[p * 6 + h * 3 + d]);
+        EXPECT_EQ(view.v[(h * view.capacity + s) * 3 + d], v[p * 6 + h * 3 + d]);
+      }
+    }
+    EXPECT_EQ(positions, (std::set<int32_t>{6, 7, 8, 9}));
+  }
+  EXPECT_EQ(kv->Resize(3).code(), StatusCode::kOutOfRange);
+  ASSERT_TRUE(kv->AppendPositions(1).ok());  // one free slot after the resize
+  EXPECT_EQ(kv->AppendPositions(1).code(), StatusCode::kOutOfRange);
+}
+
+}  // namespace
+}  // namespace deja::worker
