@@ -1,0 +1,47 @@
+// A plain, slow reference of the whole H2O decode loop for OPT: dense parts through the
+// reference backend's ops, attention, score accumulation and eviction as obvious loops over a
+// per-head list of cached entries. The fast path (OptModel + SequenceKv + CPU kernels) must give
+// the same tokens and log-probs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/opt_config.h"
+#include "common/safetensors.h"
+#include "kernels/backend.h"
+#include "worker/opt_weights.h"
+
+namespace deja::worker {
+
+class ReferenceH2O {
+ public:
+  // heavy/recent per head; heavy = recent = -1 disables eviction (full cache).
+  static StatusOr<std::unique_ptr<ReferenceH2O>> Load(const std::string& dir, int32_t heavy,
+                                                      int32_t recent);
+  // Runs the prompt as one prefill, then `steps` greedy decode steps; returns the greedy ids
+  // and, for each, its log-probability.
+  Status Greedy(const std::vector<int32_t>& prompt, int32_t steps, std::vector<int32_t>* ids,
+                std::vector<float>* logprobs);
+
+ private:
+  struct Entry {
+    int32_t pos;
+    std::vector<float> k, v;
+    double score = 0;
+  };
+  ReferenceH2O() = default;
+  // Runs tokens at positions [start, start + n) and returns the last row's logits.
+  Status Step(const std::vector<int32_t>& tokens, int32_t start, std::vector<float>* logits);
+  void Evict(std::vector<Entry>& head, int32_t length);
+
+  OptConfig config_;
+  std::unique_ptr<Checkpoint> ckpt_;
+  OptWeights w_;
+  std::unique_ptr<kernels::Backend> backend_;
+  int32_t heavy_ = -1, recent_ = -1;
+  std::vector<std::vector<Entry>> cache_;  // [layer * heads + head]
+};
+
+}  // namespace deja::worker

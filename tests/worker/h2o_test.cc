@@ -1,0 +1,150 @@
+// H2O end to end on the fixture model: the fast path (OptModel, SequenceKv, CPU kernels) equals
+// the plain reference decode loop in tokens and log-probs; mixed policies share one batch; KV
+// memory stays bounded for sequences far longer than the budget.
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "kernels/backend.h"
+#include "tests/worker/golden_util.h"
+#include "tests/worker/h2o_reference.h"
+#include "worker/generation.h"
+#include "worker/opt_model.h"
+
+namespace deja::worker {
+namespace {
+
+using test_util::ModelDir;
+
+constexpr float kLogprobTol = 1e-4f;
+
+class H2OTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    backend_ = kernels::MakeCpuBackend(2);
+    auto m = OptModel::Load(ModelDir("opt-mini"), backend_.get());
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    model_ = std::move(*m);
+  }
+
+  std::vector<int32_t> RealPrompt() {
+    auto golden = test_util::LoadGolden("opt-mini");
+    std::vector<int32_t> best;
+    for (const auto& c : golden["cases"]) {
+      auto ids = c["input_ids"].get<std::vector<int32_t>>();
+      if (ids.size() > best.size() && ids.size() < 400) best = ids;
+    }
+    return best;
+  }
+
+  std::vector<int32_t> RandomPrompt(int n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int32_t> tok(4, 8191);
+    std::vector<int32_t> ids = {2};
+    for (int i = 1; i < n; ++i) ids.push_back(tok(rng));
+    return ids;
+  }
+
+  void ExpectMatchesReference(const std::vector<int32_t>& prompt, int32_t heavy, int32_t recent,
+                              int32_t steps) {
+    auto ref = ReferenceH2O::Load(ModelDir("opt-mini"), heavy, recent);
+    ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+    std::vector<int32_t> want_ids;
+    std::vector<float> want_lp;
+    ASSERT_TRUE((*ref)->Greedy(prompt, steps, &want_ids, &want_lp).ok());
+
+    GenerationOptions opt;
+    opt.max_new_tokens = steps;
+    opt.stop_at_eos = false;
+    opt.prefill_chunk = static_cast<int32_t>(prompt.size());
+    if (heavy >= 0) {
+      opt.cache.kind = CachePolicyKind::kH2O;
+      opt.cache.heavy_tokens = heavy;
+      opt.cache.recent_tokens = recent;
+    }
+    auto r = Generate(*model_, prompt, opt);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->tokens.size(), want_ids.size());
+    for (size_t i = 0; i < want_ids.size(); ++i) {
+      ASSERT_EQ(r->tokens[i].id, want_ids[i]) << "step " << i;
+      EXPECT_NEAR(r->tokens[i].logprob, want_lp[i], kLogprobTol) << "step " << i;
+    }
+    if (heavy >= 0) EXPECT_GT(r->evictions, 0);
+  }
+
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<OptModel> model_;
+};
+
+TEST_F(H2OTest, FastPathEqualsReferenceOnRealText) {
+  ExpectMatchesReference(RealPrompt(), /*heavy=*/16, /*recent=*/16, /*steps=*/24);
+}
+
+TEST_F(H2OTest, FastPathEqualsReferenceOnRandomTokensWithTinyBudget) {
+  ExpectMatchesReference(RandomPrompt(120, 5), /*heavy=*/4, /*recent=*/3, /*steps=*/24);
+}
+
+TEST_F(H2OTest, ReferenceWithoutEvictionEqualsFullCache) {
+  ExpectMatchesReference(RandomPrompt(40, 6), -1, -1, 8);
+}
+
+// full, window and h2o sequences in one batch each give what they give alone.
+TEST_F(H2OTest, MixedPoliciesInOneBatch) {
+  const int64_t vocab = model_->config().vocab_size;
+  std::vector<CachePolicyConfig> policies(3);
+  policies[1].kind = CachePolicyKind::kWindow;
+  policies[2].kind = CachePolicyKind::kH2O;
+  std::vector<std::vector<int32_t>> prompts = {RandomPrompt(50, 1), RandomPrompt(70, 2),
+                                               RandomPrompt(90, 3)};
+  auto make = [&](size_t i) {
+    return std::move(*model_->NewSequence(200, policies[i],
+                                          static_cast<int32_t>(prompts[i].size()), 100));
+  };
+  std::vector<std::unique_ptr<SequenceKv>> together, alone;
+  for (size_t i = 0; i < 3; ++i) {
+    together.push_back(make(i));
+    alone.push_back(make(i));
+  }
+  std::vector<SequenceStep> batch;
+  for (size_t i = 0; i < 3; ++i)
+    batch.push_back({together[i].get(), prompts[i].data(), (int32_t)prompts[i].size(), false});
+  StepResult rt, ra;
+  for (int step = 0; step < 20; ++step) {
+    ASSERT_TRUE(model_->Forward(batch, &rt).ok());
+    for (size_t i = 0; i < 3; ++i) {
+      ASSERT_TRUE(model_->Forward({{alone[i].get(), batch[i].tokens, batch[i].n, false}}, &ra).ok());
+      std::vector<double> want(ra.logits.as<float>(), ra.logits.as<float>() + vocab);
+      ASSERT_LE(test_util::RelError(rt.logits.as<float>() + i * vocab, want), 1e-5)
+          << "sequence " << i << " step " << step;
+    }
+    for (size_t i = 0; i < 3; ++i) {
+      prompts[i].push_back(static_cast<int32_t>(17 + step + i));
+      batch[i] = {together[i].get(), &prompts[i].back(), 1, false};
+    }
+  }
+  EXPECT_EQ(together[0]->evictions(), 0);
+  EXPECT_GT(together[1]->evictions(), 0);
+  EXPECT_GT(together[2]->evictions(), 0);
+}
+
+// A sequence runs to the position limit on a budget of 20 slots per head: the allocation never
+// changes after the prefill and the cached slots never exceed the budget.
+TEST_F(H2OTest, MemoryBoundedToThePositionLimit) {
+  const int32_t limit = static_cast<int32_t>(model_->config().max_position_embeddings);
+  std::vector<int32_t> prompt = RandomPrompt(64, 9);
+  GenerationOptions opt;
+  opt.cache.kind = CachePolicyKind::kH2O;
+  opt.cache.heavy_tokens = 10;
+  opt.cache.recent_tokens = 10;
+  opt.stop_at_eos = false;
+  opt.max_new_tokens = limit - static_cast<int32_t>(prompt.size());
+  auto r = Generate(*model_, prompt, opt);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(static_cast<int32_t>(r->tokens.size()), opt.max_new_tokens);
+  EXPECT_EQ(r->kv_bytes, model_->kv_geometry().SlotBytes() * 21);
+  const int64_t heads = model_->config().num_attention_heads * model_->config().num_hidden_layers;
+  EXPECT_EQ(r->evictions, heads * (limit - 1 - 20));  // every token past the budget, every head
+}
+
+}  // namespace
+}  // namespace deja::worker
