@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "kernels/backend.h"
+#include "worker/generation.h"
 #include "tests/comm/tp_util.h"
 #include "tests/worker_service/step_util.h"
 
@@ -98,6 +99,41 @@ TEST_F(StepEngineTest, PrefillAndDecodeMatchGenerate) {
   EXPECT_EQ(engine_->Usage().cached_tokens(), 0u);
 }
 
+// An H2O sequence through the step protocol gives what worker::Generate gives under the same
+// budget; after its prompt its reservation shrinks to budget + 1 slots; release frees it all.
+TEST_F(StepEngineTest, H2OSequenceMatchesGenerateAndShrinksAfterPrefill) {
+  const uint64_t baseline = engine_->Usage().free_bytes();
+  const std::vector<int32_t>& p = prompts_.back();
+  const uint32_t heavy = 3, recent = 2;
+  StepRequest req;
+  req.set_step_id(1);
+  auto first = FirstChunk(9, p, p.size(), kNewTokens);
+  first.mutable_config()->mutable_cache()->set_kind(deja::v1::WorkerCachePolicy::KIND_H2O);
+  first.mutable_config()->mutable_cache()->set_heavy_tokens(heavy);
+  first.mutable_config()->mutable_cache()->set_recent_tokens(recent);
+  *req.add_sequences() = first;
+  StepResponse resp = Run(req);
+  ASSERT_EQ(resp.error_code(), 0) << resp.error_message();
+  EXPECT_EQ(baseline - resp.kv().free_bytes(), engine_->kv_bytes_per_token() * (heavy + recent + 1));
+  auto got = Decode(resp, {9}, {static_cast<uint32_t>(p.size())});
+  worker::GenerationOptions opt;
+  opt.max_new_tokens = kNewTokens;
+  opt.stop_at_eos = false;
+  opt.cache.kind = worker::CachePolicyKind::kH2O;
+  opt.cache.heavy_tokens = heavy;
+  opt.cache.recent_tokens = recent;
+  opt.prefill_chunk = static_cast<int32_t>(p.size());
+  auto want = worker::Generate(*model_, p, opt);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  std::vector<int32_t> want_ids;
+  for (const auto& t : want->tokens) want_ids.push_back(t.id);
+  EXPECT_EQ(got[0], want_ids);
+  StepRequest release;
+  release.set_step_id(100);
+  release.add_release_seq_ids(9);
+  EXPECT_EQ(Run(release).kv().free_bytes(), baseline);
+}
+
 TEST_F(StepEngineTest, ChunkedPrefillAndBatchedSequencesMatchGenerate) {
   const std::vector<int32_t>& a = prompts_.back();
   const std::vector<int32_t>& b = prompts_[prompts_.size() - 2];
@@ -157,7 +193,7 @@ TEST_F(StepEngineTest, BadRequestsAreStepErrorsAndChangeNothing) {
       {FirstChunk(3, p, p.size(), model_->config().max_position_embeddings)});
   auto h2o = FirstChunk(3, p, p.size(), 2);
   h2o.mutable_config()->mutable_cache()->set_kind(deja::v1::WorkerCachePolicy::KIND_H2O);
-  add("h2o", StatusCode::kUnimplemented, {h2o});
+  add("h2o without a budget", StatusCode::kInvalidArgument, {h2o});
   auto sampling = FirstChunk(3, p, p.size(), 2);
   sampling.mutable_config()->mutable_sampling()->set_do_sample(true);
   add("temperature 0", StatusCode::kInvalidArgument, {sampling});

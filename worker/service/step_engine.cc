@@ -64,8 +64,22 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
   }
   if (!w.has_config()) return InvalidArgument(Seq(id) + "config must be set with start_position 0");
   const deja::v1::SequenceConfig& c = w.config();
-  if (c.cache().kind() != deja::v1::WorkerCachePolicy::KIND_FULL) {
-    return Unimplemented(Seq(id) + "config.cache: only the full KV cache is available");
+  switch (c.cache().kind()) {
+    case deja::v1::WorkerCachePolicy::KIND_WINDOW:
+      p->cache.kind = worker::CachePolicyKind::kWindow;
+      p->cache.heavy_tokens = 0;
+      p->cache.recent_tokens = static_cast<int32_t>(c.cache().recent_tokens());
+      break;
+    case deja::v1::WorkerCachePolicy::KIND_H2O:
+      p->cache.kind = worker::CachePolicyKind::kH2O;
+      p->cache.heavy_tokens = static_cast<int32_t>(c.cache().heavy_tokens());
+      p->cache.recent_tokens = static_cast<int32_t>(c.cache().recent_tokens());
+      break;
+    default:
+      break;
+  }
+  if (Status v = p->cache.Validate(); !v.ok()) {
+    return InvalidArgument(Seq(id) + "config.cache: " + v.message());
   }
   if (c.sparse()) return Unimplemented(Seq(id) + "config.sparse: sparsity is not available");
   if (c.top_n() > 5) return InvalidArgument(Seq(id) + "config.top_n must be in [0, 5]");
@@ -74,11 +88,19 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
                            " is less than the first chunk's " + std::to_string(w.tokens_size()) +
                            " tokens");
   }
-  const int64_t capacity = static_cast<int64_t>(c.prompt_tokens()) + c.max_new_tokens();
+  const int64_t max_tokens = static_cast<int64_t>(c.prompt_tokens()) + c.max_new_tokens();
   const int64_t limit = model_->config().max_position_embeddings;
-  if (capacity > limit) {
-    return OutOfRange(Seq(id) + "prompt_tokens + max_new_tokens = " + std::to_string(capacity) +
+  if (max_tokens > limit) {
+    return OutOfRange(Seq(id) + "prompt_tokens + max_new_tokens = " + std::to_string(max_tokens) +
                       " exceeds the model's position limit of " + std::to_string(limit));
+  }
+  // A bounded policy holds its budget plus at most one prompt's worth of chunk while
+  // prefilling, then shrinks to budget + 1 (see Commit).
+  int64_t capacity = max_tokens;
+  if (p->cache.kind != worker::CachePolicyKind::kFull) {
+    auto policy = worker::MakeEvictionPolicy(p->cache, static_cast<int32_t>(c.prompt_tokens()));
+    if (!policy.ok()) return InvalidArgument(Seq(id) + "config.cache: " + policy.status().message());
+    capacity = std::min<int64_t>(max_tokens, (*policy)->budget() + std::max<int64_t>(1, c.prompt_tokens()));
   }
   worker::SamplingParams sp;
   const deja::v1::WorkerSampling& s = c.sampling();
@@ -100,6 +122,8 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
   *new_bytes += bytes;
   p->fresh = std::make_unique<Sequence>();
   p->fresh->top_n = c.top_n();
+  p->fresh->prompt_tokens = static_cast<int32_t>(c.prompt_tokens());
+  p->fresh->max_tokens = static_cast<int32_t>(max_tokens);
   if (rank_ == 0) p->fresh->sampler = std::make_unique<worker::Sampler>(sp);
   p->capacity = static_cast<int32_t>(capacity);
   return Status::Ok();
@@ -139,11 +163,10 @@ Status StepEngine::Plan(const deja::v1::StepRequest& req, std::vector<Planned>* 
         return FailedPrecondition(Seq(id) + "start_position " + std::to_string(w.start_position()) +
                                   " but the worker holds " + std::to_string(len) + " tokens");
       }
-      if (static_cast<int64_t>(len) + w.tokens_size() > p.seq->kv->capacity()) {
+      if (static_cast<int64_t>(len) + w.tokens_size() > p.seq->max_tokens) {
         return OutOfRange(Seq(id) + std::to_string(len + w.tokens_size()) +
-                          " tokens exceed the sequence's KV capacity of " +
-                          std::to_string(p.seq->kv->capacity()) +
-                          " (prompt_tokens + max_new_tokens)");
+                          " tokens exceed the sequence's declared length of " +
+                          std::to_string(p.seq->max_tokens) + " (prompt_tokens + max_new_tokens)");
       }
     }
     plan->push_back(std::move(p));
@@ -151,7 +174,10 @@ Status StepEngine::Plan(const deja::v1::StepRequest& req, std::vector<Planned>* 
   // Allocate the new caches last, so a failure leaves nothing behind.
   for (Planned& p : *plan) {
     if (!p.fresh) continue;
-    DEJA_ASSIGN_OR_RETURN(p.fresh->kv, model_->NewSequence(p.capacity));
+    DEJA_ASSIGN_OR_RETURN(p.fresh->kv,
+                          model_->NewSequence(p.fresh->max_tokens, p.cache,
+                                              p.fresh->prompt_tokens,
+                                              std::max(1, p.fresh->prompt_tokens)));
     p.seq = p.fresh.get();
   }
   return Status::Ok();
@@ -202,6 +228,7 @@ Status StepEngine::Run(const deja::v1::StepRequest& req, deja::v1::StepResponse*
           reserved_bytes_ += p.fresh->kv->bytes();
           seqs_[p.work->seq_id()] = std::move(p.fresh);
         }
+        ShrinkAfterPrefill(p.seq);
       }
       if (rank_ == 0) {
         const Clock::time_point ts = Clock::now();
@@ -249,6 +276,19 @@ void StepEngine::Sample(const std::vector<Planned>& plan, deja::v1::StepResponse
       }
     }
   }
+}
+
+void StepEngine::ShrinkAfterPrefill(Sequence* seq) {
+  worker::SequenceKv& kv = *seq->kv;
+  const int32_t budget = kv.policy().budget();
+  if (budget == 0 || kv.length() < seq->prompt_tokens || kv.capacity() <= budget + 1) return;
+  const size_t before = kv.bytes();
+  if (Status s = kv.Resize(budget + 1); !s.ok()) {
+    LOG(WARNING) << "rank " << rank_ << ": keeping the prefill-sized cache: " << s.ToString();
+    return;
+  }
+  reserved_bytes_ -= before;
+  reserved_bytes_ += kv.bytes();
 }
 
 void StepEngine::Release(uint64_t seq_id) {

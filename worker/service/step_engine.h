@@ -14,6 +14,7 @@
 
 #include "common/status.h"
 #include "deja/v1/worker.pb.h"
+#include "worker/eviction_policy.h"
 #include "worker/kv_cache.h"
 #include "worker/opt_model.h"
 #include "worker/sampler.h"
@@ -51,6 +52,8 @@ class StepEngine {
     std::unique_ptr<worker::Sampler> sampler;  // rank 0
     std::vector<int32_t> history;              // every token fed so far
     uint32_t top_n = 0;
+    int32_t prompt_tokens = 0;
+    int32_t max_tokens = 0;                    // prompt_tokens + max_new_tokens
   };
   // A checked SequenceWork: the existing sequence, or the settings of a new one.
   struct Planned {
@@ -58,9 +61,12 @@ class StepEngine {
     Sequence* seq = nullptr;
     std::unique_ptr<Sequence> fresh;  // new sequence, committed after a successful forward
     int32_t capacity = 0;
+    worker::CachePolicyConfig cache;
   };
 
   Status Plan(const deja::v1::StepRequest& req, std::vector<Planned>* plan);
+  // A bounded-policy sequence whose prompt is complete keeps only budget + 1 slots per head.
+  void ShrinkAfterPrefill(Sequence* seq);
   Status PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t* new_bytes);
   void Sample(const std::vector<Planned>& plan, deja::v1::StepResponse* resp);
   void Release(uint64_t seq_id);
