@@ -20,15 +20,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Run {
+struct CliRun {
   int exit_code = -1;
   bool signaled = false;
   std::string out;  // stdout and stderr together
 };
 
-Run RunDeja(const std::string& args) {
+CliRun RunDeja(const std::string& args) {
   std::string cmd = std::string(DEJA_BINARY) + " " + args + " 2>&1";
-  Run r;
+  CliRun r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
   std::array<char, 4096> buf;
@@ -49,7 +49,7 @@ std::string CopyModel(const test_util::TempDir& dir) {
   return dst;
 }
 
-void ExpectCleanFailure(const Run& r, const std::string& needle) {
+void ExpectCleanFailure(const CliRun& r, const std::string& needle) {
   EXPECT_FALSE(r.signaled) << r.out;
   EXPECT_NE(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find(needle), std::string::npos) << "expected '" << needle << "' in:\n" << r.out;
@@ -68,7 +68,7 @@ TEST(CliTest, GenerateJsonMatchesGoldenGreedy) {
   test_util::TempDir dir;
   std::ofstream(dir.File("prompt.txt")) << prompt;
   // The prompt goes through a file to keep shell quoting out of the way.
-  Run r = RunDeja("generate --model " + Mini() + " --prompt \"$(cat " + dir.File("prompt.txt") +
+  CliRun r = RunDeja("generate --model " + Mini() + " --prompt \"$(cat " + dir.File("prompt.txt") +
                   ")\" --max-new-tokens 32 --ignore-eos --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   auto j = LastJsonLine(r.out);
@@ -78,7 +78,7 @@ TEST(CliTest, GenerateJsonMatchesGoldenGreedy) {
 }
 
 TEST(CliTest, PerplexityJson) {
-  Run r = RunDeja("ppl --model " + Mini() + " --text " + test_util::SourceDir() +
+  CliRun r = RunDeja("ppl --model " + Mini() + " --text " + test_util::SourceDir() +
                   "/tests/data/heldout/tinyshakespeare.txt --context 256 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   auto j = LastJsonLine(r.out);
@@ -145,7 +145,7 @@ TEST(CliTest, BadFlagsNameTheFlag) {
 
 TEST(CliTest, HelpForEverySubcommand) {
   for (const char* cmd : {"generate", "ppl", "bench decode"}) {
-    Run r = RunDeja(std::string(cmd) + " --help");
+    CliRun r = RunDeja(std::string(cmd) + " --help");
     EXPECT_EQ(r.exit_code, 0) << cmd;
     EXPECT_NE(r.out.find("usage: deja"), std::string::npos) << r.out;
   }
