@@ -1,0 +1,173 @@
+#include "coordinator/coordinator.h"
+
+#include <glog/logging.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <filesystem>
+
+namespace deja::coordinator {
+namespace {
+
+constexpr std::chrono::milliseconds kHealthPoll(50);
+
+std::string DtypeName(const std::string& torch_dtype) {
+  return torch_dtype.empty() ? "float32" : torch_dtype;
+}
+
+}  // namespace
+
+v1::ModelInfo MakeModelInfo(const std::string& model_dir, const OptConfig& config,
+                            const Tokenizer& tokenizer, int tensor_parallel_size,
+                            int32_t default_max_new_tokens) {
+  v1::ModelInfo info;
+  info.set_model_name(std::filesystem::path(model_dir).lexically_normal().filename().string());
+  if (info.model_name().empty()) {
+    info.set_model_name(
+        std::filesystem::path(model_dir).lexically_normal().parent_path().filename().string());
+  }
+  info.set_vocab_size(static_cast<uint32_t>(config.vocab_size));
+  info.set_max_position_embeddings(static_cast<uint32_t>(config.max_position_embeddings));
+  info.set_hidden_size(static_cast<uint32_t>(config.hidden_size));
+  info.set_num_layers(static_cast<uint32_t>(config.num_hidden_layers));
+  info.set_num_attention_heads(static_cast<uint32_t>(config.num_attention_heads));
+  info.set_ffn_dim(static_cast<uint32_t>(config.ffn_dim));
+  info.set_tensor_parallel_size(static_cast<uint32_t>(tensor_parallel_size));
+  info.set_dtype(DtypeName(config.torch_dtype));
+  info.mutable_default_cache_policy()->set_kind(v1::CachePolicy::KIND_FULL);
+  info.set_sparsity_available(false);
+  info.set_default_max_new_tokens(static_cast<uint32_t>(default_max_new_tokens));
+  info.set_version(DEJA_VERSION);
+  info.set_bos_token_id(
+      static_cast<uint32_t>(tokenizer.bos_id() >= 0 ? tokenizer.bos_id() : config.bos_token_id));
+  info.set_eos_token_id(
+      static_cast<uint32_t>(tokenizer.eos_id() >= 0 ? tokenizer.eos_id() : config.eos_token_id));
+  return info;
+}
+
+StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const CoordinatorOptions& options) {
+  std::unique_ptr<Coordinator> c(new Coordinator(options));
+  DEJA_RETURN_IF_ERROR(c->Init());
+  return c;
+}
+
+Status Coordinator::Init() {
+  const CoordinatorOptions& o = options_;
+  if (o.tensor_parallel_size < 1) return InvalidArgument("--tp must be >= 1");
+  if (o.scheduler.max_batch_sequences < 1 || o.scheduler.max_prefill_tokens < 1 ||
+      o.scheduler.max_waiting < 0) {
+    return InvalidArgument(
+        "max batch sequences and max prefill tokens must be >= 1, the queue "
+        "limit >= 0");
+  }
+  DEJA_ASSIGN_OR_RETURN(config_, LoadOptConfig(o.model_dir));
+  if (config_.num_attention_heads % o.tensor_parallel_size != 0 ||
+      config_.ffn_dim % o.tensor_parallel_size != 0) {
+    return InvalidArgument("tensor parallel size " + std::to_string(o.tensor_parallel_size) +
+                           " must divide the model's " +
+                           std::to_string(config_.num_attention_heads) + " heads and " +
+                           std::to_string(config_.ffn_dim) + " ffn neurons");
+  }
+  DEJA_ASSIGN_OR_RETURN(tokenizer_, Tokenizer::Load(o.model_dir));
+
+  ModelInfoLabels labels;
+  labels.tensor_parallel_size = o.tensor_parallel_size;
+  v1::ModelInfo info = MakeModelInfo(o.model_dir, config_, *tokenizer_, o.tensor_parallel_size,
+                                     o.default_max_new_tokens);
+  labels.model = info.model_name();
+  labels.dtype = info.dtype();
+  metrics_ = std::make_unique<CoordinatorMetrics>(&registry_, labels);
+  if (o.metrics_port >= 0) {
+    metrics::MetricsServerOptions mo;
+    mo.host = o.metrics_host;
+    mo.port = o.metrics_port;
+    DEJA_ASSIGN_OR_RETURN(metrics_server_, metrics::MetricsServer::Start(&registry_, mo));
+  }
+
+  rendezvous_ = std::make_unique<service::RendezvousService>(o.tensor_parallel_size);
+  WorkerGroupOptions go = o.group;
+  go.world_size = o.tensor_parallel_size;
+  group_ = std::make_unique<WorkerGroup>(go, rendezvous_.get(), metrics_.get());
+
+  EngineOptions eo;
+  eo.scheduler = o.scheduler;
+  eo.limits.vocab_size = static_cast<int32_t>(config_.vocab_size);
+  eo.limits.max_positions = static_cast<int32_t>(config_.max_position_embeddings);
+  eo.limits.bos_id = static_cast<int32_t>(info.bos_token_id());
+  eo.limits.eos_id = static_cast<int32_t>(info.eos_token_id());
+  eo.limits.default_max_new_tokens = o.default_max_new_tokens;
+  eo.limits.default_cache = info.default_cache_policy();
+  engine_ = std::make_unique<Engine>(eo, tokenizer_.get(), group_.get(), metrics_.get());
+  service_ = std::make_unique<TextGenerationService>(engine_.get(), info);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string address = o.host + ":" + std::to_string(o.port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port_);
+  builder.RegisterService(service_.get());
+  builder.RegisterService(rendezvous_.get());
+  server_ = builder.BuildAndStart();
+  if (!server_ || port_ == 0) return Unavailable("cannot listen on " + address);
+  server_->GetHealthCheckService()->SetServingStatus(kReadinessService, false);
+  health_ = std::thread([this] { HealthLoop(); });
+  LOG(INFO) << "coordinator: serving " << info.model_name() << " (TP " << o.tensor_parallel_size
+            << ") on " << o.host << ":" << port_ << ", metrics on port " << metrics_port()
+            << "; waiting for " << o.tensor_parallel_size << " workers to register";
+  return Status::Ok();
+}
+
+Coordinator::~Coordinator() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (health_.joinable()) health_.join();
+  if (server_) server_->GetHealthCheckService()->SetServingStatus(false);
+  if (rendezvous_) rendezvous_->Shutdown();
+  if (engine_) engine_->FailAll(Unavailable("the server is shutting down"));
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  // Members go in reverse order: server, service, engine, group, rendezvous, metrics.
+}
+
+std::string Coordinator::rendezvous_address() const {
+  const std::string& h = options_.host;
+  const bool any = h.empty() || h == "0.0.0.0" || h == "[::]" || h == "::";
+  return (any ? std::string("127.0.0.1") : h) + ":" + std::to_string(port_);
+}
+
+bool Coordinator::Drain() {
+  engine_->StartDrain();
+  server_->GetHealthCheckService()->SetServingStatus(kReadinessService, false);
+  LOG(INFO) << "coordinator: draining, up to " << options_.drain_timeout.count() << " ms";
+  const bool drained = engine_->WaitIdle(options_.drain_timeout);
+  if (!drained) {
+    LOG(WARNING) << "coordinator: drain timed out; failing the requests left";
+    engine_->FailAll(Unavailable("the server shut down before the request finished"));
+  } else {
+    LOG(INFO) << "coordinator: drained";
+  }
+  return drained;
+}
+
+void Coordinator::HealthLoop() {
+  bool serving = false;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    const bool ready = engine_->Ready();
+    if (ready != serving) {
+      serving = ready;
+      server_->GetHealthCheckService()->SetServingStatus(kReadinessService, ready);
+      const GroupState g = engine_->group();
+      LOG(INFO) << "coordinator: readiness " << (ready ? "SERVING" : "NOT_SERVING")
+                << (ready
+                        ? ""
+                        : " (" + (engine_->draining() ? std::string("draining") : g.reason) + ")");
+    }
+    cv_.wait_for(lock, kHealthPoll);
+  }
+}
+
+}  // namespace deja::coordinator

@@ -1,0 +1,103 @@
+// Coordinator: the public endpoint as one object. Loads the tokenizer and config (no weights),
+// hosts deja.v1.TextGeneration, grpc.health.v1, server reflection and the workers' Rendezvous
+// on one gRPC port, Prometheus /metrics on another, and owns the engine and the worker group.
+//
+// Health: the empty service name is liveness (SERVING while the process runs);
+// "deja.v1.TextGeneration" is readiness: SERVING only while every rank is connected and warmed
+// up and the coordinator is not draining.
+#pragma once
+
+#include <grpcpp/server.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/opt_config.h"
+#include "common/status.h"
+#include "common/tokenizer.h"
+#include "coordinator/engine.h"
+#include "coordinator/grpc_service.h"
+#include "coordinator/metrics.h"
+#include "coordinator/worker_group.h"
+#include "metrics/metrics_server.h"
+#include "metrics/registry.h"
+#include "worker/service/rendezvous_service.h"
+
+namespace deja::coordinator {
+
+inline constexpr const char* kReadinessService = "deja.v1.TextGeneration";
+
+struct CoordinatorOptions {
+  std::string model_dir;
+  int tensor_parallel_size = 1;
+  // gRPC address; port 0 picks a free one (see Coordinator::port()).
+  std::string host = "0.0.0.0";
+  int port = 0;
+  // Prometheus /metrics; port 0 picks a free one, -1 disables it.
+  std::string metrics_host = "0.0.0.0";
+  int metrics_port = 0;
+  SchedulerOptions scheduler;
+  int32_t default_max_new_tokens = 256;
+  WorkerGroupOptions group;  // world_size is taken from tensor_parallel_size
+  // How long a drain lets admitted requests finish before failing them with UNAVAILABLE.
+  std::chrono::milliseconds drain_timeout{30000};
+};
+
+class Coordinator {
+ public:
+  static StatusOr<std::unique_ptr<Coordinator>> Start(const CoordinatorOptions& options);
+  // Stops serving at once (requests left fail with UNAVAILABLE).
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_server_ ? metrics_server_->port() : -1; }
+  // host:port the workers should register at (loopback when listening on every interface).
+  std::string rendezvous_address() const;
+
+  Engine& engine() { return *engine_; }
+  WorkerGroup& group() { return *group_; }
+  metrics::Registry& registry() { return registry_; }
+
+  // Graceful drain: readiness NOT_SERVING, new requests UNAVAILABLE, admitted requests finish
+  // up to drain_timeout, the rest fail with UNAVAILABLE. Returns true when all finished.
+  bool Drain();
+  // Sends the workers a shutdown step (they exit 0).
+  Status ShutdownWorkers() { return group_->ShutdownWorkers(); }
+
+ private:
+  explicit Coordinator(const CoordinatorOptions& options) : options_(options) {}
+  Status Init();
+  void HealthLoop();
+
+  CoordinatorOptions options_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  OptConfig config_;
+  metrics::Registry registry_;
+  std::unique_ptr<CoordinatorMetrics> metrics_;
+  std::unique_ptr<metrics::MetricsServer> metrics_server_;
+  std::unique_ptr<service::RendezvousService> rendezvous_;
+  std::unique_ptr<WorkerGroup> group_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<TextGenerationService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread health_;
+};
+
+// The ModelInfo of a served model.
+v1::ModelInfo MakeModelInfo(const std::string& model_dir, const OptConfig& config,
+                            const Tokenizer& tokenizer, int tensor_parallel_size,
+                            int32_t default_max_new_tokens);
+
+}  // namespace deja::coordinator

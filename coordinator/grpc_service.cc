@@ -1,0 +1,258 @@
+#include "coordinator/grpc_service.h"
+
+#include <glog/logging.h>
+
+#include <deque>
+#include <mutex>
+
+#include "common/utf8.h"
+
+namespace deja::coordinator {
+namespace {
+
+// The gRPC deadline on the steady clock; none when the client set none.
+std::optional<Clock::time_point> SteadyDeadline(const grpc::CallbackServerContext* context) {
+  const auto deadline = context->deadline();
+  const auto now = std::chrono::system_clock::now();
+  if (deadline > now + std::chrono::hours(24 * 365)) return std::nullopt;
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(deadline - now);
+}
+
+// Receives a request's output for a call object that may go away first (OnDone): the call
+// detaches, and output arriving later is dropped.
+template <typename Call>
+class CallSink final : public RequestSink {
+ public:
+  explicit CallSink(Call* call) : call_(call) {}
+  void OnMessage(v1::GenerateStreamResponse message) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (call_ != nullptr) call_->Deliver(std::move(message));
+  }
+  void OnError(const Status& status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (call_ != nullptr) call_->Abort(ToGrpcStatus(status));
+  }
+  void Detach() {
+    std::lock_guard<std::mutex> lock(mu_);
+    call_ = nullptr;
+  }
+
+ private:
+  std::mutex mu_;
+  Call* call_;
+};
+
+// Generate: collects the stream's messages into one response.
+class UnaryCall final : public grpc::ServerUnaryReactor {
+ public:
+  UnaryCall(Engine* engine, grpc::CallbackServerContext* context,
+            const v1::GenerateRequest* request, v1::GenerateResponse* response)
+      : engine_(engine), response_(response), sink_(std::make_shared<CallSink<UnaryCall>>(this)) {
+    StatusOr<std::shared_ptr<Request>> r = engine->Submit(*request, SteadyDeadline(context), sink_);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!r.ok()) {
+      finished_ = true;
+      Finish(ToGrpcStatus(r.status()));
+      return;
+    }
+    request_ = std::move(*r);
+  }
+
+  void Deliver(v1::GenerateStreamResponse message) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    response_->set_request_id(message.request_id());
+    response_->mutable_text()->append(message.text_delta());
+    for (v1::Token& token : *message.mutable_tokens()) *response_->add_tokens() = std::move(token);
+    if (!message.finished()) return;
+    finished_ = true;
+    if (message.finish_reason() == v1::FINISH_REASON_CANCELLED) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                          "request " + message.request_id() + " was cancelled by a Cancel call"));
+      return;
+    }
+    response_->set_prompt_tokens(message.prompt_tokens());
+    response_->set_generated_tokens(message.generated_tokens());
+    response_->set_finish_reason(message.finish_reason());
+    *response_->mutable_timings() = message.timings();
+    Finish(grpc::Status::OK);
+  }
+
+  void Abort(const grpc::Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+  void OnCancel() override {
+    std::shared_ptr<Request> r;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      r = request_;
+    }
+    if (r) engine_->ClientGone(r);
+  }
+
+  void OnDone() override {
+    sink_->Detach();
+    delete this;
+  }
+
+ private:
+  Engine* engine_;
+  v1::GenerateResponse* response_;
+  std::shared_ptr<CallSink<UnaryCall>> sink_;
+  std::mutex mu_;
+  std::shared_ptr<Request> request_;
+  bool finished_ = false;
+};
+
+// GenerateStream: one write in flight at a time; later messages queue behind it.
+class StreamCall final : public grpc::ServerWriteReactor<v1::GenerateStreamResponse> {
+ public:
+  StreamCall(Engine* engine, grpc::CallbackServerContext* context,
+             const v1::GenerateRequest* request)
+      : engine_(engine), sink_(std::make_shared<CallSink<StreamCall>>(this)) {
+    StatusOr<std::shared_ptr<Request>> r = engine->Submit(*request, SteadyDeadline(context), sink_);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!r.ok()) {
+      finished_ = true;
+      Finish(ToGrpcStatus(r.status()));
+      return;
+    }
+    request_ = std::move(*r);
+  }
+
+  void Deliver(v1::GenerateStreamResponse message) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_ || error_) return;
+    queue_.push_back(std::move(message));
+    if (!writing_) WriteNext();
+  }
+
+  void Abort(const grpc::Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_ || error_) return;
+    error_ = status;
+    queue_.clear();
+    if (!writing_) WriteNext();
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    if (!ok) {
+      // The stream broke; the client is gone.
+      finished_ = true;
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
+      if (request_) engine_->ClientGone(request_);
+      return;
+    }
+    WriteNext();
+  }
+
+  void OnCancel() override {
+    std::shared_ptr<Request> r;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      r = request_;
+    }
+    if (r) engine_->ClientGone(r);
+  }
+
+  void OnDone() override {
+    sink_->Detach();
+    delete this;
+  }
+
+ private:
+  // Under mu_, with no write in flight.
+  void WriteNext() {
+    if (finished_) return;
+    if (!queue_.empty()) {
+      current_ = std::move(queue_.front());
+      queue_.pop_front();
+      if (current_.finished()) {
+        finished_ = true;
+        StartWriteAndFinish(&current_, grpc::WriteOptions(), grpc::Status::OK);
+      } else {
+        writing_ = true;
+        StartWrite(&current_);
+      }
+      return;
+    }
+    if (error_) {
+      finished_ = true;
+      Finish(*error_);
+    }
+  }
+
+  Engine* engine_;
+  std::shared_ptr<CallSink<StreamCall>> sink_;
+  std::mutex mu_;
+  std::shared_ptr<Request> request_;
+  std::deque<v1::GenerateStreamResponse> queue_;
+  v1::GenerateStreamResponse current_;  // the message being written
+  std::optional<grpc::Status> error_;
+  bool writing_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), status.message());
+}
+
+grpc::ServerUnaryReactor* TextGenerationService::Generate(grpc::CallbackServerContext* context,
+                                                          const v1::GenerateRequest* request,
+                                                          v1::GenerateResponse* response) {
+  return new UnaryCall(engine_, context, request, response);
+}
+
+grpc::ServerWriteReactor<v1::GenerateStreamResponse>* TextGenerationService::GenerateStream(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  return new StreamCall(engine_, context, request);
+}
+
+grpc::ServerUnaryReactor* TextGenerationService::Tokenize(grpc::CallbackServerContext* context,
+                                                          const v1::TokenizeRequest* request,
+                                                          v1::TokenizeResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const Tokenizer& tokenizer = engine_->tokenizer();
+  StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(request->text(), request->add_bos());
+  if (!ids.ok()) {
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "text: " + ids.status().message()));
+    return reactor;
+  }
+  for (int32_t id : *ids) {
+    response->add_ids(id);
+    response->add_tokens(Utf8Lossy(tokenizer.TokenBytes(id)));
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* TextGenerationService::GetModelInfo(grpc::CallbackServerContext* context,
+                                                              const v1::GetModelInfoRequest*,
+                                                              v1::ModelInfo* response) {
+  *response = info_;
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* TextGenerationService::Cancel(grpc::CallbackServerContext* context,
+                                                        const v1::CancelRequest* request,
+                                                        v1::CancelResponse* response) {
+  response->set_found(engine_->Cancel(request->request_id()));
+  VLOG(1) << "Cancel " << request->request_id() << ": found " << response->found();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace deja::coordinator

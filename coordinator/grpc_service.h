@@ -1,0 +1,45 @@
+// The deja.v1.TextGeneration handlers. They only translate between the protocol and the
+// Engine: no validation, scheduling or text handling lives here.
+//
+// Built on gRPC's callback (reactor) API rather than a thread per call: a streaming call costs
+// a small object, not a blocked thread, while it waits for tokens, so concurrency is bounded by
+// admission rather than by a thread pool; a client that goes away is reported at once through
+// OnCancel (and leaves the batch at the next step) instead of being noticed by polling
+// ServerContext::IsCancelled; and writes complete asynchronously, so a slow reader never
+// blocks the engine thread that produces every request's tokens.
+#pragma once
+
+#include "coordinator/engine.h"
+#include "deja/v1/text_generation.grpc.pb.h"
+
+namespace deja::coordinator {
+
+class TextGenerationService final : public v1::TextGeneration::CallbackService {
+ public:
+  // `engine` outlives the service. `info` is returned by GetModelInfo.
+  TextGenerationService(Engine* engine, v1::ModelInfo info)
+      : engine_(engine), info_(std::move(info)) {}
+
+  grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
+                                     const v1::GenerateRequest* request,
+                                     v1::GenerateResponse* response) override;
+  grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerateStream(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* context,
+                                   const v1::CancelRequest* request,
+                                   v1::CancelResponse* response) override;
+
+ private:
+  Engine* engine_;
+  const v1::ModelInfo info_;
+};
+
+grpc::Status ToGrpcStatus(const Status& status);
+
+}  // namespace deja::coordinator

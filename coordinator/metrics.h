@@ -1,0 +1,97 @@
+// Every Prometheus family the coordinator process exports (STYLE.md rule 8, DESIGN.md section
+// 8), declared in one place. Names are deja_<subsystem>_<name>_<unit>: `coordinator` for
+// requests, scheduling and steps, `worker` for what the coordinator observes of each rank
+// (heartbeats, step timings and KV usage the ranks report). Children that hot paths touch are
+// created up front and kept as references.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "deja/v1/text_generation.pb.h"
+#include "metrics/registry.h"
+
+namespace deja::coordinator {
+
+// Static labels of deja_build_info / deja_model_info.
+struct ModelInfoLabels {
+  std::string model;
+  std::string dtype;
+  int tensor_parallel_size = 1;
+};
+
+class CoordinatorMetrics {
+ public:
+  // Per-rank series, labelled rank="<r>".
+  struct Rank {
+    metrics::Gauge* up;
+    metrics::Histogram* step_seconds;
+    metrics::Histogram* compute_seconds;
+    metrics::Histogram* allreduce_seconds;
+    metrics::Counter* failures;
+    metrics::Gauge* last_heartbeat;
+    metrics::Gauge* kv_total_bytes;
+    metrics::Gauge* kv_free_bytes;
+    metrics::Gauge* kv_cached_tokens;
+    metrics::Gauge* kv_sequences;
+    metrics::Counter* kv_evicted_tokens;
+  };
+
+  CoordinatorMetrics(metrics::Registry* registry, const ModelInfoLabels& info);
+
+  // Request outcomes: `code` is the gRPC code name ("OK", "CANCELLED", ...).
+  void RequestFinished(const std::string& code, v1::FinishReason reason);
+  // Requests turned away before queueing: invalid_argument, queue_full, kv_full, draining,
+  // not_ready, already_exists, failed_precondition.
+  void Rejected(const std::string& reason);
+  // The per-step histogram of one phase: schedule, workers, apply, total, overhead.
+  metrics::Histogram& StepPhase(const std::string& phase);
+  // The series of rank r < tensor_parallel_size (created by the constructor).
+  Rank& rank(int r);
+  int world_size() const { return static_cast<int>(ranks_.size()); }
+
+  metrics::Histogram& request_seconds;
+  metrics::Histogram& queue_seconds;
+  metrics::Histogram& time_to_first_token_seconds;
+  metrics::Histogram& inter_token_seconds;
+  metrics::Counter& prompt_tokens;
+  metrics::Counter& generated_tokens;
+  metrics::Gauge& running;
+  metrics::Gauge& waiting;
+  metrics::Histogram& batch_sequences;
+  metrics::Histogram& batch_tokens;
+  metrics::Counter& steps;
+  metrics::Counter& step_failures;
+  metrics::Gauge& kv_usage_ratio;
+  metrics::Gauge& kv_reserved_bytes;
+  metrics::Gauge& ready;
+  metrics::Gauge& draining;
+  metrics::Gauge& group_epoch;
+  metrics::Counter& group_losses;
+
+ private:
+  metrics::Registry* registry_;
+  metrics::Family<metrics::Counter>& requests_;
+  metrics::Family<metrics::Counter>& rejections_;
+  metrics::Family<metrics::Histogram>& step_phase_;
+  metrics::Family<metrics::Gauge>& rank_up_;
+  metrics::Family<metrics::Histogram>& rank_step_;
+  metrics::Family<metrics::Histogram>& rank_compute_;
+  metrics::Family<metrics::Histogram>& rank_allreduce_;
+  metrics::Family<metrics::Counter>& rank_failures_;
+  metrics::Family<metrics::Gauge>& rank_heartbeat_;
+  metrics::Family<metrics::Gauge>& rank_kv_total_;
+  metrics::Family<metrics::Gauge>& rank_kv_free_;
+  metrics::Family<metrics::Gauge>& rank_kv_cached_;
+  metrics::Family<metrics::Gauge>& rank_kv_sequences_;
+  metrics::Family<metrics::Counter>& rank_kv_evicted_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+};
+
+// "OK", "INVALID_ARGUMENT", ... for metric labels.
+std::string CodeLabel(int grpc_code);
+// "length", "eos", ... ("" for unspecified).
+std::string FinishReasonLabel(v1::FinishReason reason);
+
+}  // namespace deja::coordinator

@@ -1,0 +1,176 @@
+#include "coordinator/scheduler.h"
+
+#include <algorithm>
+
+namespace deja::coordinator {
+
+uint64_t Scheduler::NeedBytes(const Request& r) const {
+  return static_cast<uint64_t>(r.params().ReservedPositions()) * capacity_.bytes_per_token;
+}
+
+Status Scheduler::Admit(std::shared_ptr<Request> request, std::string* reject_reason) {
+  if (by_id_.count(request->id())) {
+    *reject_reason = "already_exists";
+    return Status(StatusCode::kAlreadyExists,
+                  "request_id '" + request->id() + "' is already running");
+  }
+  if (static_cast<int32_t>(waiting_.size()) >= options_.max_waiting) {
+    *reject_reason = "queue_full";
+    return ResourceExhausted("the queue is full (" + std::to_string(waiting_.size()) +
+                             " requests waiting); retry later");
+  }
+  const uint64_t need = NeedBytes(*request);
+  if (capacity_.bytes_per_token > 0) {
+    if (need > capacity_.total_bytes) {
+      *reject_reason = "kv_full";
+      return ResourceExhausted("the request needs " + std::to_string(need) +
+                               " bytes of KV memory per rank (prompt + max_new_tokens = " +
+                               std::to_string(request->params().ReservedPositions()) +
+                               " positions), more than the workers' " +
+                               std::to_string(capacity_.total_bytes));
+    }
+    if (reserved_bytes_ + need > capacity_.total_bytes) {
+      *reject_reason = "kv_full";
+      return ResourceExhausted("KV memory is full: " + std::to_string(need) + " bytes needed, " +
+                               std::to_string(capacity_.total_bytes - reserved_bytes_) +
+                               " free per rank; retry later");
+    }
+  }
+  reserved_[request->seq_id()] = need;
+  reserved_bytes_ += need;
+  by_id_[request->id()] = request;
+  waiting_.push_back(std::move(request));
+  return Status::Ok();
+}
+
+bool Scheduler::Cancel(const std::string& id, CancelKind kind) {
+  auto it = by_id_.find(id);
+  if (it == by_id_.end() || it->second->done()) return false;
+  it->second->RequestCancel(kind);
+  return true;
+}
+
+void Scheduler::Sweep(Clock::time_point now) {
+  // Copies: Remove() edits the containers.
+  for (const auto& r : std::vector<std::shared_ptr<Request>>(running_)) {
+    if (r->CheckExpiry(now)) Remove(r, false);
+  }
+  for (const auto& r : std::vector<std::shared_ptr<Request>>(waiting_.begin(), waiting_.end())) {
+    if (r->CheckExpiry(now)) Remove(r, false);
+  }
+}
+
+StepPlan Scheduler::Plan(Clock::time_point now) {
+  Sweep(now);
+  StepPlan plan;
+  plan.start = now;
+  for (const auto& r : running_) {
+    if (!r->prefill_done()) continue;
+    v1::SequenceWork* w = plan.step.add_sequences();
+    w->set_seq_id(r->seq_id());
+    w->add_tokens(r->last_token());
+    w->set_start_position(static_cast<uint32_t>(r->next_position()));
+    w->set_sample(true);
+    plan.work.push_back({r, 0, true});
+    plan.tokens += 1;
+  }
+  int32_t budget = options_.max_prefill_tokens;
+  for (const auto& r : running_) {
+    if (budget <= 0) break;
+    if (!r->prefill_done()) AddPrefill(r, &budget, &plan);
+  }
+  while (budget > 0 && !waiting_.empty() &&
+         static_cast<int32_t>(running_.size()) < options_.max_batch_sequences) {
+    std::shared_ptr<Request> r = std::move(waiting_.front());
+    waiting_.pop_front();
+    running_.push_back(r);
+    AddPrefill(r, &budget, &plan);
+  }
+  for (uint64_t id : pending_release_) plan.step.add_release_seq_ids(id);
+  pending_release_.clear();
+  return plan;
+}
+
+void Scheduler::AddPrefill(const std::shared_ptr<Request>& r, int32_t* budget, StepPlan* plan) {
+  const int32_t start = r->prefilled();
+  const int32_t chunk = std::min(r->prompt_tokens() - start, *budget);
+  if (chunk <= 0) return;
+  *budget -= chunk;
+  const bool last = start + chunk == r->prompt_tokens();
+  v1::SequenceWork* w = plan->step.add_sequences();
+  w->set_seq_id(r->seq_id());
+  const std::vector<int32_t>& prompt = r->params().prompt;
+  w->mutable_tokens()->Add(prompt.begin() + start, prompt.begin() + start + chunk);
+  w->set_start_position(static_cast<uint32_t>(start));
+  if (start == 0) *w->mutable_config() = r->params().config;
+  w->set_sample(last);
+  plan->work.push_back({r, chunk, last});
+  plan->tokens += chunk;
+}
+
+void Scheduler::Complete(const StepPlan& plan, const v1::StepResponse& rank0,
+                         Clock::time_point now) {
+  for (size_t i = 0; i < plan.work.size(); ++i) {
+    const PlannedWork& work = plan.work[i];
+    const std::shared_ptr<Request>& r = work.request;
+    if (r->done()) continue;
+    if (work.prompt_tokens > 0) r->OnPrefillChunk(work.prompt_tokens, plan.start);
+    if (work.sample) {
+      // Results come in request order; search only if a rank reordered them.
+      const v1::SequenceResult* result = nullptr;
+      if (i < static_cast<size_t>(rank0.results_size()) &&
+          rank0.results(static_cast<int>(i)).seq_id() == r->seq_id()) {
+        result = &rank0.results(static_cast<int>(i));
+      } else {
+        for (const v1::SequenceResult& candidate : rank0.results()) {
+          if (candidate.seq_id() == r->seq_id()) result = &candidate;
+        }
+      }
+      if (result == nullptr || result->token_id() < 0) {
+        r->Fail(Internal("rank 0 returned no token for request " + r->id()), now);
+      } else {
+        r->OnToken(*result, now);
+      }
+    }
+    if (r->done()) Remove(r, false);
+  }
+}
+
+void Scheduler::FailStep(const StepPlan& plan, const Status& status, Clock::time_point now) {
+  for (const PlannedWork& work : plan.work) {
+    work.request->Fail(status, now);
+    Remove(work.request, /*force_release=*/true);
+  }
+  for (uint64_t id : plan.step.release_seq_ids()) pending_release_.push_back(id);
+}
+
+void Scheduler::FailAll(const Status& status, Clock::time_point now) {
+  for (const auto& r : running_) r->Fail(status, now);
+  for (const auto& r : waiting_) r->Fail(status, now);
+  running_.clear();
+  waiting_.clear();
+  by_id_.clear();
+  reserved_.clear();
+  reserved_bytes_ = 0;
+  pending_release_.clear();
+}
+
+void Scheduler::Remove(const std::shared_ptr<Request>& r, bool force_release) {
+  auto it = std::find(running_.begin(), running_.end(), r);
+  if (it != running_.end()) {
+    running_.erase(it);
+  } else {
+    auto wit = std::find(waiting_.begin(), waiting_.end(), r);
+    if (wit != waiting_.end()) waiting_.erase(wit);
+  }
+  auto id_it = by_id_.find(r->id());
+  if (id_it != by_id_.end() && id_it->second == r) by_id_.erase(id_it);
+  auto res = reserved_.find(r->seq_id());
+  if (res != reserved_.end()) {
+    reserved_bytes_ -= res->second;
+    reserved_.erase(res);
+  }
+  if (r->on_workers() || force_release) pending_release_.push_back(r->seq_id());
+}
+
+}  // namespace deja::coordinator

@@ -1,0 +1,110 @@
+// Scheduler: admission and continuous batching, as a plain single-threaded class (the engine
+// serialises calls). Each step it plans:
+//   1. ends requests that were cancelled or passed their deadline or time limit, and releases
+//      their KV on the workers (release_seq_ids of the same step);
+//   2. one decode token for every running sequence whose prompt is done;
+//   3. prefill chunks, at most max_prefill_tokens prompt tokens in all, for sequences still in
+//      their prompt (oldest first), then for waiting requests while the batch has room.
+// So long prompts are spread over several steps and never stall running streams.
+//
+// Admission reserves each request's worst-case KV bytes (prompt + max_new_tokens positions,
+// as every worker reserves at a sequence's first step and frees at its release) against the
+// KV memory the workers report, and refuses at once (RESOURCE_EXHAUSTED) when that or the
+// waiting queue is full.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "coordinator/request.h"
+#include "deja/v1/worker.pb.h"
+
+namespace deja::coordinator {
+
+struct SchedulerOptions {
+  // Sequences in the batch (prefilling or decoding).
+  int32_t max_batch_sequences = 32;
+  // Prompt tokens per step over all prefill chunks.
+  int32_t max_prefill_tokens = 512;
+  // Admitted requests waiting for a place in the batch.
+  int32_t max_waiting = 64;
+};
+
+// KV memory of the worker group: the smallest rank budget and the largest per-position cost.
+// bytes_per_token == 0 means unknown, and admission then checks only the queue.
+struct KvCapacity {
+  uint64_t total_bytes = 0;
+  uint64_t bytes_per_token = 0;
+};
+
+struct PlannedWork {
+  std::shared_ptr<Request> request;
+  // Prompt tokens in this step's chunk (0 for a decode token).
+  int32_t prompt_tokens = 0;
+  bool sample = false;
+};
+
+struct StepPlan {
+  // step_id is left for the engine client to number.
+  v1::StepRequest step;
+  // Parallel to step.sequences.
+  std::vector<PlannedWork> work;
+  Clock::time_point start;
+  int64_t tokens = 0;
+  bool empty() const { return work.empty() && step.release_seq_ids().empty(); }
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(const SchedulerOptions& options) : options_(options) {}
+
+  void SetKvCapacity(const KvCapacity& capacity) { capacity_ = capacity; }
+  const KvCapacity& kv_capacity() const { return capacity_; }
+
+  // RESOURCE_EXHAUSTED when the waiting queue or KV memory is full (*reject_reason is then
+  // "queue_full" or "kv_full"); ALREADY_EXISTS when a request with the same id is active.
+  Status Admit(std::shared_ptr<Request> request, std::string* reject_reason);
+  // Marks the active request `id` cancelled; false when there is none.
+  bool Cancel(const std::string& id, CancelKind kind);
+
+  // The next step; empty when there is nothing to run or release.
+  StepPlan Plan(Clock::time_point now);
+  // Applies rank 0's response to a planned step.
+  void Complete(const StepPlan& plan, const v1::StepResponse& rank0, Clock::time_point now);
+  // The step failed for its own sequences (a rank reported an error): they fail with `status`
+  // and are released, as are the step's releases again (a failed step applies none of them).
+  void FailStep(const StepPlan& plan, const Status& status, Clock::time_point now);
+  // The worker group is gone, and every sequence's KV with it: every request fails.
+  void FailAll(const Status& status, Clock::time_point now);
+  // Ends cancelled and expired requests without planning a step.
+  void Sweep(Clock::time_point now);
+
+  size_t running() const { return running_.size(); }
+  size_t waiting() const { return waiting_.size(); }
+  bool idle() const { return running_.empty() && waiting_.empty() && pending_release_.empty(); }
+  bool has_requests() const { return !running_.empty() || !waiting_.empty(); }
+  uint64_t reserved_bytes() const { return reserved_bytes_; }
+  size_t pending_releases() const { return pending_release_.size(); }
+
+ private:
+  uint64_t NeedBytes(const Request& r) const;
+  void AddPrefill(const std::shared_ptr<Request>& r, int32_t* budget, StepPlan* plan);
+  // Forgets a finished request; its KV is released in the next step when the workers hold it.
+  void Remove(const std::shared_ptr<Request>& r, bool force_release);
+
+  SchedulerOptions options_;
+  KvCapacity capacity_;
+  std::vector<std::shared_ptr<Request>> running_;
+  std::deque<std::shared_ptr<Request>> waiting_;
+  std::unordered_map<std::string, std::shared_ptr<Request>> by_id_;
+  std::unordered_map<uint64_t, uint64_t> reserved_;  // seq_id -> bytes
+  uint64_t reserved_bytes_ = 0;
+  std::vector<uint64_t> pending_release_;
+};
+
+}  // namespace deja::coordinator

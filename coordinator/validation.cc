@@ -1,0 +1,267 @@
+#include "coordinator/validation.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "common/utf8.h"
+
+namespace deja::coordinator {
+namespace {
+
+std::string Num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+
+Status Invalid(const std::string& field, const std::string& what) {
+  return InvalidArgument(field + " " + what);
+}
+
+Status ResolveSampling(const v1::SamplingParams& s, uint64_t random_seed, v1::WorkerSampling* out) {
+  const float temperature = s.has_temperature() ? s.temperature() : 1.0f;
+  if (!(temperature >= 0.f) || !std::isfinite(temperature)) {
+    return Invalid("sampling.temperature", "must be a finite number >= 0, got " + Num(temperature));
+  }
+  const int32_t top_k = s.has_top_k() ? s.top_k() : 0;
+  if (top_k < 0) return Invalid("sampling.top_k", "must be >= 0, got " + std::to_string(top_k));
+  const float top_p = s.has_top_p() ? s.top_p() : 1.0f;
+  if (!(top_p > 0.f && top_p <= 1.f)) {
+    return Invalid("sampling.top_p", "must be in (0, 1], got " + Num(top_p));
+  }
+  const float penalty = s.has_repetition_penalty() ? s.repetition_penalty() : 1.0f;
+  if (!(penalty > 0.f) || !std::isfinite(penalty)) {
+    return Invalid("sampling.repetition_penalty",
+                   "must be a finite number > 0, got " + Num(penalty));
+  }
+  // Temperature 0 means greedy even when sampling was asked for (proto contract).
+  out->set_do_sample(s.do_sample() && temperature > 0.f);
+  out->set_temperature(temperature);
+  out->set_top_k(top_k);
+  out->set_top_p(top_p);
+  out->set_repetition_penalty(penalty);
+  out->set_seed(s.has_seed() ? s.seed() : random_seed);
+  return Status::Ok();
+}
+
+uint32_t RatioTokens(float ratio, size_t prompt_tokens) {
+  // The epsilon keeps 0.1f * 40 (4.0000001 in float) at 4.
+  return static_cast<uint32_t>(std::ceil(static_cast<double>(ratio) * prompt_tokens - 1e-4));
+}
+
+Status ResolveCache(const v1::CachePolicy& requested, const v1::CachePolicy& server_default,
+                    size_t prompt_tokens, v1::WorkerCachePolicy* out) {
+  const bool unspecified = requested.kind() == v1::CachePolicy::KIND_UNSPECIFIED;
+  const v1::CachePolicy& c = unspecified ? server_default : requested;
+  // Fields given with an unspecified kind still have to make sense for the default kind.
+  const v1::CachePolicy& fields = requested;
+  if (fields.has_heavy_ratio() && fields.has_heavy_tokens()) {
+    return Invalid("cache.heavy_tokens", "and cache.heavy_ratio are mutually exclusive");
+  }
+  if (fields.has_recent_ratio() && fields.has_recent_tokens()) {
+    return Invalid("cache.recent_tokens", "and cache.recent_ratio are mutually exclusive");
+  }
+  if (fields.has_heavy_ratio() && !(fields.heavy_ratio() >= 0.f && fields.heavy_ratio() <= 1.f)) {
+    return Invalid("cache.heavy_ratio", "must be in [0, 1], got " + Num(fields.heavy_ratio()));
+  }
+  if (fields.has_recent_ratio() && !(fields.recent_ratio() > 0.f && fields.recent_ratio() <= 1.f)) {
+    return Invalid("cache.recent_ratio", "must be in (0, 1], got " + Num(fields.recent_ratio()));
+  }
+  if (fields.has_recent_tokens() && fields.recent_tokens() < 1) {
+    return Invalid("cache.recent_tokens", "must be >= 1, got 0");
+  }
+  switch (c.kind()) {
+    case v1::CachePolicy::KIND_FULL:
+    case v1::CachePolicy::KIND_UNSPECIFIED:
+      out->set_kind(v1::WorkerCachePolicy::KIND_FULL);
+      return Status::Ok();
+    case v1::CachePolicy::KIND_WINDOW:
+      if (fields.has_heavy_ratio() || fields.has_heavy_tokens()) {
+        return Invalid(fields.has_heavy_ratio() ? "cache.heavy_ratio" : "cache.heavy_tokens",
+                       "is not allowed with KIND_WINDOW");
+      }
+      out->set_kind(v1::WorkerCachePolicy::KIND_WINDOW);
+      break;
+    case v1::CachePolicy::KIND_H2O:
+      out->set_kind(v1::WorkerCachePolicy::KIND_H2O);
+      out->set_heavy_tokens(
+          fields.has_heavy_tokens()
+              ? fields.heavy_tokens()
+              : RatioTokens(fields.has_heavy_ratio() ? fields.heavy_ratio() : c.heavy_ratio(),
+                            prompt_tokens));
+      break;
+    default:
+      return Invalid("cache.kind", "is not a known kind: " + std::to_string(c.kind()));
+  }
+  const uint32_t recent =
+      fields.has_recent_tokens()
+          ? fields.recent_tokens()
+          : RatioTokens(fields.has_recent_ratio() ? fields.recent_ratio() : c.recent_ratio(),
+                        prompt_tokens);
+  out->set_recent_tokens(std::max<uint32_t>(recent, 1));
+  return Status::Ok();
+}
+
+Status ResolveSparsity(const v1::Sparsity& s, const ModelLimits& limits,
+                       v1::SequenceConfig* config) {
+  if (s.has_schedule()) {
+    if (s.mode() == v1::Sparsity::MODE_OFF) {
+      return Invalid("sparsity.schedule", "cannot be set with MODE_OFF");
+    }
+    bool known = false;
+    for (const std::string& name : limits.sparsity_schedules) known |= name == s.schedule();
+    if (!known) {
+      return Invalid("sparsity.schedule", "'" + s.schedule() + "' is not a schedule this " +
+                                              "server loaded (see ModelInfo.sparsity_schedules)");
+    }
+  }
+  const bool on = s.mode() == v1::Sparsity::MODE_ON || s.has_schedule() ||
+                  (s.mode() == v1::Sparsity::MODE_UNSPECIFIED && limits.sparsity_available);
+  if (on && !limits.sparsity_available) {
+    return FailedPrecondition("sparsity.mode: MODE_ON needs predictors, and this server has none");
+  }
+  config->set_sparse(on);
+  if (on) config->set_sparsity_schedule(s.has_schedule() ? s.schedule() : "");
+  return Status::Ok();
+}
+
+Status ResolvePrompt(const v1::GenerateRequest& request, const ModelLimits& limits,
+                     const Tokenizer& tokenizer, ResolvedRequest* out) {
+  switch (request.input_case()) {
+    case v1::GenerateRequest::kText: {
+      if (request.text().empty()) return Invalid("input", "is empty: set a non-empty text");
+      if (size_t bad = FindInvalidUtf8(request.text()); bad != kUtf8Valid) {
+        return Invalid("text",
+                       "is not valid UTF-8 (bad byte at offset " + std::to_string(bad) + ")");
+      }
+      StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(request.text(), /*add_bos=*/true);
+      if (!ids.ok()) return Invalid("text", ids.status().message());
+      out->prompt = std::move(*ids);
+      out->text_prompt = true;
+      break;
+    }
+    case v1::GenerateRequest::kTokenIds: {
+      const auto& ids = request.token_ids().ids();
+      if (ids.empty()) return Invalid("input", "is empty: token_ids.ids has no ids");
+      for (int i = 0; i < ids.size(); ++i) {
+        if (ids[i] < 0 || ids[i] >= limits.vocab_size) {
+          return Invalid("token_ids.ids[" + std::to_string(i) + "]",
+                         "must be in [0, " + std::to_string(limits.vocab_size) + "), got " +
+                             std::to_string(ids[i]));
+        }
+      }
+      out->prompt.assign(ids.begin(), ids.end());
+      break;
+    }
+    default:
+      return Invalid("input", "is not set: set text or token_ids");
+  }
+  if (static_cast<int64_t>(out->prompt.size()) >= limits.max_positions) {
+    return Invalid("input", "has " + std::to_string(out->prompt.size()) +
+                                " tokens; the model's limit is " +
+                                std::to_string(limits.max_positions) +
+                                " positions for prompt plus new tokens");
+  }
+  return Status::Ok();
+}
+
+Status ResolveStopping(const v1::StoppingCriteria& s, const ModelLimits& limits,
+                       ResolvedRequest* out) {
+  const int64_t room = limits.max_positions - static_cast<int64_t>(out->prompt.size());
+  if (s.has_max_new_tokens()) {
+    if (s.max_new_tokens() < 1 || s.max_new_tokens() > room) {
+      return Invalid("stopping.max_new_tokens",
+                     "must be in [1, " + std::to_string(room) + "] for a " +
+                         std::to_string(out->prompt.size()) + "-token prompt (model limit " +
+                         std::to_string(limits.max_positions) + "), got " +
+                         std::to_string(s.max_new_tokens()));
+    }
+    out->max_new_tokens = s.max_new_tokens();
+  } else {
+    out->max_new_tokens =
+        static_cast<int32_t>(std::min<int64_t>(std::max(limits.default_max_new_tokens, 1), room));
+  }
+  if (s.stop_sequences_size() > kMaxStopSequences) {
+    return Invalid("stopping.stop_sequences", "has " + std::to_string(s.stop_sequences_size()) +
+                                                  " entries; at most " +
+                                                  std::to_string(kMaxStopSequences));
+  }
+  for (int i = 0; i < s.stop_sequences_size(); ++i) {
+    const std::string& stop = s.stop_sequences(i);
+    const std::string field = "stopping.stop_sequences[" + std::to_string(i) + "]";
+    if (stop.empty()) return Invalid(field, "is empty");
+    if (stop.size() > kMaxStopSequenceBytes) {
+      return Invalid(field, "is " + std::to_string(stop.size()) + " bytes; at most " +
+                                std::to_string(kMaxStopSequenceBytes));
+    }
+    if (FindInvalidUtf8(stop) != kUtf8Valid) return Invalid(field, "is not valid UTF-8");
+    out->stop_sequences.push_back(stop);
+  }
+  if (s.stop_token_ids_size() > kMaxStopTokenIds) {
+    return Invalid("stopping.stop_token_ids", "has " + std::to_string(s.stop_token_ids_size()) +
+                                                  " ids; at most " +
+                                                  std::to_string(kMaxStopTokenIds));
+  }
+  for (int i = 0; i < s.stop_token_ids_size(); ++i) {
+    const int32_t id = s.stop_token_ids(i);
+    if (id < 0 || id >= limits.vocab_size) {
+      return Invalid(
+          "stopping.stop_token_ids[" + std::to_string(i) + "]",
+          "must be in [0, " + std::to_string(limits.vocab_size) + "), got " + std::to_string(id));
+    }
+    out->stop_token_ids.push_back(id);
+  }
+  out->ignore_eos = s.ignore_eos();
+  out->time_limit_ms = s.has_time_limit_ms() ? s.time_limit_ms() : 0;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateRequestId(const std::string& id) {
+  if (id.empty() || id.size() > kMaxRequestIdBytes) {
+    return Invalid("request_id", "must be 1 to " + std::to_string(kMaxRequestIdBytes) +
+                                     " bytes, got " + std::to_string(id.size()));
+  }
+  for (size_t i = 0; i < id.size(); ++i) {
+    const char c = id[i];
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == ':' || c == '-';
+    if (!ok) {
+      return Invalid("request_id",
+                     "may only hold [A-Za-z0-9._:-]; bad byte at offset " + std::to_string(i));
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<ResolvedRequest> ResolveRequest(const v1::GenerateRequest& request,
+                                         const ModelLimits& limits, const Tokenizer& tokenizer,
+                                         uint64_t random_seed) {
+  ResolvedRequest out;
+  if (request.has_request_id()) {
+    DEJA_RETURN_IF_ERROR(ValidateRequestId(request.request_id()));
+    out.request_id = request.request_id();
+  }
+  DEJA_RETURN_IF_ERROR(
+      ResolveSampling(request.sampling(), random_seed, out.config.mutable_sampling()));
+  DEJA_RETURN_IF_ERROR(ResolvePrompt(request, limits, tokenizer, &out));
+  DEJA_RETURN_IF_ERROR(ResolveStopping(request.stopping(), limits, &out));
+  const v1::ResponseOptions& r = request.response();
+  if (r.top_n_tokens() > kMaxTopNTokens) {
+    return Invalid("response.top_n_tokens", "must be in [0, " + std::to_string(kMaxTopNTokens) +
+                                                "], got " + std::to_string(r.top_n_tokens()));
+  }
+  out.top_n = r.top_n_tokens();
+  out.logprobs = r.logprobs() || out.top_n > 0;
+  out.return_tokens = r.return_tokens() || out.logprobs;
+  DEJA_RETURN_IF_ERROR(ResolveCache(request.cache(), limits.default_cache, out.prompt.size(),
+                                    out.config.mutable_cache()));
+  DEJA_RETURN_IF_ERROR(ResolveSparsity(request.sparsity(), limits, &out.config));
+  out.config.set_top_n(out.top_n);
+  out.config.set_prompt_tokens(static_cast<uint32_t>(out.prompt.size()));
+  out.config.set_max_new_tokens(static_cast<uint32_t>(out.max_new_tokens));
+  return out;
+}
+
+}  // namespace deja::coordinator

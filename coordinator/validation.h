@@ -1,0 +1,72 @@
+// Request validation: every field of a deja.v1.GenerateRequest checked against the served
+// model's limits, the prompt tokenized, and every server default resolved, so the scheduler and
+// the workers only ever see complete, valid settings. Errors are INVALID_ARGUMENT (or
+// FAILED_PRECONDITION for sparsity without predictors) and name the field by its path, e.g.
+// "sampling.top_p must be in (0, 1], got 1.5".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/tokenizer.h"
+#include "deja/v1/text_generation.pb.h"
+#include "deja/v1/worker.pb.h"
+
+namespace deja::coordinator {
+
+inline constexpr int kMaxStopSequences = 4;
+inline constexpr size_t kMaxStopSequenceBytes = 256;
+inline constexpr int kMaxStopTokenIds = 16;
+inline constexpr uint32_t kMaxTopNTokens = 5;
+inline constexpr size_t kMaxRequestIdBytes = 128;
+
+// What the served model and the server's configuration allow.
+struct ModelLimits {
+  int32_t vocab_size = 0;
+  // Prompt plus generated tokens.
+  int32_t max_positions = 0;
+  int32_t bos_id = 2;
+  int32_t eos_id = 2;
+  int32_t default_max_new_tokens = 256;
+  bool sparsity_available = false;
+  std::vector<std::string> sparsity_schedules;  // the first is the default
+  // What CachePolicy.KIND_UNSPECIFIED means (kind is never UNSPECIFIED).
+  v1::CachePolicy default_cache;
+};
+
+// A request with every default resolved.
+struct ResolvedRequest {
+  // The client's id; empty when the server is to assign one.
+  std::string request_id;
+  // Prompt ids, BOS included for text prompts.
+  std::vector<int32_t> prompt;
+  bool text_prompt = false;
+  // Sampling, cache policy, sparsity, top-n, prompt length and max_new_tokens for the workers.
+  v1::SequenceConfig config;
+  int32_t max_new_tokens = 0;
+  std::vector<std::string> stop_sequences;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  // 0: no limit.
+  uint32_t time_limit_ms = 0;
+  bool logprobs = false;
+  bool return_tokens = false;
+  uint32_t top_n = 0;
+
+  // Cache positions the workers reserve for the sequence (prompt + max_new_tokens): the unit of
+  // KV admission, whatever the policy, because each worker reserves the whole cache up front.
+  int64_t ReservedPositions() const { return static_cast<int64_t>(prompt.size()) + max_new_tokens; }
+};
+
+// INVALID_ARGUMENT unless `id` is 1 to 128 bytes of [A-Za-z0-9._:-].
+Status ValidateRequestId(const std::string& id);
+
+// Validates `request`, tokenizes a text prompt (BOS prepended) and resolves defaults.
+// `random_seed` is used when sampling.seed is unset.
+StatusOr<ResolvedRequest> ResolveRequest(const v1::GenerateRequest& request,
+                                         const ModelLimits& limits, const Tokenizer& tokenizer,
+                                         uint64_t random_seed);
+
+}  // namespace deja::coordinator

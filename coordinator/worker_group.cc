@@ -1,0 +1,485 @@
+#include "coordinator/worker_group.h"
+
+#include <glog/logging.h>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <deque>
+
+#include "deja/v1/worker.grpc.pb.h"
+
+namespace deja::coordinator {
+namespace {
+
+constexpr int kMaxMessageBytes = 64 << 20;
+// A heartbeat call never waits longer than this, so one silent rank cannot delay the others'
+// heartbeats past their timeout.
+constexpr std::chrono::milliseconds kHeartbeatCallLimit(500);
+
+double UnixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string Ms(std::chrono::milliseconds d) { return std::to_string(d.count()) + " ms"; }
+
+}  // namespace
+
+struct WorkerGroup::RankLink {
+  int rank = 0;
+  std::string address;
+  uint32_t pid = 0;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Worker::Stub> stub;
+  grpc::ClientContext context;  // of the Step stream
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>> stream;
+  std::thread reader;
+  // Under Connection::mu.
+  std::deque<v1::StepResponse> responses;
+  // Monitor thread only.
+  Clock::time_point last_ok;
+  uint64_t evicted_seen = 0;
+};
+
+struct WorkerGroup::Connection {
+  uint64_t epoch = 0;
+  std::vector<std::unique_ptr<RankLink>> links;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool lost = false;
+  bool closing = false;  // shutdown asked: closed streams are expected
+  bool streams_open = false;
+  std::string reason;
+  uint64_t next_step_id = 0;  // under step_mu_
+};
+
+WorkerGroup::WorkerGroup(const WorkerGroupOptions& options, service::RendezvousService* rendezvous,
+                         CoordinatorMetrics* metrics)
+    : options_(options), rendezvous_(rendezvous), metrics_(metrics) {
+  state_.reason = "waiting for " + std::to_string(options_.world_size) + " ranks to register";
+  monitor_ = std::thread([this] { Monitor(); });
+}
+
+WorkerGroup::~WorkerGroup() {
+  std::shared_ptr<Connection> conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    conn = conn_;
+    conn_.reset();
+    if (conn) retired_.push_back(conn);
+  }
+  cv_.notify_all();
+  if (conn) {
+    std::lock_guard<std::mutex> lock(conn->mu);
+    conn->closing = true;
+    for (auto& link : conn->links) link->context.TryCancel();
+  }
+  monitor_.join();
+  JoinRetired();
+}
+
+void WorkerGroup::SetLostCallback(LostCallback callback) {
+  std::lock_guard<std::mutex> lock(mu_);
+  lost_callback_ = std::move(callback);
+}
+
+GroupState WorkerGroup::State() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+void WorkerGroup::DeclareLost(const std::string& reason) {
+  std::shared_ptr<Connection> conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conn = conn_;
+  }
+  if (conn) Lose(conn, -1, reason, /*notify=*/false);
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t epoch = rendezvous_->ResetGroup();
+  state_.ready = false;
+  state_.epoch = 0;
+  state_.reason =
+      reason + "; waiting for the group to re-register in epoch " + std::to_string(epoch);
+}
+
+void WorkerGroup::Monitor() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, options_.heartbeat_interval, [&] { return stop_; });
+    if (stop_) break;
+    std::shared_ptr<Connection> conn = conn_;
+    lock.unlock();
+    JoinRetired();
+    if (conn) {
+      Heartbeat(conn);
+    } else {
+      TryConnect();
+    }
+    lock.lock();
+  }
+}
+
+void WorkerGroup::TryConnect() {
+  const int n = options_.world_size;
+  const uint64_t epoch = rendezvous_->group_epoch();
+  std::vector<service::RendezvousService::Member> members = rendezvous_->Members();
+  if (static_cast<int>(members.size()) < n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_.reason = "waiting for ranks to register in epoch " + std::to_string(epoch) + " (" +
+                    std::to_string(members.size()) + " of " + std::to_string(n) + ")";
+    return;
+  }
+  const Clock::time_point now = Clock::now();
+  if (!pending_ || pending_->epoch != epoch) {
+    LOG(INFO) << "worker group: all " << n << " ranks registered in epoch " << epoch
+              << "; waiting for them to warm up";
+    pending_ = std::make_shared<Connection>();
+    pending_->epoch = epoch;
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    args.SetMaxSendMessageSize(kMaxMessageBytes);
+    std::sort(members.begin(), members.end(),
+              [](const auto& a, const auto& b) { return a.rank < b.rank; });
+    for (const auto& m : members) {
+      auto link = std::make_unique<RankLink>();
+      link->rank = static_cast<int>(m.rank);
+      link->address = m.address;
+      link->pid = m.pid;
+      link->channel =
+          grpc::CreateCustomChannel(m.address, grpc::InsecureChannelCredentials(), args);
+      link->stub = v1::Worker::NewStub(link->channel);
+      link->last_ok = now;
+      pending_->links.push_back(std::move(link));
+    }
+  }
+  std::shared_ptr<Connection> conn = pending_;
+  std::vector<v1::WorkerStatus> statuses(n);
+  std::string waiting;
+  for (auto& link : conn->links) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + kHeartbeatCallLimit);
+    v1::WorkerStatus& st = statuses[link->rank];
+    grpc::Status s = link->stub->GetStatus(&ctx, v1::GetStatusRequest(), &st);
+    if (s.ok()) link->last_ok = now;
+    if (s.ok() && st.loaded() && st.warmed_up() && st.group_epoch() == epoch) continue;
+    waiting += " rank " + std::to_string(link->rank) + " (" +
+               (s.ok() ? (st.group_epoch() != epoch ? "other epoch"
+                          : st.loaded()             ? "warming up"
+                                                    : "loading")
+                       : "unreachable: " + s.error_message()) +
+               ")";
+    if (now - link->last_ok > 4 * options_.heartbeat_timeout) {
+      // A registered rank that never answers holds its slot; start over so a restarted
+      // process can register again.
+      const std::string reason = "rank " + std::to_string(link->rank) + " at " + link->address +
+                                 " registered but is unreachable";
+      LOG(WARNING) << "worker group: " << reason << "; resetting epoch " << epoch;
+      metrics_->rank(link->rank).failures->Increment();
+      pending_.reset();
+      DeclareLost(reason);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (lost_callback_) lost_callback_(reason);
+      return;
+    }
+  }
+  if (!waiting.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_.reason = "epoch " + std::to_string(epoch) + ": waiting for" + waiting;
+    return;
+  }
+  pending_.reset();
+  KvCapacity kv;
+  kv.total_bytes = UINT64_MAX;
+  for (const v1::WorkerStatus& st : statuses) {
+    kv.total_bytes = std::min<uint64_t>(kv.total_bytes, st.kv().total_bytes());
+    kv.bytes_per_token = std::max<uint64_t>(kv.bytes_per_token, st.kv_bytes_per_token());
+  }
+  for (auto& link : conn->links) {
+    link->stream = link->stub->Step(&link->context);
+    link->evicted_seen = statuses[link->rank].kv().evicted_tokens_total();
+  }
+  conn->streams_open = true;
+  for (auto& link : conn->links) {
+    link->reader = std::thread([this, conn, r = link->rank] { ReadLoop(conn, r); });
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) {
+      retired_.push_back(conn);
+      std::lock_guard<std::mutex> conn_lock(conn->mu);
+      conn->closing = true;
+      for (auto& link : conn->links) link->context.TryCancel();
+      return;
+    }
+    conn_ = conn;
+    state_.ready = false;  // until the first empty step proves every stream
+    state_.epoch = epoch;
+  }
+  // An empty step checks that every rank accepted its stream.
+  StatusOr<std::vector<v1::StepResponse>> ping = [&] {
+    std::lock_guard<std::mutex> lock(step_mu_);
+    v1::StepRequest req;
+    req.set_step_id(++conn->next_step_id);
+    for (auto& link : conn->links) {
+      if (!link->stream->Write(req))
+        return StatusOr<std::vector<v1::StepResponse>>(
+            Unavailable("rank " + std::to_string(link->rank) + " refused its Step stream"));
+    }
+    std::unique_lock<std::mutex> lock2(conn->mu);
+    auto all = [&] {
+      for (auto& link : conn->links) {
+        if (link->responses.empty()) return false;
+      }
+      return true;
+    };
+    if (!conn->cv.wait_for(lock2, options_.step_timeout, [&] { return conn->lost || all(); }) ||
+        conn->lost) {
+      return StatusOr<std::vector<v1::StepResponse>>(
+          Unavailable(conn->lost ? conn->reason : "no answer to the first step"));
+    }
+    std::vector<v1::StepResponse> out;
+    for (auto& link : conn->links) {
+      out.push_back(std::move(link->responses.front()));
+      link->responses.pop_front();
+    }
+    return StatusOr<std::vector<v1::StepResponse>>(std::move(out));
+  }();
+  if (!ping.ok()) {
+    Lose(conn, -1, "connecting to epoch " + std::to_string(epoch) + ": " + ping.status().message());
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (conn_ != conn) return;
+  state_.ready = true;
+  state_.kv = kv;
+  state_.reason.clear();
+  for (auto& link : conn->links) metrics_->rank(link->rank).up->Set(1);
+  LOG(INFO) << "worker group: epoch " << epoch << " ready, " << n << " ranks, KV " << kv.total_bytes
+            << " bytes per rank, " << kv.bytes_per_token << " bytes per position";
+}
+
+void WorkerGroup::Heartbeat(const std::shared_ptr<Connection>& conn) {
+  for (auto& link : conn->links) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::min(kHeartbeatCallLimit, options_.heartbeat_timeout));
+    v1::WorkerStatus st;
+    grpc::Status s = link->stub->GetStatus(&ctx, v1::GetStatusRequest(), &st);
+    const Clock::time_point now = Clock::now();
+    CoordinatorMetrics::Rank& m = metrics_->rank(link->rank);
+    if (s.ok() && (st.group_epoch() != conn->epoch || (link->pid != 0 && st.pid() != link->pid))) {
+      Lose(conn, link->rank,
+           "rank " + std::to_string(link->rank) + " at " + link->address +
+               " is another process now (pid " + std::to_string(st.pid()) + ", epoch " +
+               std::to_string(st.group_epoch()) + ")");
+      return;
+    }
+    if (s.ok()) {
+      link->last_ok = now;
+      m.last_heartbeat->Set(UnixNow());
+      m.kv_total_bytes->Set(static_cast<double>(st.kv().total_bytes()));
+      m.kv_free_bytes->Set(static_cast<double>(st.kv().free_bytes()));
+      m.kv_cached_tokens->Set(static_cast<double>(st.kv().cached_tokens()));
+      m.kv_sequences->Set(st.kv().sequences());
+      const uint64_t evicted = st.kv().evicted_tokens_total();
+      if (evicted > link->evicted_seen) {
+        m.kv_evicted_tokens->Increment(static_cast<double>(evicted - link->evicted_seen));
+      }
+      link->evicted_seen = evicted;
+      continue;
+    }
+    const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - link->last_ok);
+    VLOG(1) << "worker group: heartbeat of rank " << link->rank << " failed: " << s.error_message();
+    if (silent > options_.heartbeat_timeout) {
+      Lose(conn, link->rank,
+           "rank " + std::to_string(link->rank) + " at " + link->address +
+               " missed heartbeats for " + Ms(silent) + " (" + s.error_message() + ")");
+      return;
+    }
+  }
+}
+
+void WorkerGroup::ReadLoop(std::shared_ptr<Connection> conn, int rank) {
+  RankLink& link = *conn->links[rank];
+  v1::StepResponse response;
+  while (link.stream->Read(&response)) {
+    const bool fatal = response.fatal();
+    const std::string message = response.error_message();
+    {
+      std::lock_guard<std::mutex> lock(conn->mu);
+      link.responses.push_back(std::move(response));
+    }
+    conn->cv.notify_all();
+    if (fatal) {
+      Lose(conn, rank, "rank " + std::to_string(rank) + " lost its state: " + message);
+    }
+    response.Clear();
+  }
+  bool expected;
+  {
+    std::lock_guard<std::mutex> lock(conn->mu);
+    expected = conn->closing || conn->lost;
+  }
+  conn->cv.notify_all();
+  if (!expected) {
+    Lose(conn, rank,
+         "rank " + std::to_string(rank) + " at " + link.address + ": Step stream closed");
+  }
+}
+
+void WorkerGroup::Lose(const std::shared_ptr<Connection>& conn, int rank, const std::string& reason,
+                       bool notify) {
+  std::lock_guard<std::mutex> lock(mu_);
+  {
+    {
+      std::lock_guard<std::mutex> conn_lock(conn->mu);
+      if (conn->lost || conn->closing) return;
+      conn->lost = true;
+      conn->reason = reason;
+      for (auto& link : conn->links) link->context.TryCancel();
+    }
+    conn->cv.notify_all();
+    if (conn_ == conn) {
+      conn_.reset();
+      retired_.push_back(conn);
+    }
+    const uint64_t epoch = rendezvous_->ResetGroup();
+    state_.ready = false;
+    state_.epoch = 0;
+    state_.kv = KvCapacity();
+    state_.reason = reason;
+    metrics_->group_losses.Increment();
+    if (rank >= 0) metrics_->rank(rank).failures->Increment();
+    for (auto& link : conn->links) metrics_->rank(link->rank).up->Set(0);
+    LOG(WARNING) << "worker group: epoch " << conn->epoch << " lost: " << reason
+                 << "; waiting for the group to re-register in epoch " << epoch;
+  }
+  if (notify && lost_callback_) lost_callback_(reason);
+}
+
+StatusOr<std::vector<v1::StepResponse>> WorkerGroup::Step(v1::StepRequest request) {
+  std::lock_guard<std::mutex> step_lock(step_mu_);
+  std::shared_ptr<Connection> conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!state_.ready || !conn_) {
+      return Unavailable("no worker group is ready: " + state_.reason);
+    }
+    conn = conn_;
+  }
+  request.set_step_id(++conn->next_step_id);
+  for (auto& link : conn->links) {
+    if (!link->stream->Write(request)) {
+      Lose(conn, link->rank,
+           "rank " + std::to_string(link->rank) + " at " + link->address +
+               ": Step stream closed while sending");
+      std::lock_guard<std::mutex> lock(conn->mu);
+      return Unavailable(conn->reason);
+    }
+  }
+  std::unique_lock<std::mutex> lock(conn->mu);
+  auto answered = [&] {
+    for (auto& link : conn->links) {
+      if (link->responses.empty()) return false;
+    }
+    return true;
+  };
+  const bool in_time =
+      conn->cv.wait_for(lock, options_.step_timeout, [&] { return conn->lost || answered(); });
+  if (conn->lost) return Unavailable(conn->reason);
+  if (!in_time) {
+    int silent = -1;
+    std::string ranks;
+    for (auto& link : conn->links) {
+      if (!link->responses.empty()) continue;
+      if (silent < 0) silent = link->rank;
+      ranks += (ranks.empty() ? "" : ",") + std::to_string(link->rank);
+    }
+    lock.unlock();
+    const std::string reason = "step " + std::to_string(request.step_id()) +
+                               ": no answer from rank(s) " + ranks + " within " +
+                               Ms(options_.step_timeout);
+    Lose(conn, silent, reason);
+    return Unavailable(reason);
+  }
+  std::vector<v1::StepResponse> out;
+  out.reserve(conn->links.size());
+  std::string mismatch;
+  for (auto& link : conn->links) {
+    out.push_back(std::move(link->responses.front()));
+    link->responses.pop_front();
+    if (out.back().step_id() != request.step_id() && mismatch.empty()) {
+      mismatch = "rank " + std::to_string(link->rank) + " answered step " +
+                 std::to_string(out.back().step_id()) + " to step " +
+                 std::to_string(request.step_id());
+    }
+  }
+  lock.unlock();
+  if (!mismatch.empty()) {
+    Lose(conn, -1, mismatch);
+    return Unavailable(mismatch);
+  }
+  return out;
+}
+
+Status WorkerGroup::ShutdownWorkers() {
+  std::shared_ptr<Connection> conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conn = conn_;
+  }
+  if (!conn) return Status::Ok();
+  {
+    std::lock_guard<std::mutex> lock(conn->mu);
+    if (conn->lost) return Status::Ok();
+    conn->closing = true;
+  }
+  v1::StepRequest request;
+  request.set_shutdown(true);
+  Status result = Status::Ok();
+  {
+    std::lock_guard<std::mutex> step_lock(step_mu_);
+    request.set_step_id(++conn->next_step_id);
+    for (auto& link : conn->links) link->stream->Write(request);
+    std::unique_lock<std::mutex> lock(conn->mu);
+    const bool done = conn->cv.wait_for(lock, options_.step_timeout, [&] {
+      for (auto& link : conn->links) {
+        if (link->responses.empty()) return false;
+      }
+      return true;
+    });
+    if (!done) result = Unavailable("not every rank confirmed the shutdown");
+    for (auto& link : conn->links) link->context.TryCancel();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (conn_ == conn) {
+    conn_.reset();
+    retired_.push_back(conn);
+  }
+  state_.ready = false;
+  state_.epoch = 0;
+  state_.reason = "the workers were shut down";
+  for (auto& link : conn->links) metrics_->rank(link->rank).up->Set(0);
+  LOG(INFO) << "worker group: epoch " << conn->epoch << " shut down";
+  return result;
+}
+
+void WorkerGroup::JoinRetired() {
+  std::vector<std::shared_ptr<Connection>> retired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    retired.swap(retired_);
+  }
+  for (auto& conn : retired) {
+    for (auto& link : conn->links) {
+      if (link->reader.joinable()) link->reader.join();
+      if (link->stream) {
+        grpc::Status s = link->stream->Finish();
+        VLOG(1) << "worker group: rank " << link->rank << " stream finished: " << s.error_message();
+      }
+    }
+  }
+}
+
+}  // namespace deja::coordinator

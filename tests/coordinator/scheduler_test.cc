@@ -1,0 +1,272 @@
+// Scheduler: chunked prefill interleaved with decode, admission by queue length and KV bytes,
+// and requests leaving the batch (with their KV released) within one step.
+#include "coordinator/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include "coordinator_test_util.h"
+
+namespace deja::coordinator {
+namespace {
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tokenizer_ = test::LoadTokenizer();
+    ASSERT_NE(tokenizer_, nullptr);
+    metrics_ = std::make_unique<CoordinatorMetrics>(&registry_, ModelInfoLabels{"m", "f16", 2});
+    options_.max_prefill_tokens = 8;
+    options_.max_batch_sequences = 4;
+    options_.max_waiting = 2;
+  }
+
+  struct Made {
+    std::shared_ptr<Request> request;
+    std::shared_ptr<test::RecordingSink> sink;
+  };
+  Made Make(const std::string& id, int prompt_len, int max_new,
+            std::optional<Clock::time_point> deadline = std::nullopt, uint32_t time_limit = 0) {
+    ResolvedRequest p;
+    p.request_id = id;
+    for (int i = 0; i < prompt_len; ++i) p.prompt.push_back(100 + i);
+    p.max_new_tokens = max_new;
+    p.time_limit_ms = time_limit;
+    p.config.set_prompt_tokens(static_cast<uint32_t>(prompt_len));
+    p.config.set_max_new_tokens(static_cast<uint32_t>(max_new));
+    auto sink = std::make_shared<test::RecordingSink>();
+    auto r = std::make_shared<Request>(id, next_seq_++, std::move(p), tokenizer_.get(),
+                                       metrics_.get(), Clock::now(), deadline, sink);
+    return {r, sink};
+  }
+  // rank 0's answer: token 500 + step for every sampled sequence.
+  static v1::StepResponse Answer(const StepPlan& plan, int32_t token = 500) {
+    v1::StepResponse resp;
+    for (size_t i = 0; i < plan.work.size(); ++i) {
+      v1::SequenceResult* r = resp.add_results();
+      r->set_seq_id(plan.step.sequences(static_cast<int>(i)).seq_id());
+      r->set_token_id(plan.work[i].sample ? token : -1);
+    }
+    return resp;
+  }
+  static std::vector<uint64_t> Releases(const StepPlan& plan) {
+    return {plan.step.release_seq_ids().begin(), plan.step.release_seq_ids().end()};
+  }
+
+  std::unique_ptr<Tokenizer> tokenizer_;
+  metrics::Registry registry_;
+  std::unique_ptr<CoordinatorMetrics> metrics_;
+  SchedulerOptions options_;
+  uint64_t next_seq_ = 1;
+};
+
+TEST_F(SchedulerTest, ChunkedPrefillInterleavesWithDecode) {
+  Scheduler s(options_);
+  std::string reason;
+  Made a = Make("a", 4, 10);
+  ASSERT_TRUE(s.Admit(a.request, &reason).ok());
+  StepPlan p1 = s.Plan(Clock::now());
+  ASSERT_EQ(p1.step.sequences_size(), 1);
+  EXPECT_EQ(p1.step.sequences(0).tokens_size(), 4);
+  EXPECT_TRUE(p1.step.sequences(0).sample());
+  EXPECT_TRUE(p1.step.sequences(0).has_config());
+  s.Complete(p1, Answer(p1), Clock::now());
+  EXPECT_EQ(a.request->generated(), 1);
+
+  Made b = Make("b", 20, 3);
+  ASSERT_TRUE(s.Admit(b.request, &reason).ok());
+  // B's 20-token prompt takes three steps of at most 8 tokens; A decodes in each of them.
+  const int chunks[] = {8, 8, 4};
+  for (int step = 0; step < 3; ++step) {
+    StepPlan p = s.Plan(Clock::now());
+    ASSERT_EQ(p.step.sequences_size(), 2) << step;
+    const v1::SequenceWork& decode = p.step.sequences(0);
+    EXPECT_EQ(decode.seq_id(), a.request->seq_id());
+    EXPECT_EQ(decode.tokens_size(), 1);
+    EXPECT_EQ(decode.start_position(), static_cast<uint32_t>(4 + step));
+    EXPECT_FALSE(decode.has_config());
+    const v1::SequenceWork& prefill = p.step.sequences(1);
+    EXPECT_EQ(prefill.seq_id(), b.request->seq_id());
+    EXPECT_EQ(prefill.tokens_size(), chunks[step]);
+    EXPECT_EQ(prefill.start_position(), static_cast<uint32_t>(8 * step));
+    EXPECT_EQ(prefill.has_config(), step == 0);
+    EXPECT_EQ(prefill.sample(), step == 2);
+    EXPECT_LE(p.tokens, 1 + options_.max_prefill_tokens);
+    s.Complete(p, Answer(p), Clock::now());
+  }
+  EXPECT_EQ(b.request->generated(), 1);
+  StepPlan p5 = s.Plan(Clock::now());
+  ASSERT_EQ(p5.step.sequences_size(), 2);
+  EXPECT_EQ(p5.step.sequences(1).start_position(), 20u);
+  EXPECT_EQ(p5.step.sequences(1).tokens(0), 500);
+}
+
+TEST_F(SchedulerTest, FinishedSequenceIsReleasedInTheNextStep) {
+  Scheduler s(options_);
+  std::string reason;
+  Made a = Make("a", 3, 2);
+  ASSERT_TRUE(s.Admit(a.request, &reason).ok());
+  StepPlan p1 = s.Plan(Clock::now());
+  s.Complete(p1, Answer(p1), Clock::now());
+  StepPlan p2 = s.Plan(Clock::now());
+  s.Complete(p2, Answer(p2), Clock::now());
+  ASSERT_TRUE(a.sink->done());
+  EXPECT_EQ(a.sink->last().finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(a.sink->last().generated_tokens(), 2u);
+  EXPECT_EQ(a.sink->last().prompt_tokens(), 3u);
+  EXPECT_EQ(s.running(), 0u);
+  StepPlan p3 = s.Plan(Clock::now());
+  EXPECT_EQ(p3.step.sequences_size(), 0);
+  EXPECT_EQ(Releases(p3), std::vector<uint64_t>{a.request->seq_id()});
+  EXPECT_TRUE(s.idle());
+}
+
+TEST_F(SchedulerTest, CancelLeavesTheBatchWithinOneStep) {
+  Scheduler s(options_);
+  std::string reason;
+  Made a = Make("a", 3, 50);
+  Made b = Make("b", 3, 50);
+  ASSERT_TRUE(s.Admit(a.request, &reason).ok());
+  ASSERT_TRUE(s.Admit(b.request, &reason).ok());
+  StepPlan p1 = s.Plan(Clock::now());
+  s.Complete(p1, Answer(p1), Clock::now());
+  EXPECT_TRUE(s.Cancel("a", CancelKind::kByRequest));
+  EXPECT_FALSE(s.Cancel("nope", CancelKind::kByRequest));
+  b.request->RequestCancel(CancelKind::kClientGone);
+  StepPlan p2 = s.Plan(Clock::now());
+  EXPECT_EQ(p2.step.sequences_size(), 0);
+  std::vector<uint64_t> released = Releases(p2);
+  std::sort(released.begin(), released.end());
+  EXPECT_EQ(released, (std::vector<uint64_t>{a.request->seq_id(), b.request->seq_id()}));
+  EXPECT_EQ(a.sink->last().finish_reason(), v1::FINISH_REASON_CANCELLED);
+  EXPECT_TRUE(a.sink->error().ok());
+  EXPECT_EQ(b.sink->error().code(), StatusCode::kCancelled);
+  EXPECT_EQ(s.reserved_bytes(), 0u);
+}
+
+TEST_F(SchedulerTest, QueuedRequestCancelledBeforeItStartsNeedsNoRelease) {
+  Scheduler s(options_);
+  std::string reason;
+  Made a = Make("a", 3, 5);
+  ASSERT_TRUE(s.Admit(a.request, &reason).ok());
+  EXPECT_TRUE(s.Cancel("a", CancelKind::kByRequest));
+  StepPlan p = s.Plan(Clock::now());
+  EXPECT_TRUE(p.empty());
+  EXPECT_TRUE(a.sink->done());
+}
+
+TEST_F(SchedulerTest, DeadlineAndTimeLimit) {
+  Scheduler s(options_);
+  std::string reason;
+  Made a = Make("a", 3, 50, Clock::now() - std::chrono::milliseconds(1));
+  Made b = Make("b", 3, 50, std::nullopt, /*time_limit=*/1);
+  ASSERT_TRUE(s.Admit(a.request, &reason).ok());
+  ASSERT_TRUE(s.Admit(b.request, &reason).ok());
+  StepPlan p = s.Plan(Clock::now() + std::chrono::milliseconds(5));
+  EXPECT_TRUE(p.empty());
+  EXPECT_EQ(a.sink->error().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(b.sink->last().finish_reason(), v1::FINISH_REASON_TIME_LIMIT);
+}
+
+TEST_F(SchedulerTest, QueueFullIsRefusedAtOnce) {
+  options_.max_batch_sequences = 1;
+  Scheduler s(options_);
+  std::string reason;
+  Made a = Make("a", 3, 5), b = Make("b", 3, 5), c = Make("c", 3, 5);
+  ASSERT_TRUE(s.Admit(a.request, &reason).ok());
+  ASSERT_TRUE(s.Admit(b.request, &reason).ok());
+  Status st = s.Admit(c.request, &reason);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(reason, "queue_full");
+  // Starting one makes room in the queue.
+  StepPlan p = s.Plan(Clock::now());
+  EXPECT_EQ(p.step.sequences_size(), 1);
+  EXPECT_EQ(s.waiting(), 1u);
+  EXPECT_TRUE(s.Admit(c.request, &reason).ok());
+}
+
+TEST_F(SchedulerTest, KvAdmissionReservesWorstCase) {
+  Scheduler s(options_);
+  // 100 positions of 10 bytes.
+  s.SetKvCapacity({1000, 10});
+  std::string reason;
+  Made a = Make("a", 10, 50);      // 600 bytes
+  Made b = Make("b", 10, 50);      // 600 more: does not fit
+  Made huge = Make("h", 10, 200);  // 2100 bytes: never fits
+  ASSERT_TRUE(s.Admit(a.request, &reason).ok());
+  EXPECT_EQ(s.reserved_bytes(), 600u);
+  Status st = s.Admit(b.request, &reason);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(reason, "kv_full");
+  st = s.Admit(huge.request, &reason);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("max_new_tokens"), std::string::npos);
+  s.Cancel("a", CancelKind::kByRequest);
+  s.Plan(Clock::now());
+  EXPECT_EQ(s.reserved_bytes(), 0u);
+  EXPECT_TRUE(s.Admit(b.request, &reason).ok());
+}
+
+TEST_F(SchedulerTest, DuplicateIdIsRefused) {
+  Scheduler s(options_);
+  std::string reason;
+  Made a = Make("same", 3, 5), b = Make("same", 3, 5);
+  ASSERT_TRUE(s.Admit(a.request, &reason).ok());
+  EXPECT_EQ(s.Admit(b.request, &reason).code(), StatusCode::kAlreadyExists);
+}
+
+TEST_F(SchedulerTest, BatchLimitHoldsRequestsInTheQueue) {
+  options_.max_batch_sequences = 2;
+  options_.max_waiting = 8;
+  Scheduler s(options_);
+  std::string reason;
+  std::vector<Made> made;
+  for (int i = 0; i < 3; ++i) {
+    made.push_back(Make("r" + std::to_string(i), 2, 2));
+    ASSERT_TRUE(s.Admit(made.back().request, &reason).ok());
+  }
+  StepPlan p1 = s.Plan(Clock::now());
+  EXPECT_EQ(p1.step.sequences_size(), 2);
+  EXPECT_EQ(s.waiting(), 1u);
+  s.Complete(p1, Answer(p1), Clock::now());
+  StepPlan p2 = s.Plan(Clock::now());  // both finish at 2 tokens
+  s.Complete(p2, Answer(p2), Clock::now());
+  StepPlan p3 = s.Plan(Clock::now());
+  ASSERT_EQ(p3.step.sequences_size(), 1);
+  EXPECT_EQ(p3.step.sequences(0).seq_id(), made[2].request->seq_id());
+  EXPECT_EQ(p3.step.release_seq_ids_size(), 2);
+}
+
+TEST_F(SchedulerTest, FailedStepFailsItsSequencesAndReleasesThem) {
+  Scheduler s(options_);
+  std::string reason;
+  Made a = Make("a", 3, 5), b = Make("b", 3, 5);
+  ASSERT_TRUE(s.Admit(a.request, &reason).ok());
+  StepPlan p1 = s.Plan(Clock::now());
+  s.Complete(p1, Answer(p1), Clock::now());
+  ASSERT_TRUE(s.Admit(b.request, &reason).ok());
+  StepPlan p2 = s.Plan(Clock::now());
+  s.FailStep(p2, Status(StatusCode::kOutOfRange, "rank 1: bad"), Clock::now());
+  EXPECT_EQ(a.sink->error().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(b.sink->error().code(), StatusCode::kOutOfRange);
+  StepPlan p3 = s.Plan(Clock::now());
+  EXPECT_EQ(p3.step.release_seq_ids_size(), 2);
+  EXPECT_FALSE(s.has_requests());
+}
+
+TEST_F(SchedulerTest, LostGroupFailsEverything) {
+  Scheduler s(options_);
+  std::string reason;
+  Made a = Make("a", 3, 5), b = Make("b", 3, 5);
+  ASSERT_TRUE(s.Admit(a.request, &reason).ok());
+  StepPlan p1 = s.Plan(Clock::now());
+  s.Complete(p1, Answer(p1), Clock::now());
+  ASSERT_TRUE(s.Admit(b.request, &reason).ok());
+  s.FailAll(Unavailable("lost"), Clock::now());
+  EXPECT_EQ(a.sink->error().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(b.sink->error().code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(s.idle());
+  EXPECT_EQ(s.reserved_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace deja::coordinator

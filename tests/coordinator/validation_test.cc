@@ -1,0 +1,248 @@
+// Every validation rule of the public API gives INVALID_ARGUMENT (FAILED_PRECONDITION for
+// sparsity without predictors) naming the field; valid requests resolve every default.
+#include "coordinator/validation.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "coordinator_test_util.h"
+
+namespace deja::coordinator {
+namespace {
+
+class ValidationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tokenizer_ = test::LoadTokenizer();
+    ASSERT_NE(tokenizer_, nullptr);
+    limits_.vocab_size = 8192;
+    limits_.max_positions = 64;
+    limits_.default_max_new_tokens = 16;
+    limits_.default_cache.set_kind(v1::CachePolicy::KIND_FULL);
+  }
+  StatusOr<ResolvedRequest> Resolve(const v1::GenerateRequest& r) {
+    return ResolveRequest(r, limits_, *tokenizer_, /*random_seed=*/77);
+  }
+  static v1::GenerateRequest Text(const std::string& text) {
+    v1::GenerateRequest r;
+    r.set_text(text);
+    return r;
+  }
+
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ModelLimits limits_;
+};
+
+struct Rule {
+  const char* name;
+  std::function<void(v1::GenerateRequest*)> mutate;
+  StatusCode code;
+  const char* field;
+};
+
+TEST_F(ValidationTest, EveryRuleNamesItsField) {
+  const std::string long_stop(kMaxStopSequenceBytes + 1, 'x');
+  const std::vector<Rule> rules = {
+      {"negative temperature", [](auto* r) { r->mutable_sampling()->set_temperature(-0.1f); },
+       StatusCode::kInvalidArgument, "sampling.temperature"},
+      {"nan temperature", [](auto* r) { r->mutable_sampling()->set_temperature(NAN); },
+       StatusCode::kInvalidArgument, "sampling.temperature"},
+      {"top_p zero", [](auto* r) { r->mutable_sampling()->set_top_p(0.f); },
+       StatusCode::kInvalidArgument, "sampling.top_p"},
+      {"top_p above one", [](auto* r) { r->mutable_sampling()->set_top_p(1.5f); },
+       StatusCode::kInvalidArgument, "sampling.top_p"},
+      {"negative top_k", [](auto* r) { r->mutable_sampling()->set_top_k(-1); },
+       StatusCode::kInvalidArgument, "sampling.top_k"},
+      {"zero repetition penalty",
+       [](auto* r) { r->mutable_sampling()->set_repetition_penalty(0.f); },
+       StatusCode::kInvalidArgument, "sampling.repetition_penalty"},
+      {"max_new_tokens zero", [](auto* r) { r->mutable_stopping()->set_max_new_tokens(0); },
+       StatusCode::kInvalidArgument, "stopping.max_new_tokens"},
+      {"max_new_tokens past the context",
+       [](auto* r) { r->mutable_stopping()->set_max_new_tokens(64); }, StatusCode::kInvalidArgument,
+       "stopping.max_new_tokens"},
+      {"prompt fills the context",
+       [](auto* r) {
+         r->mutable_token_ids()->clear_ids();
+         for (int i = 0; i < 64; ++i) r->mutable_token_ids()->add_ids(5);
+       },
+       StatusCode::kInvalidArgument, "input"},
+      {"empty text", [](auto* r) { r->set_text(""); }, StatusCode::kInvalidArgument, "input"},
+      {"no input", [](auto* r) { r->clear_input(); }, StatusCode::kInvalidArgument, "input"},
+      {"empty token ids", [](auto* r) { r->mutable_token_ids()->clear_ids(); },
+       StatusCode::kInvalidArgument, "input"},
+      {"invalid UTF-8", [](auto* r) { r->set_text("ab\xff"); }, StatusCode::kInvalidArgument,
+       "text"},
+      {"token id too large",
+       [](auto* r) {
+         r->mutable_token_ids()->add_ids(2);
+         r->mutable_token_ids()->add_ids(8192);
+       },
+       StatusCode::kInvalidArgument, "token_ids.ids[1]"},
+      {"negative token id", [](auto* r) { r->mutable_token_ids()->add_ids(-3); },
+       StatusCode::kInvalidArgument, "token_ids.ids[0]"},
+      {"five stop sequences",
+       [](auto* r) {
+         for (int i = 0; i < 5; ++i) r->mutable_stopping()->add_stop_sequences("s");
+       },
+       StatusCode::kInvalidArgument, "stopping.stop_sequences"},
+      {"long stop sequence",
+       [long_stop](auto* r) { r->mutable_stopping()->add_stop_sequences(long_stop); },
+       StatusCode::kInvalidArgument, "stopping.stop_sequences[0]"},
+      {"empty stop sequence",
+       [](auto* r) {
+         r->mutable_stopping()->add_stop_sequences("ok");
+         r->mutable_stopping()->add_stop_sequences("");
+       },
+       StatusCode::kInvalidArgument, "stopping.stop_sequences[1]"},
+      {"stop sequence not UTF-8",
+       [](auto* r) { r->mutable_stopping()->add_stop_sequences("\xc3"); },
+       StatusCode::kInvalidArgument, "stopping.stop_sequences[0]"},
+      {"stop token id out of range",
+       [](auto* r) { r->mutable_stopping()->add_stop_token_ids(9000); },
+       StatusCode::kInvalidArgument, "stopping.stop_token_ids[0]"},
+      {"too many stop token ids",
+       [](auto* r) {
+         for (int i = 0; i < 17; ++i) r->mutable_stopping()->add_stop_token_ids(i);
+       },
+       StatusCode::kInvalidArgument, "stopping.stop_token_ids"},
+      {"top_n_tokens six", [](auto* r) { r->mutable_response()->set_top_n_tokens(6); },
+       StatusCode::kInvalidArgument, "response.top_n_tokens"},
+      {"request id with a space", [](auto* r) { r->set_request_id("a b"); },
+       StatusCode::kInvalidArgument, "request_id"},
+      {"request id too long", [](auto* r) { r->set_request_id(std::string(129, 'a')); },
+       StatusCode::kInvalidArgument, "request_id"},
+      {"empty request id", [](auto* r) { r->set_request_id(""); }, StatusCode::kInvalidArgument,
+       "request_id"},
+      {"heavy ratio above one",
+       [](auto* r) {
+         r->mutable_cache()->set_kind(v1::CachePolicy::KIND_H2O);
+         r->mutable_cache()->set_heavy_ratio(1.5f);
+       },
+       StatusCode::kInvalidArgument, "cache.heavy_ratio"},
+      {"heavy ratio and tokens",
+       [](auto* r) {
+         r->mutable_cache()->set_kind(v1::CachePolicy::KIND_H2O);
+         r->mutable_cache()->set_heavy_ratio(0.1f);
+         r->mutable_cache()->set_heavy_tokens(3);
+       },
+       StatusCode::kInvalidArgument, "cache.heavy_tokens"},
+      {"heavy budget with window",
+       [](auto* r) {
+         r->mutable_cache()->set_kind(v1::CachePolicy::KIND_WINDOW);
+         r->mutable_cache()->set_heavy_tokens(3);
+       },
+       StatusCode::kInvalidArgument, "cache.heavy_tokens"},
+      {"zero recent tokens",
+       [](auto* r) {
+         r->mutable_cache()->set_kind(v1::CachePolicy::KIND_WINDOW);
+         r->mutable_cache()->set_recent_tokens(0);
+       },
+       StatusCode::kInvalidArgument, "cache.recent_tokens"},
+      {"sparsity on without predictors",
+       [](auto* r) { r->mutable_sparsity()->set_mode(v1::Sparsity::MODE_ON); },
+       StatusCode::kFailedPrecondition, "sparsity.mode"},
+      {"unknown sparsity schedule", [](auto* r) { r->mutable_sparsity()->set_schedule("fast"); },
+       StatusCode::kInvalidArgument, "sparsity.schedule"},
+  };
+  for (const Rule& rule : rules) {
+    v1::GenerateRequest r = Text("Hello there");
+    rule.mutate(&r);  // token-id rules switch the oneof to token_ids
+    StatusOr<ResolvedRequest> got = Resolve(r);
+    ASSERT_FALSE(got.ok()) << rule.name;
+    EXPECT_EQ(got.status().code(), rule.code) << rule.name << ": " << got.status().ToString();
+    EXPECT_EQ(got.status().message().rfind(rule.field, 0), 0u)
+        << rule.name << ": message should start with '" << rule.field
+        << "': " << got.status().message();
+  }
+}
+
+TEST_F(ValidationTest, TextPromptGetsBosAndDefaults) {
+  StatusOr<ResolvedRequest> r = Resolve(Text("Hello there"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_FALSE(r->prompt.empty());
+  EXPECT_EQ(r->prompt[0], 2);
+  StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode("Hello there", true);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(r->prompt, *ids);
+  EXPECT_TRUE(r->text_prompt);
+  EXPECT_EQ(r->max_new_tokens, 16);
+  EXPECT_FALSE(r->config.sampling().do_sample());
+  EXPECT_EQ(r->config.sampling().seed(), 77u);
+  EXPECT_FLOAT_EQ(r->config.sampling().temperature(), 1.0f);
+  EXPECT_FLOAT_EQ(r->config.sampling().top_p(), 1.0f);
+  EXPECT_FLOAT_EQ(r->config.sampling().repetition_penalty(), 1.0f);
+  EXPECT_EQ(r->config.prompt_tokens(), r->prompt.size());
+  EXPECT_EQ(r->config.max_new_tokens(), 16u);
+  EXPECT_EQ(r->config.cache().kind(), v1::WorkerCachePolicy::KIND_FULL);
+  EXPECT_FALSE(r->config.sparse());
+  EXPECT_EQ(r->ReservedPositions(), static_cast<int64_t>(r->prompt.size()) + 16);
+}
+
+TEST_F(ValidationTest, DefaultMaxNewTokensIsClippedToTheContext) {
+  v1::GenerateRequest req;
+  for (int i = 0; i < 60; ++i) req.mutable_token_ids()->add_ids(7);
+  StatusOr<ResolvedRequest> r = Resolve(req);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->max_new_tokens, 4);
+  EXPECT_FALSE(r->text_prompt);
+  EXPECT_EQ(r->prompt.size(), 60u);  // token ids are used as given: no BOS
+  req.mutable_stopping()->set_max_new_tokens(4);
+  EXPECT_TRUE(Resolve(req).ok());
+}
+
+TEST_F(ValidationTest, SamplingOptionsResolve) {
+  v1::GenerateRequest req = Text("x");
+  req.mutable_sampling()->set_do_sample(true);
+  req.mutable_sampling()->set_temperature(0.7f);
+  req.mutable_sampling()->set_top_k(40);
+  req.mutable_sampling()->set_top_p(0.9f);
+  req.mutable_sampling()->set_seed(5);
+  req.mutable_response()->set_top_n_tokens(3);
+  req.mutable_stopping()->add_stop_sequences("\n");
+  req.mutable_stopping()->add_stop_token_ids(13);
+  req.mutable_stopping()->set_time_limit_ms(500);
+  req.set_request_id("client-1.a:b_c");
+  StatusOr<ResolvedRequest> r = Resolve(req);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->config.sampling().do_sample());
+  EXPECT_EQ(r->config.sampling().top_k(), 40);
+  EXPECT_EQ(r->config.sampling().seed(), 5u);
+  EXPECT_EQ(r->config.top_n(), 3u);
+  EXPECT_TRUE(r->logprobs);
+  EXPECT_TRUE(r->return_tokens);
+  EXPECT_EQ(r->stop_sequences, std::vector<std::string>{"\n"});
+  EXPECT_EQ(r->stop_token_ids, std::vector<int32_t>{13});
+  EXPECT_EQ(r->time_limit_ms, 500u);
+  EXPECT_EQ(r->request_id, "client-1.a:b_c");
+
+  // Temperature 0 is greedy even with do_sample.
+  req.mutable_sampling()->set_temperature(0.f);
+  r = Resolve(req);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->config.sampling().do_sample());
+}
+
+TEST_F(ValidationTest, CachePolicyBudgetsResolveToTokens) {
+  v1::GenerateRequest req;
+  for (int i = 0; i < 40; ++i) req.mutable_token_ids()->add_ids(9);
+  req.mutable_cache()->set_kind(v1::CachePolicy::KIND_H2O);
+  req.mutable_cache()->set_heavy_ratio(0.1f);
+  req.mutable_cache()->set_recent_tokens(6);
+  StatusOr<ResolvedRequest> r = Resolve(req);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->config.cache().kind(), v1::WorkerCachePolicy::KIND_H2O);
+  EXPECT_EQ(r->config.cache().heavy_tokens(), 4u);
+  EXPECT_EQ(r->config.cache().recent_tokens(), 6u);
+}
+
+TEST(RequestIdTest, Charset) {
+  EXPECT_TRUE(ValidateRequestId("abc-DEF_0.9:x").ok());
+  EXPECT_FALSE(ValidateRequestId("a/b").ok());
+  EXPECT_FALSE(ValidateRequestId("é").ok());
+}
+
+}  // namespace
+}  // namespace deja::coordinator
