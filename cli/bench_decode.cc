@@ -155,7 +155,8 @@ int RunBench(int argc, char** argv, int first) {
   if (first < argc && std::string(argv[first]) == "decode") {
     return RunBenchDecode(argc, argv, first + 1);
   }
-  std::fprintf(stderr, "usage: deja bench decode [flags]   (see deja bench decode --help)\n");
+  if (first < argc && std::string(argv[first]) == "kv") return RunBenchKv(argc, argv, first + 1);
+  std::fprintf(stderr, "usage: deja bench decode|kv [flags]   (see deja bench <name> --help)\n");
   return 2;
 }
 

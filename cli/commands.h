@@ -7,6 +7,7 @@ namespace deja::cli {
 int RunGenerate(int argc, char** argv, int first);
 int RunPerplexity(int argc, char** argv, int first);
 int RunBench(int argc, char** argv, int first);
+int RunBenchKv(int argc, char** argv, int first);
 int RunWorker(int argc, char** argv, int first);
 
 // Prints the status to stderr and returns 1 (2 for usage errors).

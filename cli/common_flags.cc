@@ -40,6 +40,38 @@ StatusOr<worker::SamplingParams> SamplingFromFlags(const Args& args) {
   return p;
 }
 
+void AddCachePolicyFlags(Args& args, const std::string& default_kind) {
+  args.Flag("kv-policy", "KV cache policy: full, window or h2o", default_kind)
+      .Flag("heavy-ratio", "h2o heavy-hitter budget as a ratio of the prompt length", "0.1")
+      .Flag("recent-ratio", "recent-token budget as a ratio of the prompt length", "0.1")
+      .Flag("heavy-tokens", "absolute heavy-hitter budget per head (with --recent-tokens)")
+      .Flag("recent-tokens", "absolute recent-token budget per head (with --heavy-tokens)");
+}
+
+StatusOr<worker::CachePolicyConfig> CachePolicyFromFlags(const Args& args) {
+  worker::CachePolicyConfig c;
+  DEJA_ASSIGN_OR_RETURN(c.kind, worker::CachePolicyConfig::ParseKind(args.Str("kv-policy")));
+  DEJA_ASSIGN_OR_RETURN(double heavy, args.Double("heavy-ratio"));
+  DEJA_ASSIGN_OR_RETURN(double recent, args.Double("recent-ratio"));
+  c.heavy_ratio = static_cast<float>(heavy);
+  c.recent_ratio = static_cast<float>(recent);
+  if (args.Has("heavy-tokens") || args.Has("recent-tokens")) {
+    if (!args.Has("heavy-tokens") || !args.Has("recent-tokens")) {
+      return InvalidArgument("--heavy-tokens and --recent-tokens go together");
+    }
+    DEJA_ASSIGN_OR_RETURN(int64_t ht, args.Int("heavy-tokens"));
+    DEJA_ASSIGN_OR_RETURN(int64_t rt, args.Int("recent-tokens"));
+    if (ht < 0 || rt < 0 || ht > (1 << 20) || rt > (1 << 20)) {
+      return InvalidArgument("--heavy-tokens and --recent-tokens must be in [0, 2^20]");
+    }
+    c.heavy_tokens = static_cast<int32_t>(ht);
+    c.recent_tokens = static_cast<int32_t>(rt);
+  }
+  DEJA_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+
 StatusOr<LoadedModel> LoadModelFromFlags(const Args& args) {
   LoadedModel m;
   DEJA_ASSIGN_OR_RETURN(int64_t threads, args.Int("threads"));

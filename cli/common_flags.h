@@ -6,6 +6,7 @@
 
 #include "cli/args.h"
 #include "kernels/backend.h"
+#include "worker/eviction_policy.h"
 #include "worker/opt_model.h"
 #include "worker/sampler.h"
 
@@ -14,6 +15,10 @@ namespace deja::cli {
 void AddModelFlags(Args& args);
 void AddSamplingFlags(Args& args);
 StatusOr<worker::SamplingParams> SamplingFromFlags(const Args& args);
+
+// --kv-policy (default `default_kind`, "" = unset), --heavy/recent-ratio, --heavy/recent-tokens.
+void AddCachePolicyFlags(Args& args, const std::string& default_kind);
+StatusOr<worker::CachePolicyConfig> CachePolicyFromFlags(const Args& args);
 
 struct LoadedModel {
   std::unique_ptr<kernels::Backend> backend;

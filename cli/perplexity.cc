@@ -11,46 +11,16 @@
 #include "worker/generation.h"
 
 namespace deja::cli {
-namespace {
-
-StatusOr<worker::CachePolicyConfig> CachePolicyFromFlags(const Args& args) {
-  worker::CachePolicyConfig c;
-  DEJA_ASSIGN_OR_RETURN(c.kind, worker::CachePolicyConfig::ParseKind(args.Str("kv-policy")));
-  DEJA_ASSIGN_OR_RETURN(double heavy, args.Double("heavy-ratio"));
-  DEJA_ASSIGN_OR_RETURN(double recent, args.Double("recent-ratio"));
-  c.heavy_ratio = static_cast<float>(heavy);
-  c.recent_ratio = static_cast<float>(recent);
-  if (args.Has("heavy-tokens") || args.Has("recent-tokens")) {
-    if (!args.Has("heavy-tokens") || !args.Has("recent-tokens")) {
-      return InvalidArgument("--heavy-tokens and --recent-tokens go together");
-    }
-    DEJA_ASSIGN_OR_RETURN(int64_t ht, args.Int("heavy-tokens"));
-    DEJA_ASSIGN_OR_RETURN(int64_t rt, args.Int("recent-tokens"));
-    if (ht < 0 || rt < 0 || ht > (1 << 20) || rt > (1 << 20)) {
-      return InvalidArgument("--heavy-tokens and --recent-tokens must be in [0, 2^20]");
-    }
-    c.heavy_tokens = static_cast<int32_t>(ht);
-    c.recent_tokens = static_cast<int32_t>(rt);
-  }
-  DEJA_RETURN_IF_ERROR(c.Validate());
-  return c;
-}
-
-}  // namespace
 
 int RunPerplexity(int argc, char** argv, int first) {
   Args args("ppl", "Perplexity of --text in windows of --context tokens.");
   AddModelFlags(args);
   args.Flag("text", "UTF-8 text file", "", true)
       .Flag("context", "window length in tokens, BOS included", "1024")
-      .Flag("kv-policy", "evaluate as serving would under a cache policy: full, window or h2o")
       .Flag("prompt-tokens", "with --kv-policy: prompt length per window; the rest is decoded "
-            "token by token and only those tokens are scored", "256")
-      .Flag("heavy-ratio", "h2o heavy-hitter budget as a ratio of the prompt length", "0.1")
-      .Flag("recent-ratio", "recent-token budget as a ratio of the prompt length", "0.1")
-      .Flag("heavy-tokens", "absolute heavy-hitter budget per head (with --recent-tokens)")
-      .Flag("recent-tokens", "absolute recent-token budget per head (with --heavy-tokens)")
-      .Bool("json", "print one JSON object (perplexity, tokens, ...) as the last line");
+            "token by token and only those tokens are scored", "256");
+  AddCachePolicyFlags(args, "");
+  args.Bool("json", "print one JSON object (perplexity, tokens, ...) as the last line");
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("ppl", s);
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
   auto run = [&]() -> Status {
