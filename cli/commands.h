@@ -9,6 +9,9 @@ int RunPerplexity(int argc, char** argv, int first);
 int RunBench(int argc, char** argv, int first);
 int RunBenchKv(int argc, char** argv, int first);
 int RunWorker(int argc, char** argv, int first);
+int RunServe(int argc, char** argv, int first);
+int RunCoordinator(int argc, char** argv, int first);
+int RunClient(int argc, char** argv, int first);
 
 // Prints the status to stderr and returns 1 (2 for usage errors).
 }  // namespace deja::cli

@@ -16,6 +16,9 @@ constexpr const char* kUsage =
     "  ppl        perplexity of a text file\n"
     "  bench      benchmarks (bench decode)\n"
     "  worker     one tensor-parallel rank serving a coordinator\n"
+    "  serve      coordinator plus N supervised workers on this host (gRPC API)\n"
+    "  coordinator  the coordinator alone (workers started separately)\n"
+    "  client     call a server: generate, stream, tokenize, info, cancel, health\n"
     "Every command takes --help.\n";
 
 }  // namespace
@@ -33,6 +36,9 @@ int main(int argc, char** argv) {
   if (cmd == "ppl") return deja::cli::RunPerplexity(argc, argv, 2);
   if (cmd == "bench") return deja::cli::RunBench(argc, argv, 2);
   if (cmd == "worker") return deja::cli::RunWorker(argc, argv, 2);
+  if (cmd == "serve") return deja::cli::RunServe(argc, argv, 2);
+  if (cmd == "coordinator") return deja::cli::RunCoordinator(argc, argv, 2);
+  if (cmd == "client") return deja::cli::RunClient(argc, argv, 2);
   std::fprintf(stderr, "deja: unknown command '%s'\n%s", cmd.c_str(), kUsage);
   return 2;
 }

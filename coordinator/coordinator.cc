@@ -6,14 +6,24 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 namespace deja::coordinator {
 namespace {
 
 constexpr std::chrono::milliseconds kHealthPoll(50);
 
-std::string DtypeName(const std::string& torch_dtype) {
-  return torch_dtype.empty() ? "float32" : torch_dtype;
+// The checkpoint dtype the workers keep weights in: config.json's "torch_dtype", or "dtype" as
+// newer transformers write it; float32 when neither is given.
+std::string WeightDtype(const std::string& model_dir, const OptConfig& config) {
+  if (!config.torch_dtype.empty()) return config.torch_dtype;
+  std::ifstream in(std::filesystem::path(model_dir) / "config.json");
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && j.contains("dtype") && j["dtype"].is_string()) {
+    return j["dtype"].get<std::string>();
+  }
+  return "float32";
 }
 
 }  // namespace
@@ -34,7 +44,7 @@ v1::ModelInfo MakeModelInfo(const std::string& model_dir, const OptConfig& confi
   info.set_num_attention_heads(static_cast<uint32_t>(config.num_attention_heads));
   info.set_ffn_dim(static_cast<uint32_t>(config.ffn_dim));
   info.set_tensor_parallel_size(static_cast<uint32_t>(tensor_parallel_size));
-  info.set_dtype(DtypeName(config.torch_dtype));
+  info.set_dtype(WeightDtype(model_dir, config));
   info.mutable_default_cache_policy()->set_kind(v1::CachePolicy::KIND_FULL);
   info.set_sparsity_available(false);
   info.set_default_max_new_tokens(static_cast<uint32_t>(default_max_new_tokens));

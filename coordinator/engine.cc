@@ -92,6 +92,8 @@ StatusOr<std::shared_ptr<Request>> Engine::Submit(const v1::GenerateRequest& req
   return r;
 }
 
+void Engine::RejectInvalid(const Status& status) { metrics_->Rejected(RejectReason(status)); }
+
 bool Engine::Cancel(const std::string& request_id) {
   bool found;
   {

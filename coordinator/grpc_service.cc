@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "common/utf8.h"
+#include "coordinator/wire_check.h"
 
 namespace deja::coordinator {
 namespace {
@@ -46,9 +47,9 @@ class CallSink final : public RequestSink {
 class UnaryCall final : public grpc::ServerUnaryReactor {
  public:
   UnaryCall(Engine* engine, grpc::CallbackServerContext* context,
-            const v1::GenerateRequest* request, v1::GenerateResponse* response)
-      : engine_(engine), response_(response), sink_(std::make_shared<CallSink<UnaryCall>>(this)) {
-    StatusOr<std::shared_ptr<Request>> r = engine->Submit(*request, SteadyDeadline(context), sink_);
+            const v1::GenerateRequest& request, grpc::ByteBuffer* response)
+      : engine_(engine), out_(response), sink_(std::make_shared<CallSink<UnaryCall>>(this)) {
+    StatusOr<std::shared_ptr<Request>> r = engine->Submit(request, SteadyDeadline(context), sink_);
     std::lock_guard<std::mutex> lock(mu_);
     if (!r.ok()) {
       finished_ = true;
@@ -61,9 +62,9 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   void Deliver(v1::GenerateStreamResponse message) {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return;
-    response_->set_request_id(message.request_id());
-    response_->mutable_text()->append(message.text_delta());
-    for (v1::Token& token : *message.mutable_tokens()) *response_->add_tokens() = std::move(token);
+    response_.set_request_id(message.request_id());
+    response_.mutable_text()->append(message.text_delta());
+    for (v1::Token& token : *message.mutable_tokens()) *response_.add_tokens() = std::move(token);
     if (!message.finished()) return;
     finished_ = true;
     if (message.finish_reason() == v1::FINISH_REASON_CANCELLED) {
@@ -71,10 +72,11 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
                           "request " + message.request_id() + " was cancelled by a Cancel call"));
       return;
     }
-    response_->set_prompt_tokens(message.prompt_tokens());
-    response_->set_generated_tokens(message.generated_tokens());
-    response_->set_finish_reason(message.finish_reason());
-    *response_->mutable_timings() = message.timings();
+    response_.set_prompt_tokens(message.prompt_tokens());
+    response_.set_generated_tokens(message.generated_tokens());
+    response_.set_finish_reason(message.finish_reason());
+    *response_.mutable_timings() = message.timings();
+    SerializeTo(response_, out_);
     Finish(grpc::Status::OK);
   }
 
@@ -101,7 +103,8 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
 
  private:
   Engine* engine_;
-  v1::GenerateResponse* response_;
+  v1::GenerateResponse response_;
+  grpc::ByteBuffer* out_;
   std::shared_ptr<CallSink<UnaryCall>> sink_;
   std::mutex mu_;
   std::shared_ptr<Request> request_;
@@ -109,12 +112,12 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
 };
 
 // GenerateStream: one write in flight at a time; later messages queue behind it.
-class StreamCall final : public grpc::ServerWriteReactor<v1::GenerateStreamResponse> {
+class StreamCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   StreamCall(Engine* engine, grpc::CallbackServerContext* context,
-             const v1::GenerateRequest* request)
+             const v1::GenerateRequest& request)
       : engine_(engine), sink_(std::make_shared<CallSink<StreamCall>>(this)) {
-    StatusOr<std::shared_ptr<Request>> r = engine->Submit(*request, SteadyDeadline(context), sink_);
+    StatusOr<std::shared_ptr<Request>> r = engine->Submit(request, SteadyDeadline(context), sink_);
     std::lock_guard<std::mutex> lock(mu_);
     if (!r.ok()) {
       finished_ = true;
@@ -171,9 +174,10 @@ class StreamCall final : public grpc::ServerWriteReactor<v1::GenerateStreamRespo
   void WriteNext() {
     if (finished_) return;
     if (!queue_.empty()) {
-      current_ = std::move(queue_.front());
+      const bool last = queue_.front().finished();
+      SerializeTo(queue_.front(), &current_);
       queue_.pop_front();
-      if (current_.finished()) {
+      if (last) {
         finished_ = true;
         StartWriteAndFinish(&current_, grpc::WriteOptions(), grpc::Status::OK);
       } else {
@@ -193,10 +197,16 @@ class StreamCall final : public grpc::ServerWriteReactor<v1::GenerateStreamRespo
   std::mutex mu_;
   std::shared_ptr<Request> request_;
   std::deque<v1::GenerateStreamResponse> queue_;
-  v1::GenerateStreamResponse current_;  // the message being written
+  grpc::ByteBuffer current_;  // the message being written
   std::optional<grpc::Status> error_;
   bool writing_ = false;
   bool finished_ = false;
+};
+
+// A stream refused before it started.
+class FailedStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  void OnDone() override { delete this; }
 };
 
 }  // namespace
@@ -207,31 +217,52 @@ grpc::Status ToGrpcStatus(const Status& status) {
 }
 
 grpc::ServerUnaryReactor* TextGenerationService::Generate(grpc::CallbackServerContext* context,
-                                                          const v1::GenerateRequest* request,
-                                                          v1::GenerateResponse* response) {
-  return new UnaryCall(engine_, context, request, response);
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  StatusOr<v1::GenerateRequest> parsed = ParseGenerateRequest(*request);
+  if (!parsed.ok()) {
+    engine_->RejectInvalid(parsed.status());
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(parsed.status()));
+    return reactor;
+  }
+  return new UnaryCall(engine_, context, *parsed, response);
 }
 
-grpc::ServerWriteReactor<v1::GenerateStreamResponse>* TextGenerationService::GenerateStream(
-    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  return new StreamCall(engine_, context, request);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* TextGenerationService::GenerateStream(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  StatusOr<v1::GenerateRequest> parsed = ParseGenerateRequest(*request);
+  if (!parsed.ok()) {
+    engine_->RejectInvalid(parsed.status());
+    auto* reactor = new FailedStream();
+    reactor->Finish(ToGrpcStatus(parsed.status()));
+    return reactor;
+  }
+  return new StreamCall(engine_, context, *parsed);
 }
 
 grpc::ServerUnaryReactor* TextGenerationService::Tokenize(grpc::CallbackServerContext* context,
-                                                          const v1::TokenizeRequest* request,
-                                                          v1::TokenizeResponse* response) {
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  StatusOr<v1::TokenizeRequest> parsed = ParseTokenizeRequest(*request);
+  if (!parsed.ok()) {
+    reactor->Finish(ToGrpcStatus(parsed.status()));
+    return reactor;
+  }
   const Tokenizer& tokenizer = engine_->tokenizer();
-  StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(request->text(), request->add_bos());
+  StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(parsed->text(), parsed->add_bos());
   if (!ids.ok()) {
     reactor->Finish(
         grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "text: " + ids.status().message()));
     return reactor;
   }
+  v1::TokenizeResponse out;
   for (int32_t id : *ids) {
-    response->add_ids(id);
-    response->add_tokens(Utf8Lossy(tokenizer.TokenBytes(id)));
+    out.add_ids(id);
+    out.add_tokens(Utf8Lossy(tokenizer.TokenBytes(id)));
   }
+  SerializeTo(out, response);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

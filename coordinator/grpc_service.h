@@ -14,20 +14,29 @@
 
 namespace deja::coordinator {
 
-class TextGenerationService final : public v1::TextGeneration::CallbackService {
+// Generate, GenerateStream and Tokenize take their requests as bytes (see wire_check.h: text
+// that is not UTF-8 must be INVALID_ARGUMENT naming the field, which the protobuf runtime's own
+// parse cannot give); the other methods are typed.
+using TextGenerationBase = v1::TextGeneration::WithRawCallbackMethod_Generate<
+    v1::TextGeneration::WithRawCallbackMethod_GenerateStream<
+        v1::TextGeneration::WithRawCallbackMethod_Tokenize<
+            v1::TextGeneration::WithCallbackMethod_GetModelInfo<
+                v1::TextGeneration::WithCallbackMethod_Cancel<v1::TextGeneration::Service>>>>>;
+
+class TextGenerationService final : public TextGenerationBase {
  public:
   // `engine` outlives the service. `info` is returned by GetModelInfo.
   TextGenerationService(Engine* engine, v1::ModelInfo info)
       : engine_(engine), info_(std::move(info)) {}
 
   grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
-                                     const v1::GenerateRequest* request,
-                                     v1::GenerateResponse* response) override;
-  grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerateStream(
-      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateStream(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
-                                     const v1::TokenizeRequest* request,
-                                     v1::TokenizeResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const v1::GetModelInfoRequest* request,
                                          v1::ModelInfo* response) override;

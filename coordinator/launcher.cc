@@ -123,7 +123,11 @@ std::string Launcher::ReapExited() {
     int status = 0;
     if (::waitpid(pids_[r], &status, WNOHANG) == pids_[r]) {
       const std::string what = DescribeExit(r, pids_[r], status);
-      LOG(WARNING) << "launcher: " << what;
+      if (stop_) {
+        LOG(INFO) << "launcher: " << what;
+      } else {
+        LOG(WARNING) << "launcher: " << what;
+      }
       if (first.empty()) first = what;
       pids_[r] = 0;
     }

@@ -457,6 +457,8 @@ Status WorkerGroup::ShutdownWorkers() {
     conn_.reset();
     retired_.push_back(conn);
   }
+  // A new epoch, so the monitor does not reconnect to the registrations of the old group.
+  rendezvous_->ResetGroup();
   state_.ready = false;
   state_.epoch = 0;
   state_.reason = "the workers were shut down";

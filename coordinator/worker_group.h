@@ -51,7 +51,8 @@ class WorkerGroup final : public EngineClient {
   // so workers started afterwards join the new epoch.
   void DeclareLost(const std::string& reason);
   // Sends a shutdown step (workers answer and exit 0) and closes the streams without treating
-  // it as a loss. No-op without a ready group.
+  // it as a loss (no lost callback); the rendezvous starts a new epoch. No-op without a ready
+  // group.
   Status ShutdownWorkers();
 
   int world_size() const override { return options_.world_size; }

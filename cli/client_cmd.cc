@@ -1,0 +1,207 @@
+// `deja client`: a command-line client of deja.v1.TextGeneration (and grpc.health.v1) for
+// trying a server: generate, stream, tokenize, info, cancel, health.
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "deja/v1/text_generation.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace deja::cli {
+namespace {
+
+constexpr const char* kActions = "generate, stream, tokenize, info, cancel or health";
+
+Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return Status::Ok();
+  return Status(static_cast<StatusCode>(s.error_code()), s.error_message());
+}
+
+std::string Json(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+StatusOr<v1::GenerateRequest> RequestFromFlags(const Args& args) {
+  v1::GenerateRequest r;
+  if (!args.Has("prompt")) return InvalidArgument("--prompt is required");
+  r.set_text(args.Str("prompt"));
+  if (args.Has("request-id")) r.set_request_id(args.Str("request-id"));
+  v1::SamplingParams* s = r.mutable_sampling();
+  if (args.On("do-sample")) s->set_do_sample(true);
+  if (args.Has("temperature")) {
+    DEJA_ASSIGN_OR_RETURN(double v, args.Double("temperature"));
+    s->set_temperature(static_cast<float>(v));
+  }
+  if (args.Has("top-k")) {
+    DEJA_ASSIGN_OR_RETURN(int64_t v, args.Int("top-k"));
+    s->set_top_k(static_cast<int32_t>(v));
+  }
+  if (args.Has("top-p")) {
+    DEJA_ASSIGN_OR_RETURN(double v, args.Double("top-p"));
+    s->set_top_p(static_cast<float>(v));
+  }
+  if (args.Has("repetition-penalty")) {
+    DEJA_ASSIGN_OR_RETURN(double v, args.Double("repetition-penalty"));
+    s->set_repetition_penalty(static_cast<float>(v));
+  }
+  if (args.Has("seed")) {
+    DEJA_ASSIGN_OR_RETURN(int64_t v, args.Int("seed"));
+    s->set_seed(static_cast<uint64_t>(v));
+  }
+  v1::StoppingCriteria* st = r.mutable_stopping();
+  if (args.Has("max-new-tokens")) {
+    DEJA_ASSIGN_OR_RETURN(int64_t v, args.Int("max-new-tokens"));
+    st->set_max_new_tokens(static_cast<int32_t>(v));
+  }
+  if (args.Has("stop")) st->add_stop_sequences(args.Str("stop"));
+  if (args.On("ignore-eos")) st->set_ignore_eos(true);
+  if (args.Has("time-limit-ms")) {
+    DEJA_ASSIGN_OR_RETURN(int64_t v, args.Int("time-limit-ms"));
+    st->set_time_limit_ms(static_cast<uint32_t>(v));
+  }
+  if (args.Has("top-n")) {
+    DEJA_ASSIGN_OR_RETURN(int64_t v, args.Int("top-n"));
+    r.mutable_response()->set_top_n_tokens(static_cast<uint32_t>(v));
+  }
+  if (args.On("logprobs")) r.mutable_response()->set_logprobs(true);
+  return r;
+}
+
+void SetDeadline(const Args& args, grpc::ClientContext* ctx) {
+  StatusOr<int64_t> ms = args.Int("timeout-ms");
+  if (ms.ok() && *ms > 0) {
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(*ms));
+  }
+}
+
+Status Run(const std::string& action, const Args& args) {
+  auto channel = grpc::CreateChannel(args.Str("target"), grpc::InsecureChannelCredentials());
+  auto stub = v1::TextGeneration::NewStub(channel);
+  const bool json = args.On("json");
+  grpc::ClientContext ctx;
+  SetDeadline(args, &ctx);
+  if (action == "generate") {
+    DEJA_ASSIGN_OR_RETURN(v1::GenerateRequest req, RequestFromFlags(args));
+    v1::GenerateResponse resp;
+    DEJA_RETURN_IF_ERROR(FromGrpc(stub->Generate(&ctx, req, &resp)));
+    if (json) {
+      std::printf("%s\n", Json(resp).c_str());
+    } else {
+      std::printf("%s\n", resp.text().c_str());
+      std::fprintf(stderr, "[%s: %u prompt + %u generated tokens, %.1f ms]\n",
+                   v1::FinishReason_Name(resp.finish_reason()).c_str(), resp.prompt_tokens(),
+                   resp.generated_tokens(), resp.timings().total_ms());
+    }
+    return Status::Ok();
+  }
+  if (action == "stream") {
+    DEJA_ASSIGN_OR_RETURN(v1::GenerateRequest req, RequestFromFlags(args));
+    auto reader = stub->GenerateStream(&ctx, req);
+    v1::GenerateStreamResponse msg;
+    while (reader->Read(&msg)) {
+      if (json) {
+        std::printf("%s\n", Json(msg).c_str());
+      } else {
+        std::fputs(msg.text_delta().c_str(), stdout);
+        if (msg.finished()) {
+          std::fprintf(stderr,
+                       "\n[%s: %u prompt + %u generated tokens, first token %.1f ms, "
+                       "total %.1f ms]\n",
+                       v1::FinishReason_Name(msg.finish_reason()).c_str(), msg.prompt_tokens(),
+                       msg.generated_tokens(), msg.timings().time_to_first_token_ms(),
+                       msg.timings().total_ms());
+        }
+      }
+      std::fflush(stdout);
+    }
+    return FromGrpc(reader->Finish());
+  }
+  if (action == "tokenize") {
+    v1::TokenizeRequest req;
+    req.set_text(args.Str("prompt"));
+    req.set_add_bos(args.On("add-bos"));
+    v1::TokenizeResponse resp;
+    DEJA_RETURN_IF_ERROR(FromGrpc(stub->Tokenize(&ctx, req, &resp)));
+    if (json) {
+      std::printf("%s\n", Json(resp).c_str());
+    } else {
+      for (int i = 0; i < resp.ids_size(); ++i) {
+        std::printf("%d\t%s\n", resp.ids(i), resp.tokens(i).c_str());
+      }
+    }
+    return Status::Ok();
+  }
+  if (action == "info") {
+    v1::ModelInfo info;
+    DEJA_RETURN_IF_ERROR(FromGrpc(stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info)));
+    std::printf("%s\n", Json(info).c_str());
+    return Status::Ok();
+  }
+  if (action == "cancel") {
+    v1::CancelRequest req;
+    req.set_request_id(args.Str("request-id"));
+    v1::CancelResponse resp;
+    DEJA_RETURN_IF_ERROR(FromGrpc(stub->Cancel(&ctx, req, &resp)));
+    std::printf("%s\n", json ? Json(resp).c_str() : (resp.found() ? "cancelled" : "not found"));
+    return Status::Ok();
+  }
+  if (action == "health") {
+    auto health = grpc::health::v1::Health::NewStub(channel);
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(args.Str("service"));
+    grpc::health::v1::HealthCheckResponse resp;
+    DEJA_RETURN_IF_ERROR(FromGrpc(health->Check(&ctx, req, &resp)));
+    std::printf("%s\n",
+                grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()).c_str());
+    return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING
+               ? Status::Ok()
+               : Unavailable("not serving");
+  }
+  return InvalidArgument("unknown action '" + action + "': use " + kActions);
+}
+
+}  // namespace
+
+int RunClient(int argc, char** argv, int first) {
+  Args args("client <generate|stream|tokenize|info|cancel|health>",
+            "Call a deja server's TextGeneration API (or its health service).");
+  args.Flag("target", "host:port of the server", "127.0.0.1:50051")
+      .Flag("prompt", "prompt text (generate, stream) or text to tokenize")
+      .Flag("max-new-tokens", "tokens to generate")
+      .Bool("do-sample", "sample instead of greedy decoding")
+      .Flag("temperature", "sampling temperature (>= 0)")
+      .Flag("top-k", "keep the k most likely tokens (0 = off)")
+      .Flag("top-p", "nucleus sampling mass in (0, 1]")
+      .Flag("repetition-penalty", "CTRL-style penalty (> 0)")
+      .Flag("seed", "sampling seed")
+      .Flag("stop", "a stop sequence")
+      .Bool("ignore-eos", "keep generating after EOS")
+      .Flag("time-limit-ms", "end the request after this long with FINISH_REASON_TIME_LIMIT")
+      .Flag("top-n", "alternatives per token, 0..5")
+      .Bool("logprobs", "return each token's log-probability")
+      .Flag("request-id", "client request id (cancel: the id to cancel)")
+      .Bool("add-bos", "tokenize: prepend BOS")
+      .Flag("service", "health: service name ('' = liveness)", "")
+      .Flag("timeout-ms", "gRPC deadline (0 = none)", "0")
+      .Bool("json", "print responses as JSON");
+  if (first >= argc || std::string(argv[first]).rfind("--", 0) == 0) {
+    if (first < argc && (std::string(argv[first]) == "--help")) {
+      return std::printf("%s", args.Help().c_str()), 0;
+    }
+    return Fail("client", InvalidArgument(std::string("name an action: ") + kActions));
+  }
+  const std::string action = argv[first];
+  if (Status s = args.Parse(argc, argv, first + 1); !s.ok()) return Fail("client", s);
+  if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
+  if (Status s = Run(action, args); !s.ok()) return Fail("client", s);
+  return 0;
+}
+
+}  // namespace deja::cli

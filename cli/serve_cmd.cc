@@ -1,0 +1,221 @@
+// `deja serve` (coordinator plus N supervised worker processes on this machine) and
+// `deja coordinator` (the coordinator alone; workers are started elsewhere and register with
+// its Rendezvous). Both drain on SIGTERM/SIGINT: readiness turns NOT_SERVING, new requests get
+// UNAVAILABLE, admitted ones finish up to --drain-timeout-ms; a second signal stops at once.
+#include <fcntl.h>
+#include <glog/logging.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/launcher.h"
+
+namespace deja::cli {
+namespace {
+
+// SIGTERM/SIGINT through a handler that writes to a pipe, read by a thread. Not sigwait with
+// the signals blocked: threads started before main (OpenBLAS starts its pool when the library
+// loads) would not block them, and a signal delivered to one of those would kill the process.
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void OnStopSignal(int sig) {
+  const char c = static_cast<char>(sig);
+  (void)!::write(g_signal_pipe[1], &c, 1);
+}
+
+class SignalWaiter {
+ public:
+  SignalWaiter() {
+    if (::pipe2(g_signal_pipe, O_CLOEXEC) != 0) PLOG(FATAL) << "pipe2";
+    struct sigaction sa = {};
+    sa.sa_handler = OnStopSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    ::sigaction(SIGTERM, &sa, nullptr);
+    ::sigaction(SIGINT, &sa, nullptr);
+    thread_ = std::thread([this] {
+      char c = 0;
+      while (::read(g_signal_pipe[0], &c, 1) == 1 && c != 0) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++signals_;
+        LOG(INFO) << "received signal " << static_cast<int>(c) << (signals_ > 1 ? " again" : "");
+        cv_.notify_all();
+      }
+    });
+  }
+  ~SignalWaiter() {
+    ::signal(SIGTERM, SIG_DFL);
+    ::signal(SIGINT, SIG_DFL);
+    const char quit = 0;
+    (void)!::write(g_signal_pipe[1], &quit, 1);
+    thread_.join();
+    ::close(g_signal_pipe[0]);
+    ::close(g_signal_pipe[1]);
+  }
+  // Blocks until at least `n` signals arrived, or `timeout` passed; true if they did.
+  bool Wait(int n, std::chrono::milliseconds timeout = std::chrono::hours(24 * 365)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return signals_ >= n; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int signals_ = 0;
+  std::thread thread_;
+};
+
+void AddCoordinatorFlags(Args& args) {
+  args.Flag("model", "model directory (HF OPT checkpoint and tokenizer)", "", true)
+      .Flag("tp", "tensor-parallel size N (number of workers)", "1")
+      .Flag("host", "address the gRPC API listens on", "0.0.0.0")
+      .Flag("port", "gRPC port (0: any free port)", "50051")
+      .Flag("metrics-port", "Prometheus /metrics port (0: any free port, -1: off)", "9090")
+      .Flag("max-batch-sequences", "sequences per step", "32")
+      .Flag("max-prefill-tokens", "prompt tokens per step over all prefill chunks", "512")
+      .Flag("max-queue", "requests waiting for the batch before RESOURCE_EXHAUSTED", "64")
+      .Flag("default-max-new-tokens", "max_new_tokens when a request leaves it unset", "256")
+      .Flag("step-timeout-ms", "a step unanswered this long loses the worker group", "2500")
+      .Flag("heartbeat-interval-ms", "worker GetStatus polling period", "250")
+      .Flag("heartbeat-timeout-ms", "a worker silent this long loses the group", "1500")
+      .Flag("drain-timeout-ms", "how long a drain lets admitted requests finish", "30000");
+}
+
+StatusOr<coordinator::CoordinatorOptions> CoordinatorFromFlags(const Args& args) {
+  coordinator::CoordinatorOptions o;
+  o.model_dir = args.Str("model");
+  o.host = args.Str("host");
+  DEJA_ASSIGN_OR_RETURN(int64_t tp, args.Int("tp"));
+  DEJA_ASSIGN_OR_RETURN(int64_t port, args.Int("port"));
+  DEJA_ASSIGN_OR_RETURN(int64_t metrics_port, args.Int("metrics-port"));
+  DEJA_ASSIGN_OR_RETURN(int64_t batch, args.Int("max-batch-sequences"));
+  DEJA_ASSIGN_OR_RETURN(int64_t prefill, args.Int("max-prefill-tokens"));
+  DEJA_ASSIGN_OR_RETURN(int64_t queue, args.Int("max-queue"));
+  DEJA_ASSIGN_OR_RETURN(int64_t max_new, args.Int("default-max-new-tokens"));
+  DEJA_ASSIGN_OR_RETURN(int64_t step_ms, args.Int("step-timeout-ms"));
+  DEJA_ASSIGN_OR_RETURN(int64_t hb_ms, args.Int("heartbeat-interval-ms"));
+  DEJA_ASSIGN_OR_RETURN(int64_t hb_timeout_ms, args.Int("heartbeat-timeout-ms"));
+  DEJA_ASSIGN_OR_RETURN(int64_t drain_ms, args.Int("drain-timeout-ms"));
+  if (tp < 1 || tp > 64) return InvalidArgument("--tp must be in [1, 64]");
+  if (port < 0 || port > 65535) return InvalidArgument("--port must be in [0, 65535]");
+  if (metrics_port < -1 || metrics_port > 65535) {
+    return InvalidArgument("--metrics-port must be in [-1, 65535]");
+  }
+  if (batch < 1 || prefill < 1 || queue < 0 || max_new < 1) {
+    return InvalidArgument(
+        "--max-batch-sequences, --max-prefill-tokens and "
+        "--default-max-new-tokens must be >= 1, --max-queue >= 0");
+  }
+  if (step_ms < 1 || hb_ms < 1 || hb_timeout_ms < 1 || drain_ms < 0) {
+    return InvalidArgument("timeouts and intervals must be positive");
+  }
+  o.tensor_parallel_size = static_cast<int>(tp);
+  o.port = static_cast<int>(port);
+  o.metrics_port = static_cast<int>(metrics_port);
+  o.scheduler.max_batch_sequences = static_cast<int32_t>(batch);
+  o.scheduler.max_prefill_tokens = static_cast<int32_t>(prefill);
+  o.scheduler.max_waiting = static_cast<int32_t>(queue);
+  o.default_max_new_tokens = static_cast<int32_t>(max_new);
+  o.group.step_timeout = std::chrono::milliseconds(step_ms);
+  o.group.heartbeat_interval = std::chrono::milliseconds(hb_ms);
+  o.group.heartbeat_timeout = std::chrono::milliseconds(hb_timeout_ms);
+  o.drain_timeout = std::chrono::milliseconds(drain_ms);
+  return o;
+}
+
+// Runs until a signal, then drains. With a launcher, the workers are shut down and reaped.
+Status Serve(const coordinator::CoordinatorOptions& options,
+             const coordinator::LauncherOptions* launcher_options, SignalWaiter& signals) {
+  DEJA_ASSIGN_OR_RETURN(std::unique_ptr<coordinator::Coordinator> c,
+                        coordinator::Coordinator::Start(options));
+  std::unique_ptr<coordinator::Launcher> launcher;
+  if (launcher_options != nullptr) {
+    coordinator::LauncherOptions lo = *launcher_options;
+    lo.coordinator = c->rendezvous_address();
+    launcher = std::make_unique<coordinator::Launcher>(lo, &c->group());
+    DEJA_RETURN_IF_ERROR(launcher->Start());
+  }
+  std::fprintf(stderr,
+               "deja: serving on %s:%d (metrics on port %d); ready once the workers report "
+               "(grpc.health.v1 %s). Try:\n  deja client stream --target 127.0.0.1:%d "
+               "--prompt \"Hello\"\n",
+               options.host.c_str(), c->port(), c->metrics_port(), coordinator::kReadinessService,
+               c->port());
+  signals.Wait(1);
+  // A second signal cuts the drain short.
+  std::atomic<bool> drained{false};
+  std::thread impatient([&] {
+    while (!drained.load()) {
+      if (signals.Wait(2, std::chrono::milliseconds(100))) {
+        c->engine().FailAll(Unavailable("the server was stopped"));
+        return;
+      }
+    }
+  });
+  c->Drain();
+  drained.store(true);
+  impatient.join();
+  if (launcher) {
+    if (Status s = c->ShutdownWorkers(); !s.ok()) LOG(WARNING) << s.ToString();
+    launcher->WaitForExit(std::chrono::seconds(5));
+  }
+  launcher.reset();  // before the coordinator, whose worker group it holds
+  c.reset();
+  LOG(INFO) << "stopped";
+  return Status::Ok();
+}
+
+}  // namespace
+
+int RunServe(int argc, char** argv, int first) {
+  SignalWaiter signals;
+  Args args("serve", "Serve --model with a coordinator and --tp worker processes on this host.");
+  AddCoordinatorFlags(args);
+  args.Flag("kv-memory-mb", "KV cache budget of each worker, MiB (0: the worker's default)", "0")
+      .Flag("threads", "CPU threads per worker (0: this host's cores split evenly)", "0")
+      .Flag("worker-host", "address the workers listen on", "127.0.0.1");
+  if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("serve", s);
+  if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
+  auto run = [&]() -> Status {
+    DEJA_ASSIGN_OR_RETURN(coordinator::CoordinatorOptions o, CoordinatorFromFlags(args));
+    coordinator::LauncherOptions lo;
+    lo.model_dir = o.model_dir;
+    lo.world_size = o.tensor_parallel_size;
+    lo.worker_host = args.Str("worker-host");
+    DEJA_ASSIGN_OR_RETURN(lo.kv_memory_mb, args.Int("kv-memory-mb"));
+    DEJA_ASSIGN_OR_RETURN(int64_t threads, args.Int("threads"));
+    if (lo.kv_memory_mb < 0 || threads < 0) {
+      return InvalidArgument("--kv-memory-mb and --threads must be >= 0");
+    }
+    lo.threads_per_worker = static_cast<int>(threads);
+    return Serve(o, &lo, signals);
+  };
+  if (Status s = run(); !s.ok()) return Fail("serve", s);
+  return 0;
+}
+
+int RunCoordinator(int argc, char** argv, int first) {
+  SignalWaiter signals;
+  Args args("coordinator",
+            "Run only the coordinator for --model; start --tp `deja worker` processes elsewhere "
+            "with --coordinator pointing at this --port.");
+  AddCoordinatorFlags(args);
+  if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("coordinator", s);
+  if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
+  auto run = [&]() -> Status {
+    DEJA_ASSIGN_OR_RETURN(coordinator::CoordinatorOptions o, CoordinatorFromFlags(args));
+    return Serve(o, nullptr, signals);
+  };
+  if (Status s = run(); !s.ok()) return Fail("coordinator", s);
+  return 0;
+}
+
+}  // namespace deja::cli

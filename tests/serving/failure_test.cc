@@ -1,0 +1,182 @@
+// Failure handling and lifecycle with real processes: queue and KV limits refuse at once; a
+// worker killed (-9) or hung (SIGSTOP) mid-stream fails in-flight requests with UNAVAILABLE
+// within 3 s, readiness drops, the launcher restarts the group and serving resumes; SIGTERM
+// drains; `deja coordinator` serves workers started separately.
+#include <signal.h>
+
+#include <atomic>
+
+#include "serving_util.h"
+
+namespace deja::serving_test {
+namespace {
+
+v1::GenerateRequest Long(int max_new, const std::string& id = "") {
+  v1::GenerateRequest r;
+  r.set_text("And God said");
+  r.mutable_stopping()->set_max_new_tokens(max_new);
+  r.mutable_stopping()->set_ignore_eos(true);
+  r.mutable_response()->set_return_tokens(true);
+  if (!id.empty()) r.set_request_id(id);
+  return r;
+}
+
+grpc::Status Generate(Server& server, const v1::GenerateRequest& req,
+                      v1::GenerateResponse* resp = nullptr) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::GenerateResponse local;
+  return server.stub().Generate(&ctx, req, resp ? resp : &local);
+}
+
+// Streams `req` on a thread; records when the stream ended and how.
+class BackgroundStream {
+ public:
+  BackgroundStream(Server& server, v1::GenerateRequest req) {
+    thread_ = std::thread([this, &server, req] {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx);
+      auto reader = server.stub().GenerateStream(&ctx, req);
+      v1::GenerateStreamResponse msg;
+      while (reader->Read(&msg)) {
+        tokens_ += msg.tokens_size();
+        if (msg.finished()) last_ = msg;
+      }
+      status_ = reader->Finish();
+      ended_at_ = Clock::now();
+      done_ = true;
+    });
+  }
+  ~BackgroundStream() { Join(); }
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+  bool WaitTokens(int n, milliseconds timeout = milliseconds(30000)) {
+    const auto end = Clock::now() + timeout;
+    while (Clock::now() < end && tokens_.load() < n && !done_.load()) {
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    return tokens_.load() >= n;
+  }
+  int tokens() const { return tokens_.load(); }
+  const grpc::Status& status() const { return status_; }
+  const v1::GenerateStreamResponse& last() const { return last_; }
+  Clock::time_point ended_at() const { return ended_at_; }
+
+ private:
+  std::atomic<int> tokens_{0};
+  std::atomic<bool> done_{false};
+  grpc::Status status_;
+  v1::GenerateStreamResponse last_;
+  Clock::time_point ended_at_;
+  std::thread thread_;
+};
+
+std::vector<std::string> ServeArgs(const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {DEJA_BINARY,      "serve", "--model",   ModelDir(),
+                                   "--tp",           "2",     "--port",    "0",
+                                   "--metrics-port", "0",     "--threads", "1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+TEST(FailureTest, KilledOrHungWorkerFailsRequestsFastAndTheGroupRecovers) {
+  Server server("kill", ServeArgs({}));
+  ASSERT_TRUE(server.WaitListening()) << server.Log();
+  ASSERT_TRUE(WaitHealth(server.channel(), kServing)) << server.Log();
+
+  for (const int sig : {SIGKILL, SIGSTOP}) {
+    const std::vector<pid_t> pids = server.WorkerPids();
+    ASSERT_EQ(pids.size(), 2u) << server.Log();
+    const int groups = server.GroupsStarted();
+    BackgroundStream stream(server, Long(900));
+    ASSERT_TRUE(stream.WaitTokens(3)) << server.Log();
+    const auto hit = Clock::now();
+    ASSERT_EQ(::kill(pids[sig == SIGKILL ? 1 : 0], sig), 0);
+    stream.Join();
+    EXPECT_EQ(stream.status().error_code(), grpc::StatusCode::UNAVAILABLE)
+        << stream.status().error_message();
+    EXPECT_LT(stream.ended_at() - hit, milliseconds(3000)) << "signal " << sig;
+    EXPECT_LT(stream.tokens(), 900);
+    // Readiness drops (or the group is already back), then the restarted group serves.
+    EXPECT_TRUE(server.GroupsStarted() > groups ||
+                WaitHealth(server.channel(), kNotServing, milliseconds(3000)));
+    ASSERT_TRUE(WaitHealth(server.channel(), kServing, milliseconds(60000))) << server.Log();
+    EXPECT_GT(server.GroupsStarted(), groups);
+    v1::GenerateResponse resp;
+    grpc::Status s = Generate(server, Long(8), &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.generated_tokens(), 8u);
+  }
+  const std::string m = Scrape(server.metrics_port());
+  EXPECT_GE(Metric(m, "deja_coordinator_group_losses_total"), 2);
+  EXPECT_GE(Metric(m, "deja_coordinator_requests_total{code=\"UNAVAILABLE\",finish_reason=\"\"}"),
+            2);
+}
+
+TEST(FailureTest, QueueAndKvFullAreRefusedAtOnceThenSigtermDrains) {
+  // One sequence in the batch, one in the queue, 1 MiB of KV per rank.
+  Server server("limits", ServeArgs({"--max-batch-sequences", "1", "--max-queue", "1",
+                                     "--kv-memory-mb", "1", "--drain-timeout-ms", "20000"}));
+  ASSERT_TRUE(server.WaitListening()) << server.Log();
+  ASSERT_TRUE(WaitHealth(server.channel(), kServing)) << server.Log();
+
+  // More KV than a rank has in total.
+  auto t0 = Clock::now();
+  grpc::Status s = Generate(server, Long(900));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_LT(Clock::now() - t0, milliseconds(1000));
+
+  BackgroundStream running(server, Long(120, "running"));
+  ASSERT_TRUE(running.WaitTokens(2)) << server.Log();
+  BackgroundStream queued(server, Long(6, "queued"));
+  std::this_thread::sleep_for(milliseconds(200));
+  t0 = Clock::now();
+  s = Generate(server, Long(6));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("queue"), std::string::npos) << s.error_message();
+  EXPECT_LT(Clock::now() - t0, milliseconds(1000));
+
+  // SIGTERM: readiness NOT_SERVING, new requests UNAVAILABLE, admitted ones finish.
+  ASSERT_EQ(::kill(server.process().pid(), SIGTERM), 0);
+  EXPECT_TRUE(WaitHealth(server.channel(), kNotServing, milliseconds(2000)));
+  EXPECT_EQ(Health(server.channel(), ""), kServing);
+  s = Generate(server, Long(4));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  running.Join();
+  queued.Join();
+  EXPECT_TRUE(running.status().ok()) << running.status().error_message();
+  EXPECT_EQ(running.last().finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(running.last().generated_tokens(), 120u);
+  EXPECT_TRUE(queued.status().ok()) << queued.status().error_message();
+  EXPECT_EQ(queued.last().generated_tokens(), 6u);
+  const std::vector<pid_t> workers = server.WorkerPids();
+  EXPECT_EQ(server.process().ExitCode(milliseconds(15000)), 0) << server.Log();
+  for (pid_t p : workers) EXPECT_NE(::kill(p, 0), 0) << "worker " << p << " outlived serve";
+}
+
+TEST(FailureTest, CoordinatorServesWorkersStartedSeparately) {
+  Server server("coordinator", {DEJA_BINARY, "coordinator", "--model", ModelDir(), "--tp", "2",
+                                "--port", "0", "--metrics-port", "-1"});
+  ASSERT_TRUE(server.WaitListening()) << server.Log();
+  EXPECT_EQ(server.metrics_port(), -1);
+  EXPECT_EQ(Health(server.channel(), "deja.v1.TextGeneration"), kNotServing);
+  std::vector<std::unique_ptr<test_util::ChildProcess>> workers;
+  for (int r = 0; r < 2; ++r) {
+    workers.push_back(std::make_unique<test_util::ChildProcess>(
+        std::vector<std::string>{DEJA_BINARY, "worker", "--model", ModelDir(), "--rank",
+                                 std::to_string(r), "--world", "2", "--coordinator",
+                                 server.target(), "--threads", "1"},
+        LogPath("worker" + std::to_string(r))));
+  }
+  ASSERT_TRUE(WaitHealth(server.channel(), kServing)) << server.Log() << workers[0]->Log();
+  v1::GenerateResponse resp;
+  grpc::Status s = Generate(server, Long(5), &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.generated_tokens(), 5u);
+  ASSERT_EQ(::kill(server.process().pid(), SIGTERM), 0);
+  EXPECT_EQ(server.process().ExitCode(milliseconds(15000)), 0) << server.Log();
+}
+
+}  // namespace
+}  // namespace deja::serving_test

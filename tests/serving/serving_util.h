@@ -1,0 +1,266 @@
+// Shared by the serving tests: `deja serve` / `deja coordinator` / `deja worker` as child
+// processes on loopback (ports and worker pids read from their logs), gRPC helpers (health,
+// reflection), and a real HTTP scrape of /metrics.
+#pragma once
+
+#include <arpa/inet.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "deja/v1/text_generation.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "tests/comm/process_util.h"
+
+namespace deja::serving_test {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+inline std::string SourceDir() {
+  const char* d = std::getenv("DEJA_SOURCE_DIR");
+  return d ? d : ".";
+}
+
+// models/opt-mini once it is trained, else the random post-LN fixture.
+inline std::string ModelDir() {
+  const std::string mini = SourceDir() + "/models/opt-mini";
+  if (std::filesystem::exists(mini + "/model.safetensors")) return mini;
+  return SourceDir() + "/models/opt-tiny-postln";
+}
+
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline std::string LogPath(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("deja_serving_" + std::to_string(::getpid()) + "_" + name + ".log"))
+      .string();
+}
+
+// A `deja serve` or `deja coordinator` process and what its log says.
+class Server {
+ public:
+  Server(const std::string& name, std::vector<std::string> args)
+      : log_(LogPath(name)), process_(std::make_unique<test_util::ChildProcess>(args, log_)) {}
+
+  // Waits for the "serving on" line; false if the process died or it took too long.
+  bool WaitListening(milliseconds timeout = milliseconds(30000)) {
+    const std::regex re("serving on [^:]+:([0-9]+) \\(metrics on port (-?[0-9]+)\\)");
+    const auto end = Clock::now() + timeout;
+    while (Clock::now() < end) {
+      std::smatch m;
+      const std::string log = ReadFile(log_);
+      if (std::regex_search(log, m, re)) {
+        port_ = std::stoi(m[1]);
+        metrics_port_ = std::stoi(m[2]);
+        channel_ = grpc::CreateChannel(target(), grpc::InsecureChannelCredentials());
+        stub_ = v1::TextGeneration::NewStub(channel_);
+        return true;
+      }
+      if (process_->Wait(milliseconds(0))) return false;
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    return false;
+  }
+
+  // Pids of the launcher's newest worker group, from its log.
+  std::vector<pid_t> WorkerPids() const {
+    const std::regex re("worker group ([0-9]+) started, pids((?: [0-9]+)+)");
+    const std::string log = ReadFile(log_);
+    std::vector<pid_t> pids;
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator();
+         ++it) {
+      pids.clear();
+      std::istringstream in((*it)[2].str());
+      pid_t p;
+      while (in >> p) pids.push_back(p);
+    }
+    return pids;
+  }
+  int GroupsStarted() const {
+    const std::regex re("worker group ([0-9]+) started");
+    const std::string log = ReadFile(log_);
+    int n = 0;
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator();
+         ++it) {
+      n = std::stoi((*it)[1].str());
+    }
+    return n;
+  }
+
+  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  int metrics_port() const { return metrics_port_; }
+  v1::TextGeneration::Stub& stub() { return *stub_; }
+  std::shared_ptr<grpc::Channel> channel() { return channel_; }
+  test_util::ChildProcess& process() { return *process_; }
+  std::string Log() const { return process_->Log(); }
+
+ private:
+  std::string log_;
+  std::unique_ptr<test_util::ChildProcess> process_;
+  int port_ = 0;
+  int metrics_port_ = -1;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::TextGeneration::Stub> stub_;
+};
+
+inline void SetDeadline(grpc::ClientContext* ctx, milliseconds ms = milliseconds(60000)) {
+  ctx->set_deadline(std::chrono::system_clock::now() + ms);
+}
+
+// grpc.health.v1 Check; -1 when the call fails.
+inline int Health(const std::shared_ptr<grpc::Channel>& channel, const std::string& service) {
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, milliseconds(2000));
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse resp;
+  if (!stub->Check(&ctx, req, &resp).ok()) return -1;
+  return resp.status();
+}
+
+constexpr int kServing = grpc::health::v1::HealthCheckResponse::SERVING;
+constexpr int kNotServing = grpc::health::v1::HealthCheckResponse::NOT_SERVING;
+
+inline bool WaitHealth(const std::shared_ptr<grpc::Channel>& channel, int status,
+                       milliseconds timeout = milliseconds(60000)) {
+  const auto end = Clock::now() + timeout;
+  while (Clock::now() < end) {
+    if (Health(channel, "deja.v1.TextGeneration") == status) return true;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  return false;
+}
+
+// GET /metrics over a plain socket; the body, or "" on failure.
+inline std::string Scrape(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string req = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    if (::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[8192];
+      ssize_t n;
+      while ((n = ::read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  ::close(fd);
+  const size_t body = out.find("\r\n\r\n");
+  if (out.rfind("HTTP/1.1 200", 0) != 0 || body == std::string::npos) return "";
+  return out.substr(body + 4);
+}
+
+// The value of one sample line (`name{labels}` exactly as rendered), or NaN.
+inline double Metric(const std::string& exposition, const std::string& series) {
+  std::istringstream in(exposition);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+  }
+  return std::nan("");
+}
+
+// Lists services through server reflection with the generic stub (no reflection stubs ship in
+// Debian): ServerReflectionRequest{list_services: ""} is the bytes 0x3a 0x00.
+inline std::string ReflectionListing(const std::shared_ptr<grpc::Channel>& channel) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, milliseconds(5000));
+  grpc::CompletionQueue cq;
+  auto next = [&] {
+    void* tag = nullptr;
+    bool ok = false;
+    return cq.Next(&tag, &ok) && ok;
+  };
+  auto call =
+      stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  std::string bytes;
+  call->StartCall(nullptr);
+  if (next()) {
+    grpc::Slice request(std::string("\x3a\x00", 2));
+    call->Write(grpc::ByteBuffer(&request, 1), nullptr);
+    if (next()) {
+      call->WritesDone(nullptr);
+      if (next()) {
+        grpc::ByteBuffer reply;
+        call->Read(&reply, nullptr);
+        if (next()) {
+          std::vector<grpc::Slice> slices;
+          if (reply.Dump(&slices).ok()) {
+            for (const auto& s : slices) {
+              bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+            }
+          }
+        }
+      }
+    }
+  }
+  grpc::Status status;
+  call->Finish(&status, nullptr);
+  next();
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
+  return bytes;
+}
+
+// One GenerateStream call, collected.
+struct StreamResult {
+  grpc::Status status;
+  std::string text;  // concatenated deltas
+  std::vector<int32_t> token_ids;
+  std::vector<v1::GenerateStreamResponse> messages;
+  bool finished_last = false;  // the last message, and only it, had finished = true
+};
+
+inline StreamResult Stream(v1::TextGeneration::Stub& stub, const v1::GenerateRequest& req,
+                           grpc::ClientContext* ctx = nullptr) {
+  grpc::ClientContext local;
+  if (ctx == nullptr) {
+    ctx = &local;
+    SetDeadline(ctx);
+  }
+  StreamResult r;
+  auto reader = stub.GenerateStream(ctx, req);
+  v1::GenerateStreamResponse msg;
+  bool finished_early = false;
+  while (reader->Read(&msg)) {
+    if (!r.messages.empty() && r.messages.back().finished()) finished_early = true;
+    r.text += msg.text_delta();
+    for (const v1::Token& t : msg.tokens()) r.token_ids.push_back(t.id());
+    r.messages.push_back(msg);
+  }
+  r.status = reader->Finish();
+  r.finished_last = !finished_early && !r.messages.empty() && r.messages.back().finished();
+  return r;
+}
+
+}  // namespace deja::serving_test
