@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
-# The main job: install dependencies, build, and run deja on the bundled models/opt-mini.
+# The main job: install dependencies, build, and serve the bundled models/opt-mini with two
+# tensor-parallel CPU workers (gRPC on :50051, Prometheus /metrics on :9090).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
 bash scripts/build.sh
-exec ./build/release/cli/deja generate --model models/opt-mini \
-  --prompt "${DEJA_PROMPT:-And God said unto Moses,}" --max-new-tokens "${DEJA_MAX_NEW_TOKENS:-64}" "$@"
+PORT=${DEJA_PORT:-50051}
+METRICS_PORT=${DEJA_METRICS_PORT:-9090}
+cat <<MSG
+Starting deja serve on models/opt-mini (tp=2). When it logs that it is ready, in another shell:
+  ./build/release/cli/deja client stream --target 127.0.0.1:$PORT --prompt "And God said" --max-new-tokens 32
+  ./build/release/cli/deja client health --target 127.0.0.1:$PORT --service deja.v1.TextGeneration
+  curl -s 127.0.0.1:$METRICS_PORT/metrics | grep ^deja_
+MSG
+exec ./build/release/cli/deja serve --model models/opt-mini --tp 2 --port "$PORT" \
+  --metrics-port "$METRICS_PORT" "$@"
