@@ -73,6 +73,12 @@ class SignalWaiter {
   std::thread thread_;
 };
 
+std::string SelfPath() {
+  char buf[4096] = {};
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("deja");
+}
+
 void AddCoordinatorFlags(Args& args) {
   args.Flag("model", "model directory (HF OPT checkpoint and tokenizer)", "", true)
       .Flag("tp", "tensor-parallel size N (number of workers)", "1")
@@ -143,13 +149,18 @@ Status Serve(const coordinator::CoordinatorOptions& options,
     launcher = std::make_unique<coordinator::Launcher>(lo, &c->group());
     DEJA_RETURN_IF_ERROR(launcher->Start());
   }
-  std::fprintf(stderr,
-               "deja: serving on %s:%d (metrics on port %d); ready once the workers report "
-               "(grpc.health.v1 %s). Try:\n  deja client stream --target 127.0.0.1:%d "
-               "--prompt \"Hello\"\n",
-               options.host.c_str(), c->port(), c->metrics_port(), coordinator::kReadinessService,
-               c->port());
-  signals.Wait(1);
+  std::fprintf(stderr, "deja: serving on %s:%d (metrics on port %d); waiting for %d workers\n",
+               options.host.c_str(), c->port(), c->metrics_port(), options.tensor_parallel_size);
+  // Until a signal: announce readiness once, with a command to paste.
+  for (bool announced = false; !signals.Wait(1, std::chrono::milliseconds(100));) {
+    if (!announced && c->engine().Ready()) {
+      announced = true;
+      std::fprintf(stderr,
+                   "deja: ready (grpc.health.v1 %s is SERVING). Try:\n  %s client stream "
+                   "--target 127.0.0.1:%d --prompt \"And God said\" --max-new-tokens 32\n",
+                   coordinator::kReadinessService, SelfPath().c_str(), c->port());
+    }
+  }
   // A second signal cuts the drain short.
   std::atomic<bool> drained{false};
   std::thread impatient([&] {

@@ -92,6 +92,13 @@ void Request::OnToken(const v1::SequenceResult& result, Clock::time_point now) {
 
 bool Request::CheckExpiry(Clock::time_point now) {
   if (done_) return true;
+  // A passed deadline first: gRPC cancels the call when it passes, which also looks like the
+  // client going away.
+  if (deadline_ && now >= *deadline_) {
+    Fail(Status(StatusCode::kDeadlineExceeded, "request " + id_ + ": the gRPC deadline passed"),
+         now);
+    return true;
+  }
   switch (cancel_kind()) {
     case CancelKind::kByRequest:
       Finish(v1::FINISH_REASON_CANCELLED, now);
@@ -101,11 +108,6 @@ bool Request::CheckExpiry(Clock::time_point now) {
       return true;
     case CancelKind::kNone:
       break;
-  }
-  if (deadline_ && now >= *deadline_) {
-    Fail(Status(StatusCode::kDeadlineExceeded, "request " + id_ + ": the gRPC deadline passed"),
-         now);
-    return true;
   }
   if (params_.time_limit_ms > 0 &&
       now - arrival_ >= std::chrono::milliseconds(params_.time_limit_ms)) {

@@ -155,6 +155,14 @@ TEST(FailureTest, QueueAndKvFullAreRefusedAtOnceThenSigtermDrains) {
   for (pid_t p : workers) EXPECT_NE(::kill(p, 0), 0) << "worker " << p << " outlived serve";
 }
 
+TEST(FailureTest, TensorParallelSizeMustDivideTheModel) {
+  test_util::ChildProcess p({DEJA_BINARY, "serve", "--model", ModelDir(), "--tp", "3", "--port",
+                             "0", "--metrics-port", "-1"},
+                            LogPath("tp3"));
+  EXPECT_EQ(p.ExitCode(milliseconds(20000)), 2);
+  EXPECT_NE(p.Log().find("must divide"), std::string::npos) << p.Log();
+}
+
 TEST(FailureTest, CoordinatorServesWorkersStartedSeparately) {
   Server server("coordinator", {DEJA_BINARY, "coordinator", "--model", ModelDir(), "--tp", "2",
                                 "--port", "0", "--metrics-port", "-1"});
