@@ -4,8 +4,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
+#include <sstream>
 
 #include "cli/args.h"
+#include "cli/client_bench.h"
 #include "cli/commands.h"
 #include "deja/v1/text_generation.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -13,7 +15,7 @@
 namespace deja::cli {
 namespace {
 
-constexpr const char* kActions = "generate, stream, tokenize, info, cancel or health";
+constexpr const char* kActions = "generate, stream, tokenize, info, cancel, health or bench";
 
 Status FromGrpc(const grpc::Status& s) {
   if (s.ok()) return Status::Ok();
@@ -164,17 +166,34 @@ Status Run(const std::string& action, const Args& args) {
                ? Status::Ok()
                : Unavailable("not serving");
   }
+  if (action == "bench") {
+    std::vector<int> levels;
+    std::stringstream list(args.Str("streams"));
+    for (std::string item; std::getline(list, item, ',');) {
+      const int n = std::atoi(item.c_str());
+      if (n < 1) return InvalidArgument("--streams must list positive counts, got '" + item + "'");
+      levels.push_back(n);
+    }
+    int64_t max_new = 64;
+    if (args.Has("max-new-tokens")) {
+      DEJA_ASSIGN_OR_RETURN(max_new, args.Int("max-new-tokens"));
+    }
+    if (max_new < 1) return InvalidArgument("--max-new-tokens must be >= 1");
+    return RunClientBench(args.Str("target"), args.Str("metrics-target"), levels,
+                          static_cast<int>(max_new),
+                          args.Has("prompt") ? args.Str("prompt") : "And God said");
+  }
   return InvalidArgument("unknown action '" + action + "': use " + kActions);
 }
 
 }  // namespace
 
 int RunClient(int argc, char** argv, int first) {
-  Args args("client <generate|stream|tokenize|info|cancel|health>",
+  Args args("client <generate|stream|tokenize|info|cancel|health|bench>",
             "Call a deja server's TextGeneration API (or its health service).");
   args.Flag("target", "host:port of the server", "127.0.0.1:50051")
       .Flag("prompt", "prompt text (generate, stream) or text to tokenize")
-      .Flag("max-new-tokens", "tokens to generate")
+      .Flag("max-new-tokens", "tokens to generate (bench: per stream, default 64)")
       .Bool("do-sample", "sample instead of greedy decoding")
       .Flag("temperature", "sampling temperature (>= 0)")
       .Flag("top-k", "keep the k most likely tokens (0 = off)")
@@ -190,7 +209,9 @@ int RunClient(int argc, char** argv, int first) {
       .Bool("add-bos", "tokenize: prepend BOS")
       .Flag("service", "health: service name ('' = liveness)", "")
       .Flag("timeout-ms", "gRPC deadline (0 = none)", "0")
-      .Bool("json", "print responses as JSON");
+      .Bool("json", "print responses as JSON")
+      .Flag("streams", "bench: comma-separated concurrency levels", "1,8,32")
+      .Flag("metrics-target", "bench: host:port of the server's /metrics, for step accounting");
   if (first >= argc || std::string(argv[first]).rfind("--", 0) == 0) {
     if (first < argc && (std::string(argv[first]) == "--help")) {
       return std::printf("%s", args.Help().c_str()), 0;

@@ -405,20 +405,26 @@ StatusOr<std::vector<v1::StepResponse>> WorkerGroup::Step(v1::StepRequest reques
   }
   std::vector<v1::StepResponse> out;
   out.reserve(conn->links.size());
-  std::string mismatch;
+  std::string broken;
+  int blame = -1;
   for (auto& link : conn->links) {
     out.push_back(std::move(link->responses.front()));
     link->responses.pop_front();
-    if (out.back().step_id() != request.step_id() && mismatch.empty()) {
-      mismatch = "rank " + std::to_string(link->rank) + " answered step " +
-                 std::to_string(out.back().step_id()) + " to step " +
-                 std::to_string(request.step_id());
+    const v1::StepResponse& r = out.back();
+    if (!broken.empty()) continue;
+    if (r.fatal()) {
+      // The rank lost its state (its reader declares the group lost too).
+      broken = "rank " + std::to_string(link->rank) + " lost its state: " + r.error_message();
+      blame = link->rank;
+    } else if (r.step_id() != request.step_id()) {
+      broken = "rank " + std::to_string(link->rank) + " answered step " +
+               std::to_string(r.step_id()) + " to step " + std::to_string(request.step_id());
     }
   }
   lock.unlock();
-  if (!mismatch.empty()) {
-    Lose(conn, -1, mismatch);
-    return Unavailable(mismatch);
+  if (!broken.empty()) {
+    Lose(conn, blame, broken);
+    return Unavailable(broken);
   }
   return out;
 }

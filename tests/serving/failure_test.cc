@@ -182,6 +182,17 @@ TEST(FailureTest, CoordinatorServesWorkersStartedSeparately) {
   grpc::Status s = Generate(server, Long(5), &resp);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(resp.generated_tokens(), 5u);
+  // `deja client` against it.
+  test_util::ChildProcess client({DEJA_BINARY, "client", "generate", "--target", server.target(),
+                                  "--prompt", "And God said", "--max-new-tokens", "4", "--json"},
+                                 LogPath("client"));
+  EXPECT_EQ(client.ExitCode(milliseconds(20000)), 0) << client.Log();
+  EXPECT_NE(client.Log().find("\"generated_tokens\":4"), std::string::npos) << client.Log();
+  test_util::ChildProcess bad({DEJA_BINARY, "client", "stream", "--target", server.target(),
+                               "--prompt", "x", "--top-p", "3"},
+                              LogPath("client_bad"));
+  EXPECT_EQ(bad.ExitCode(milliseconds(20000)), 2) << bad.Log();
+  EXPECT_NE(bad.Log().find("INVALID_ARGUMENT: sampling.top_p"), std::string::npos) << bad.Log();
   ASSERT_EQ(::kill(server.process().pid(), SIGTERM), 0);
   EXPECT_EQ(server.process().ExitCode(milliseconds(15000)), 0) << server.Log();
 }

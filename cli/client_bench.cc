@@ -1,0 +1,160 @@
+// `deja client bench`: load against a running server. For each concurrency level, that many
+// GenerateStream calls run at once (greedy, EOS ignored, a fixed number of new tokens); the
+// result is generated tokens per second over the wall time, time to first token, and, when
+// --metrics-target is given, the server's own step accounting over the same interval from
+// /metrics: coordinator + RPC overhead as a fraction of the step, and the all-reduce share of
+// rank 0's step.
+#include "cli/client_bench.h"
+
+#include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "deja/v1/text_generation.grpc.pb.h"
+
+namespace deja::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// GET /metrics from host:port; "" on failure.
+std::string Scrape(const std::string& target) {
+  const size_t colon = target.rfind(':');
+  if (colon == std::string::npos) return "";
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(target.substr(0, colon).c_str(), target.substr(colon + 1).c_str(), &hints,
+                    &res) != 0) {
+    return "";
+  }
+  std::string out;
+  const int fd = ::socket(res->ai_family, res->ai_socktype, res->ai_protocol);
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    const std::string req = "GET /metrics HTTP/1.1\r\nHost: " + target + "\r\n\r\n";
+    if (::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[8192];
+      ssize_t n;
+      while ((n = ::read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  const size_t body = out.find("\r\n\r\n");
+  return body == std::string::npos ? "" : out.substr(body + 4);
+}
+
+double Sample(const std::string& exposition, const std::string& series) {
+  std::istringstream in(exposition);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+  }
+  return 0.0;
+}
+
+struct Level {
+  int streams = 0;
+  int64_t tokens = 0;
+  int failed = 0;
+  double seconds = 0;
+  std::vector<double> ttft_ms;
+};
+
+Level RunLevel(v1::TextGeneration::Stub& stub, int streams, int max_new,
+               const std::string& prompt) {
+  Level level;
+  level.streams = streams;
+  std::atomic<int64_t> tokens{0};
+  std::atomic<int> failed{0};
+  std::vector<double> ttft(streams, 0.0);
+  const Clock::time_point t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < streams; ++i) {
+    threads.emplace_back([&, i] {
+      v1::GenerateRequest req;
+      req.set_text(prompt);
+      req.mutable_stopping()->set_max_new_tokens(max_new);
+      req.mutable_stopping()->set_ignore_eos(true);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(30));
+      auto reader = stub.GenerateStream(&ctx, req);
+      v1::GenerateStreamResponse msg;
+      while (reader->Read(&msg)) {
+        if (msg.finished()) {
+          tokens += msg.generated_tokens();
+          ttft[i] = msg.timings().time_to_first_token_ms();
+        }
+      }
+      if (!reader->Finish().ok()) ++failed;
+    });
+  }
+  for (auto& t : threads) t.join();
+  level.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  level.tokens = tokens.load();
+  level.failed = failed.load();
+  level.ttft_ms = ttft;
+  return level;
+}
+
+}  // namespace
+
+Status RunClientBench(const std::string& target, const std::string& metrics_target,
+                      const std::vector<int>& levels, int max_new, const std::string& prompt) {
+  auto stub =
+      v1::TextGeneration::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  RunLevel(*stub, 1, 4, prompt);  // warm the connection and the workers
+  double single_rate = 0;
+  for (int streams : levels) {
+    const std::string before = metrics_target.empty() ? "" : Scrape(metrics_target);
+    Level level = RunLevel(*stub, streams, max_new, prompt);
+    const std::string after = metrics_target.empty() ? "" : Scrape(metrics_target);
+    if (level.failed > 0) {
+      return Unavailable(std::to_string(level.failed) + " of " + std::to_string(streams) +
+                         " streams failed");
+    }
+    nlohmann::json j;
+    j["streams"] = streams;
+    j["max_new_tokens"] = max_new;
+    j["generated_tokens"] = level.tokens;
+    j["seconds"] = level.seconds;
+    const double rate = level.tokens / std::max(level.seconds, 1e-9);
+    j["tokens_per_second"] = rate;
+    if (streams == 1) single_rate = rate;
+    if (single_rate > 0) j["speedup_vs_1_stream"] = rate / single_rate;
+    std::sort(level.ttft_ms.begin(), level.ttft_ms.end());
+    j["ttft_ms_median"] = level.ttft_ms[level.ttft_ms.size() / 2];
+    if (!before.empty() && !after.empty()) {
+      auto delta = [&](const std::string& series) {
+        return Sample(after, series) - Sample(before, series);
+      };
+      const double steps = delta("deja_coordinator_step_duration_seconds_count{phase=\"total\"}");
+      const double total = delta("deja_coordinator_step_duration_seconds_sum{phase=\"total\"}");
+      const double overhead =
+          delta("deja_coordinator_step_duration_seconds_sum{phase=\"overhead\"}");
+      const double rank_step = delta("deja_worker_step_duration_seconds_sum{rank=\"0\"}");
+      const double allreduce = delta("deja_worker_allreduce_duration_seconds_sum{rank=\"0\"}");
+      j["steps"] = steps;
+      if (steps > 0) j["step_ms_mean"] = 1e3 * total / steps;
+      if (total > 0) j["overhead_fraction_of_step"] = overhead / total;
+      if (rank_step > 0) j["allreduce_fraction_of_rank0_step"] = allreduce / rank_step;
+    }
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+  }
+  return Status::Ok();
+}
+
+}  // namespace deja::cli
