@@ -211,10 +211,6 @@ void Engine::RunStep(StepPlan plan) {
       m.step_seconds->Observe(r.timings().total_seconds());
       m.compute_seconds->Observe(r.timings().compute_seconds());
       m.allreduce_seconds->Observe(r.timings().allreduce_seconds());
-      m.kv_free_bytes->Set(static_cast<double>(r.kv().free_bytes()));
-      m.kv_total_bytes->Set(static_cast<double>(r.kv().total_bytes()));
-      m.kv_cached_tokens->Set(static_cast<double>(r.kv().cached_tokens()));
-      m.kv_sequences->Set(r.kv().sequences());
     }
   }
   if (failed != nullptr) {

@@ -4,17 +4,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 
-#include "deja/v1/worker.grpc.pb.h"
+#include "coordinator/worker_group_internal.h"
 
 namespace deja::coordinator {
 namespace {
-
-constexpr int kMaxMessageBytes = 64 << 20;
-// A heartbeat call never waits longer than this, so one silent rank cannot delay the others'
-// heartbeats past their timeout.
-constexpr std::chrono::milliseconds kHeartbeatCallLimit(500);
 
 double UnixNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -23,34 +19,6 @@ double UnixNow() {
 std::string Ms(std::chrono::milliseconds d) { return std::to_string(d.count()) + " ms"; }
 
 }  // namespace
-
-struct WorkerGroup::RankLink {
-  int rank = 0;
-  std::string address;
-  uint32_t pid = 0;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<v1::Worker::Stub> stub;
-  grpc::ClientContext context;  // of the Step stream
-  std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>> stream;
-  std::thread reader;
-  // Under Connection::mu.
-  std::deque<v1::StepResponse> responses;
-  // Monitor thread only.
-  Clock::time_point last_ok;
-  uint64_t evicted_seen = 0;
-};
-
-struct WorkerGroup::Connection {
-  uint64_t epoch = 0;
-  std::vector<std::unique_ptr<RankLink>> links;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool lost = false;
-  bool closing = false;  // shutdown asked: closed streams are expected
-  bool streams_open = false;
-  std::string reason;
-  uint64_t next_step_id = 0;  // under step_mu_
-};
 
 WorkerGroup::WorkerGroup(const WorkerGroupOptions& options, service::RendezvousService* rendezvous,
                          CoordinatorMetrics* metrics)
@@ -120,151 +88,13 @@ void WorkerGroup::Monitor() {
   }
 }
 
-void WorkerGroup::TryConnect() {
-  const int n = options_.world_size;
-  const uint64_t epoch = rendezvous_->group_epoch();
-  std::vector<service::RendezvousService::Member> members = rendezvous_->Members();
-  if (static_cast<int>(members.size()) < n) {
-    std::lock_guard<std::mutex> lock(mu_);
-    state_.reason = "waiting for ranks to register in epoch " + std::to_string(epoch) + " (" +
-                    std::to_string(members.size()) + " of " + std::to_string(n) + ")";
-    return;
-  }
-  const Clock::time_point now = Clock::now();
-  if (!pending_ || pending_->epoch != epoch) {
-    LOG(INFO) << "worker group: all " << n << " ranks registered in epoch " << epoch
-              << "; waiting for them to warm up";
-    pending_ = std::make_shared<Connection>();
-    pending_->epoch = epoch;
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    args.SetMaxSendMessageSize(kMaxMessageBytes);
-    std::sort(members.begin(), members.end(),
-              [](const auto& a, const auto& b) { return a.rank < b.rank; });
-    for (const auto& m : members) {
-      auto link = std::make_unique<RankLink>();
-      link->rank = static_cast<int>(m.rank);
-      link->address = m.address;
-      link->pid = m.pid;
-      link->channel =
-          grpc::CreateCustomChannel(m.address, grpc::InsecureChannelCredentials(), args);
-      link->stub = v1::Worker::NewStub(link->channel);
-      link->last_ok = now;
-      pending_->links.push_back(std::move(link));
-    }
-  }
-  std::shared_ptr<Connection> conn = pending_;
-  std::vector<v1::WorkerStatus> statuses(n);
-  std::string waiting;
-  for (auto& link : conn->links) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + kHeartbeatCallLimit);
-    v1::WorkerStatus& st = statuses[link->rank];
-    grpc::Status s = link->stub->GetStatus(&ctx, v1::GetStatusRequest(), &st);
-    if (s.ok()) link->last_ok = now;
-    if (s.ok() && st.loaded() && st.warmed_up() && st.group_epoch() == epoch) continue;
-    waiting += " rank " + std::to_string(link->rank) + " (" +
-               (s.ok() ? (st.group_epoch() != epoch ? "other epoch"
-                          : st.loaded()             ? "warming up"
-                                                    : "loading")
-                       : "unreachable: " + s.error_message()) +
-               ")";
-    if (now - link->last_ok > 4 * options_.heartbeat_timeout) {
-      // A registered rank that never answers holds its slot; start over so a restarted
-      // process can register again.
-      const std::string reason = "rank " + std::to_string(link->rank) + " at " + link->address +
-                                 " registered but is unreachable";
-      LOG(WARNING) << "worker group: " << reason << "; resetting epoch " << epoch;
-      metrics_->rank(link->rank).failures->Increment();
-      pending_.reset();
-      DeclareLost(reason);
-      std::lock_guard<std::mutex> lock(mu_);
-      if (lost_callback_) lost_callback_(reason);
-      return;
-    }
-  }
-  if (!waiting.empty()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    state_.reason = "epoch " + std::to_string(epoch) + ": waiting for" + waiting;
-    return;
-  }
-  pending_.reset();
-  KvCapacity kv;
-  kv.total_bytes = UINT64_MAX;
-  for (const v1::WorkerStatus& st : statuses) {
-    kv.total_bytes = std::min<uint64_t>(kv.total_bytes, st.kv().total_bytes());
-    kv.bytes_per_token = std::max<uint64_t>(kv.bytes_per_token, st.kv_bytes_per_token());
-  }
-  for (auto& link : conn->links) {
-    link->stream = link->stub->Step(&link->context);
-    link->evicted_seen = statuses[link->rank].kv().evicted_tokens_total();
-  }
-  conn->streams_open = true;
-  for (auto& link : conn->links) {
-    link->reader = std::thread([this, conn, r = link->rank] { ReadLoop(conn, r); });
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) {
-      retired_.push_back(conn);
-      std::lock_guard<std::mutex> conn_lock(conn->mu);
-      conn->closing = true;
-      for (auto& link : conn->links) link->context.TryCancel();
-      return;
-    }
-    conn_ = conn;
-    state_.ready = false;  // until the first empty step proves every stream
-    state_.epoch = epoch;
-  }
-  // An empty step checks that every rank accepted its stream.
-  StatusOr<std::vector<v1::StepResponse>> ping = [&] {
-    std::lock_guard<std::mutex> lock(step_mu_);
-    v1::StepRequest req;
-    req.set_step_id(++conn->next_step_id);
-    for (auto& link : conn->links) {
-      if (!link->stream->Write(req))
-        return StatusOr<std::vector<v1::StepResponse>>(
-            Unavailable("rank " + std::to_string(link->rank) + " refused its Step stream"));
-    }
-    std::unique_lock<std::mutex> lock2(conn->mu);
-    auto all = [&] {
-      for (auto& link : conn->links) {
-        if (link->responses.empty()) return false;
-      }
-      return true;
-    };
-    if (!conn->cv.wait_for(lock2, options_.step_timeout, [&] { return conn->lost || all(); }) ||
-        conn->lost) {
-      return StatusOr<std::vector<v1::StepResponse>>(
-          Unavailable(conn->lost ? conn->reason : "no answer to the first step"));
-    }
-    std::vector<v1::StepResponse> out;
-    for (auto& link : conn->links) {
-      out.push_back(std::move(link->responses.front()));
-      link->responses.pop_front();
-    }
-    return StatusOr<std::vector<v1::StepResponse>>(std::move(out));
-  }();
-  if (!ping.ok()) {
-    Lose(conn, -1, "connecting to epoch " + std::to_string(epoch) + ": " + ping.status().message());
-    return;
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (conn_ != conn) return;
-  state_.ready = true;
-  state_.kv = kv;
-  state_.reason.clear();
-  for (auto& link : conn->links) metrics_->rank(link->rank).up->Set(1);
-  LOG(INFO) << "worker group: epoch " << epoch << " ready, " << n << " ranks, KV " << kv.total_bytes
-            << " bytes per rank, " << kv.bytes_per_token << " bytes per position";
-}
-
 void WorkerGroup::Heartbeat(const std::shared_ptr<Connection>& conn) {
   for (auto& link : conn->links) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::min(kHeartbeatCallLimit, options_.heartbeat_timeout));
     v1::WorkerStatus st;
+    const int64_t sent_ns = Clock::now().time_since_epoch().count();
     grpc::Status s = link->stub->GetStatus(&ctx, v1::GetStatusRequest(), &st);
     const Clock::time_point now = Clock::now();
     CoordinatorMetrics::Rank& m = metrics_->rank(link->rank);
@@ -278,10 +108,7 @@ void WorkerGroup::Heartbeat(const std::shared_ptr<Connection>& conn) {
     if (s.ok()) {
       link->last_ok = now;
       m.last_heartbeat->Set(UnixNow());
-      m.kv_total_bytes->Set(static_cast<double>(st.kv().total_bytes()));
-      m.kv_free_bytes->Set(static_cast<double>(st.kv().free_bytes()));
-      m.kv_cached_tokens->Set(static_cast<double>(st.kv().cached_tokens()));
-      m.kv_sequences->Set(st.kv().sequences());
+      if (sent_ns > link->kv_published_ns.load()) PublishKv(link->rank, st.kv());
       const uint64_t evicted = st.kv().evicted_tokens_total();
       if (evicted > link->evicted_seen) {
         m.kv_evicted_tokens->Increment(static_cast<double>(evicted - link->evicted_seen));
@@ -426,6 +253,11 @@ StatusOr<std::vector<v1::StepResponse>> WorkerGroup::Step(v1::StepRequest reques
     Lose(conn, blame, broken);
     return Unavailable(broken);
   }
+  const int64_t now_ns = Clock::now().time_since_epoch().count();
+  for (size_t i = 0; i < out.size(); ++i) {
+    conn->links[i]->kv_published_ns.store(now_ns);
+    PublishKv(conn->links[i]->rank, out[i].kv());
+  }
   return out;
 }
 
@@ -471,6 +303,14 @@ Status WorkerGroup::ShutdownWorkers() {
   for (auto& link : conn->links) metrics_->rank(link->rank).up->Set(0);
   LOG(INFO) << "worker group: epoch " << conn->epoch << " shut down";
   return result;
+}
+
+void WorkerGroup::PublishKv(int rank, const v1::KvUsage& kv) {
+  CoordinatorMetrics::Rank& m = metrics_->rank(rank);
+  m.kv_total_bytes->Set(static_cast<double>(kv.total_bytes()));
+  m.kv_free_bytes->Set(static_cast<double>(kv.free_bytes()));
+  m.kv_cached_tokens->Set(static_cast<double>(kv.cached_tokens()));
+  m.kv_sequences->Set(kv.sequences());
 }
 
 void WorkerGroup::JoinRetired() {

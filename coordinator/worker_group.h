@@ -73,6 +73,8 @@ class WorkerGroup final : public EngineClient {
   void Lose(const std::shared_ptr<Connection>& conn, int rank, const std::string& reason,
             bool notify = true);
   void ReadLoop(std::shared_ptr<Connection> conn, int rank);
+  // Sets the rank's KV gauges.
+  void PublishKv(int rank, const v1::KvUsage& kv);
   void JoinRetired();
 
   const WorkerGroupOptions options_;

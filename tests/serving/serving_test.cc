@@ -267,18 +267,22 @@ TEST_F(ServingTest, TimeLimitEndsARequestWithItsText) {
   EXPECT_EQ(r.messages.back().generated_tokens(), r.token_ids.size());
 }
 
-// KV free bytes of both ranks as the last scrape shows them.
-std::pair<double, double> KvFree(int metrics_port) {
+// Reserved KV bytes (total - free) of both ranks, as a scrape of /metrics shows them.
+std::pair<double, double> KvUsed(int metrics_port) {
   const std::string m = Scrape(metrics_port);
-  return {Metric(m, "deja_worker_kv_free_bytes{rank=\"0\"}"),
-          Metric(m, "deja_worker_kv_free_bytes{rank=\"1\"}")};
+  auto used = [&](const char* rank) {
+    const std::string r = std::string("{rank=\"") + rank + "\"}";
+    return Metric(m, "deja_worker_kv_total_bytes" + r) - Metric(m, "deja_worker_kv_free_bytes" + r);
+  };
+  return {used("0"), used("1")};
 }
 
-bool WaitKvFree(int port, std::pair<double, double> want, milliseconds timeout) {
+// Waits until both ranks report no reserved KV (the baseline of an idle server).
+bool WaitKvIdle(int port, milliseconds timeout) {
   const auto end = Clock::now() + timeout;
   while (Clock::now() < end) {
-    if (KvFree(port) == want) return true;
-    std::this_thread::sleep_for(milliseconds(50));
+    if (KvUsed(port) == std::make_pair(0.0, 0.0)) return true;
+    std::this_thread::sleep_for(milliseconds(20));
   }
   return false;
 }
@@ -286,14 +290,9 @@ bool WaitKvFree(int port, std::pair<double, double> want, milliseconds timeout) 
 TEST_F(ServingTest, CancelMidStreamReturnsKvToBaseline) {
   const int port = server_->metrics_port();
   ASSERT_GT(port, 0);
-  // Heartbeats report every rank's KV usage; wait for the first.
-  std::pair<double, double> baseline = KvFree(port);
-  for (int i = 0; i < 100 && !(baseline.first > 0 && baseline.second > 0); ++i) {
-    std::this_thread::sleep_for(milliseconds(20));
-    baseline = KvFree(port);
-  }
-  ASSERT_FALSE(std::isnan(baseline.first)) << Scrape(port);
-  ASSERT_GT(baseline.first, 0);
+  ASSERT_TRUE(WaitKvIdle(port, milliseconds(3000))) << Scrape(port);
+  const std::string idle = Scrape(port);
+  ASSERT_GT(Metric(idle, "deja_worker_kv_total_bytes{rank=\"0\"}"), 0) << idle;
 
   for (const bool by_rpc : {true, false}) {
     v1::GenerateRequest req = Request("And God said", 800);
@@ -306,9 +305,9 @@ TEST_F(ServingTest, CancelMidStreamReturnsKvToBaseline) {
     int seen = 0;
     while (seen < 5 && reader->Read(&msg)) seen += msg.tokens_size();
     ASSERT_GE(seen, 5);
-    const std::pair<double, double> busy = KvFree(port);
-    EXPECT_LT(busy.first, baseline.first);
-    EXPECT_LT(busy.second, baseline.second);
+    const std::pair<double, double> busy = KvUsed(port);
+    EXPECT_GT(busy.first, 0);
+    EXPECT_GT(busy.second, 0);
     if (by_rpc) {
       grpc::ClientContext cctx;
       SetDeadline(&cctx);
@@ -329,9 +328,10 @@ TEST_F(ServingTest, CancelMidStreamReturnsKvToBaseline) {
       }
       EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
     }
-    EXPECT_TRUE(WaitKvFree(port, baseline, milliseconds(3000)))
-        << "KV free bytes did not return to the baseline after "
-        << (by_rpc ? "Cancel" : "the client went away");
+    EXPECT_TRUE(WaitKvIdle(port, milliseconds(3000)))
+        << "KV usage did not return to the baseline after "
+        << (by_rpc ? "Cancel" : "the client went away") << "\n"
+        << Scrape(port);
   }
   const std::string m = Scrape(port);
   EXPECT_EQ(Metric(m, "deja_worker_kv_sequences{rank=\"0\"}"), 0);
