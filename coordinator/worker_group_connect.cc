@@ -142,7 +142,12 @@ void WorkerGroup::TryConnect() {
   state_.ready = true;
   state_.kv = kv;
   state_.reason.clear();
-  for (auto& link : conn->links) metrics_->rank(link->rank).up->Set(1);
+  for (auto& link : conn->links) {
+    CoordinatorMetrics::Rank& m = metrics_->rank(link->rank);
+    m.up->Set(1);
+    m.last_heartbeat->Set(UnixNow());
+    if (link->kv_published_ns.load() == 0) PublishKv(link->rank, statuses[link->rank].kv());
+  }
   LOG(INFO) << "worker group: epoch " << epoch << " ready, " << n << " ranks, KV " << kv.total_bytes
             << " bytes per rank, " << kv.bytes_per_token << " bytes per position";
 }

@@ -23,6 +23,10 @@ inline constexpr int kMaxMessageBytes = 64 << 20;
 // heartbeats past their timeout.
 inline constexpr std::chrono::milliseconds kHeartbeatCallLimit(500);
 
+inline double UnixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 struct WorkerGroup::RankLink {
   int rank = 0;
   std::string address;

@@ -277,11 +277,15 @@ std::pair<double, double> KvUsed(int metrics_port) {
   return {used("0"), used("1")};
 }
 
-// Waits until both ranks report no reserved KV (the baseline of an idle server).
+// Waits until both ranks report their KV memory with none of it reserved (the baseline of an
+// idle server).
 bool WaitKvIdle(int port, milliseconds timeout) {
   const auto end = Clock::now() + timeout;
   while (Clock::now() < end) {
-    if (KvUsed(port) == std::make_pair(0.0, 0.0)) return true;
+    const std::string m = Scrape(port);
+    const bool reported = Metric(m, "deja_worker_kv_total_bytes{rank=\"0\"}") > 0 &&
+                          Metric(m, "deja_worker_kv_total_bytes{rank=\"1\"}") > 0;
+    if (reported && KvUsed(port) == std::make_pair(0.0, 0.0)) return true;
     std::this_thread::sleep_for(milliseconds(20));
   }
   return false;
