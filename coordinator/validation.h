@@ -5,6 +5,7 @@
 // "sampling.top_p must be in (0, 1], got 1.5".
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -55,9 +56,17 @@ struct ResolvedRequest {
   bool return_tokens = false;
   uint32_t top_n = 0;
 
-  // Cache positions the workers reserve for the sequence (prompt + max_new_tokens): the unit of
-  // KV admission, whatever the policy, because each worker reserves the whole cache up front.
-  int64_t ReservedPositions() const { return static_cast<int64_t>(prompt.size()) + max_new_tokens; }
+  // Cache positions each worker reserves for the sequence when it starts, the unit of KV
+  // admission: prompt + max_new_tokens under the full policy; a bounded policy (window, H2O)
+  // holds its budget plus the prompt while prefilling (then shrinks to budget + 1), never more
+  // than the full cache.
+  int64_t ReservedPositions() const {
+    const int64_t full = static_cast<int64_t>(prompt.size()) + max_new_tokens;
+    if (config.cache().kind() == v1::WorkerCachePolicy::KIND_FULL) return full;
+    const int64_t budget =
+        static_cast<int64_t>(config.cache().heavy_tokens()) + config.cache().recent_tokens();
+    return std::min(full, budget + std::max<int64_t>(1, static_cast<int64_t>(prompt.size())));
+  }
 };
 
 // INVALID_ARGUMENT unless `id` is 1 to 128 bytes of [A-Za-z0-9._:-].

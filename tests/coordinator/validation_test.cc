@@ -236,6 +236,12 @@ TEST_F(ValidationTest, CachePolicyBudgetsResolveToTokens) {
   EXPECT_EQ(r->config.cache().kind(), v1::WorkerCachePolicy::KIND_H2O);
   EXPECT_EQ(r->config.cache().heavy_tokens(), 4u);
   EXPECT_EQ(r->config.cache().recent_tokens(), 6u);
+  // KV reservation: budget (10) plus the prompt (40), below the full 40 + 16.
+  EXPECT_EQ(r->ReservedPositions(), 50);
+  req.mutable_cache()->set_kind(v1::CachePolicy::KIND_FULL);
+  r = Resolve(req);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->ReservedPositions(), 56);
 }
 
 TEST(RequestIdTest, Charset) {
