@@ -129,7 +129,7 @@ TEST(CliTest, PromptLongerThanPositionLimit) {
 }
 
 TEST(CliTest, InvalidUtf8Prompt) {
-  ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt \"$(printf 'ab\\xff\\xfe')\""),
+  ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt \"$(printf 'ab\\377\\376')\""),
                      "UTF-8");
 }
 
