@@ -116,6 +116,9 @@ TEST_F(StepEngineTest, H2OSequenceMatchesGenerateAndShrinksAfterPrefill) {
   ASSERT_EQ(resp.error_code(), 0) << resp.error_message();
   EXPECT_EQ(baseline - resp.kv().free_bytes(), engine_->kv_bytes_per_token() * (heavy + recent + 1));
   auto got = Decode(resp, {9}, {static_cast<uint32_t>(p.size())});
+  const uint64_t heads = model_->config().num_hidden_layers * model_->config().num_attention_heads;
+  EXPECT_EQ(engine_->Usage().cached_tokens(), heads * (heavy + recent));
+  EXPECT_GT(engine_->Usage().evicted_tokens_total(), 0u);
   worker::GenerationOptions opt;
   opt.max_new_tokens = kNewTokens;
   opt.stop_at_eos = false;

@@ -295,6 +295,7 @@ void StepEngine::Release(uint64_t seq_id) {
   auto it = seqs_.find(seq_id);
   if (it == seqs_.end()) return;
   reserved_bytes_ -= it->second->kv->bytes();
+  evicted_released_ += static_cast<uint64_t>(it->second->kv->evictions());
   seqs_.erase(it);
   VLOG(1) << "rank " << rank_ << ": released seq_id " << seq_id;
 }
@@ -302,20 +303,24 @@ void StepEngine::Release(uint64_t seq_id) {
 void StepEngine::ReleaseAll() {
   if (!seqs_.empty())
     LOG(INFO) << "rank " << rank_ << ": releasing " << seqs_.size() << " sequences";
+  for (const auto& [id, s] : seqs_) evicted_released_ += static_cast<uint64_t>(s->kv->evictions());
   seqs_.clear();
   reserved_bytes_ = 0;
   PublishUsage();
 }
 
 void StepEngine::PublishUsage() {
-  const worker::KvGeometry g = model_->kv_geometry();
-  uint64_t tokens = 0;
-  for (const auto& [id, s] : seqs_) tokens += static_cast<uint64_t>(s->kv->length());
+  // Both counted per (layer, head) slot, the unit eviction works in.
+  uint64_t cached = 0, evicted = evicted_released_;
+  for (const auto& [id, s] : seqs_) {
+    cached += static_cast<uint64_t>(s->kv->cached_slots());
+    evicted += static_cast<uint64_t>(s->kv->evictions());
+  }
   std::lock_guard<std::mutex> lock(usage_mu_);
   usage_.set_total_bytes(budget_);
   usage_.set_free_bytes(budget_ > reserved_bytes_ ? budget_ - reserved_bytes_ : 0);
-  usage_.set_cached_tokens(tokens * static_cast<uint64_t>(g.layers) * g.heads);
-  usage_.set_evicted_tokens_total(0);
+  usage_.set_cached_tokens(cached);
+  usage_.set_evicted_tokens_total(evicted);
   usage_.set_sequences(static_cast<uint32_t>(seqs_.size()));
 }
 

@@ -79,6 +79,7 @@ class StepEngine {
   int rank_ = 0;
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   uint64_t reserved_bytes_ = 0;
+  uint64_t evicted_released_ = 0;  // evictions of sequences already released
   worker::StepResult step_;
   std::vector<float> logprob_row_;
 
