@@ -5,6 +5,7 @@
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -19,9 +20,13 @@
 namespace deja::kernels {
 namespace {
 
-Backend& Cpu() {
-  static std::unique_ptr<Backend> backend = MakeCpuBackend(0);
-  return *backend;
+// threads == 0: one per core (the default pool); 1: the single-thread GFLOP/s figures, which
+// are less disturbed by other processes on a shared machine.
+Backend& Cpu(int threads = 0) {
+  static std::unique_ptr<Backend> backends[3];
+  std::unique_ptr<Backend>& b = backends[std::min(threads, 2)];
+  if (b == nullptr) b = MakeCpuBackend(threads);
+  return *b;
 }
 
 double& BandwidthBytesPerSec() {
@@ -37,10 +42,11 @@ Tensor Random(DType dtype, Shape shape, uint32_t seed) {
   return t;
 }
 
-// Args: M, N, K, dtype.
+// Args: M, N, K, dtype, threads (0 = one per core).
 void BM_Linear(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const DType dtype = static_cast<DType>(state.range(3));
+  Backend& cpu = Cpu(static_cast<int>(state.range(4)));
   // At least 128 MiB of weights in total: 4x a 32 MiB L3.
   const int64_t bytes_per_copy = n * k * static_cast<int64_t>(DTypeSize(dtype));
   const int copies = static_cast<int>(std::max<int64_t>(1, (int64_t{128} << 20) / bytes_per_copy));
@@ -51,7 +57,7 @@ void BM_Linear(benchmark::State& state) {
   Tensor out = Tensor::Zeros(DType::kF32, {m, n});
   int next = 0;
   for (auto _ : state) {
-    Status s = Linear(Cpu(), x.view(), weights[next].view(), bias.view(), Activation::kNone, false,
+    Status s = Linear(cpu, x.view(), weights[next].view(), bias.view(), Activation::kNone, false,
                       out.view());
     if (!s.ok()) state.SkipWithError(s.ToString().c_str());
     next = (next + 1) % copies;
@@ -71,18 +77,29 @@ constexpr int64_t kF32 = static_cast<int64_t>(DType::kF32);
 constexpr int64_t kF16 = static_cast<int64_t>(DType::kF16);
 constexpr int64_t kBF16 = static_cast<int64_t>(DType::kBF16);
 
-// OPT-1.3B sized: fc1 is [8192, 2048]. M = 1, 4, 16 are decode batch sizes; 128 is prefill.
+// OPT-1.3B sized: fc1 is [8192, 2048], fc2 [2048, 8192], the lm head [50272, 2048]. M = 1, 4,
+// 8, 16 are decode batch sizes; 128 is prefill. threads = 1 rows give single-core GFLOP/s.
 BENCHMARK(BM_Linear)
-    ->ArgNames({"M", "N", "K", "dtype"})
-    ->Args({1, 8192, 2048, kF16})
-    ->Args({4, 8192, 2048, kF16})
-    ->Args({16, 8192, 2048, kF16})
-    ->Args({32, 8192, 2048, kF16})
-    ->Args({1, 8192, 2048, kBF16})
-    ->Args({1, 8192, 2048, kF32})
-    ->Args({16, 8192, 2048, kF32})
-    ->Args({128, 8192, 2048, kF16})
-    ->Args({1, 2048, 8192, kF16})
+    ->ArgNames({"M", "N", "K", "dtype", "threads"})
+    ->Args({1, 8192, 2048, kF16, 0})
+    ->Args({4, 8192, 2048, kF16, 0})
+    ->Args({8, 8192, 2048, kF16, 0})
+    ->Args({16, 8192, 2048, kF16, 0})
+    ->Args({32, 8192, 2048, kF16, 0})
+    ->Args({1, 8192, 2048, kBF16, 0})
+    ->Args({1, 8192, 2048, kF32, 0})
+    ->Args({16, 8192, 2048, kF32, 0})
+    ->Args({128, 8192, 2048, kF16, 0})
+    ->Args({1, 2048, 8192, kF16, 0})
+    ->Args({16, 2048, 8192, kF16, 0})
+    ->Args({16, 2048, 2048, kF16, 0})
+    ->Args({16, 50272, 2048, kF16, 0})
+    ->Args({1, 8192, 2048, kF16, 1})
+    ->Args({4, 8192, 2048, kF16, 1})
+    ->Args({8, 8192, 2048, kF16, 1})
+    ->Args({16, 8192, 2048, kF16, 1})
+    ->Args({16, 2048, 8192, kF16, 1})
+    ->Args({32, 8192, 2048, kF16, 1})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -90,6 +90,18 @@ TEST(CompareLinear, ModelSized) {
     for (DType dt : WeightDTypes()) CheckLinear({m, 1024, 2048, dt, true, true, false}, seed++);
 }
 
+TEST(CompareLinear, DecodeBatchSizes) {
+  // Batched decode (M = 8 .. 32): every register-tile remainder of the x rows, with odd K (a
+  // vector tail) and odd N (a weight-row remainder).
+  uint32_t seed = 2200;
+  for (int64_t m : {8, 12, 16, 24, 32})
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{131, 517}, {37, 2053}})
+      for (DType dt : WeightDTypes()) {
+        int v = static_cast<int>(seed % 8);
+        CheckLinear({m, n, k, dt, (v & 1) != 0, (v & 2) != 0, (v & 4) != 0}, seed++);
+      }
+}
+
 TEST(CompareLinear, EverySimdTarget) {
   // The dispatcher picks the best target of this CPU; force each compiled one that the CPU can
   // run, so the narrower register tiles (AVX2, SSE4) are checked as well.
