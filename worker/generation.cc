@@ -11,6 +11,14 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
   return std::chrono::duration<double>(b - a).count();
 }
 
+double NextTokenNll(const float* row, int64_t vocab, int32_t next) {
+  float mx = row[0];
+  for (int64_t j = 1; j < vocab; ++j) mx = std::max(mx, row[j]);
+  double sum = 0;
+  for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j]) - mx);
+  return -(static_cast<double>(row[next]) - mx - std::log(sum));
+}
+
 }  // namespace
 
 StatusOr<GenerationResult> Generate(OptModel& model, const std::vector<int32_t>& prompt,
@@ -100,12 +108,7 @@ StatusOr<PerplexityResult> Perplexity(OptModel& model, const std::vector<int32_t
     DEJA_RETURN_IF_ERROR(model.Forward({s}, &step));
     const float* logits = step.logits.as<float>();
     for (size_t i = 0; i + 1 < window.size(); ++i) {
-      const float* row = logits + i * vocab;
-      float mx = row[0];
-      for (int64_t j = 1; j < vocab; ++j) mx = std::max(mx, row[j]);
-      double sum = 0;
-      for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j]) - mx);
-      r.total_nll -= static_cast<double>(row[window[i + 1]]) - mx - std::log(sum);
+      r.total_nll += NextTokenNll(logits + i * vocab, vocab, window[i + 1]);
       ++r.tokens;
     }
     ++r.windows;
@@ -114,17 +117,6 @@ StatusOr<PerplexityResult> Perplexity(OptModel& model, const std::vector<int32_t
   return r;
 }
 
-namespace {
-
-double NextTokenNll(const float* row, int64_t vocab, int32_t next) {
-  float mx = row[0];
-  for (int64_t j = 1; j < vocab; ++j) mx = std::max(mx, row[j]);
-  double sum = 0;
-  for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j]) - mx);
-  return -(static_cast<double>(row[next]) - mx - std::log(sum));
-}
-
-}  // namespace
 
 StatusOr<PolicyPerplexityResult> PolicyPerplexity(OptModel& model,
                                                   const std::vector<int32_t>& tokens,
