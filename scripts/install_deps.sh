@@ -23,7 +23,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# numpy for tools/checkpoints (random-weight benchmark checkpoints); not needed by the tests.
-if ! python3 -c "import numpy" 2>/dev/null; then
-  python3 -m pip install -q numpy || echo "note: numpy not installed; tools/checkpoints needs it"
+# numpy for tools/checkpoints (random-weight benchmark checkpoints); grpcio and grpcio-tools for
+# the Python client example and the test that compiles the public proto with them.
+if ! python3 -c "import numpy, grpc, grpc_tools" 2>/dev/null; then
+  python3 -m pip install -q numpy grpcio grpcio-tools ||
+    echo "note: numpy/grpcio not installed: tools/checkpoints and the Python proto tests need them"
 fi
