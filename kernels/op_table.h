@@ -25,6 +25,10 @@ enum class OpId {
 
 const char* OpName(OpId op);
 
+// The (op, dtype) pairs a backend implementing the whole table supports: weight-consuming ops
+// for f32, f16 and bf16 weights; attention, log-softmax and top-k on f32 only.
+bool SupportedByFullBackend(OpId op, DType dtype);
+
 enum class Activation { kNone, kRelu };
 
 // One sequence's cache of one layer, for the heads this rank holds. Slot-mapped: slot s of head

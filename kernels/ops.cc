@@ -5,6 +5,23 @@
 
 namespace deja::kernels {
 
+bool SupportedByFullBackend(OpId op, DType dtype) {
+  switch (op) {
+    case OpId::kEmbedding:
+    case OpId::kLayerNorm:
+    case OpId::kLinear:
+    case OpId::kAdd:
+      return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+    case OpId::kAttention:
+    case OpId::kLogSoftmax:
+    case OpId::kTopK:
+      return dtype == DType::kF32;
+    case OpId::kCount:
+      break;
+  }
+  return false;
+}
+
 const char* OpName(OpId op) {
   switch (op) {
     case OpId::kEmbedding:

@@ -34,20 +34,7 @@ class CudaBackendImpl final : public CudaBackend {
   std::string name() const override { return name_; }
   const OpTable& ops() const override { return table_; }
   bool Supports(OpId op, DType dtype) const override {
-    switch (op) {
-      case OpId::kEmbedding:
-      case OpId::kLayerNorm:
-      case OpId::kLinear:
-      case OpId::kAdd:
-        return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
-      case OpId::kAttention:
-      case OpId::kLogSoftmax:
-      case OpId::kTopK:
-        return dtype == DType::kF32;
-      case OpId::kCount:
-        break;
-    }
-    return false;
+    return SupportedByFullBackend(op, dtype);
   }
 
   int device() const override { return ctx_.device; }

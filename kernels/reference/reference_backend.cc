@@ -170,20 +170,7 @@ class ReferenceBackend final : public Backend {
   std::string name() const override { return "reference"; }
   const OpTable& ops() const override { return table_; }
   bool Supports(OpId op, DType dtype) const override {
-    switch (op) {
-      case OpId::kEmbedding:
-      case OpId::kLayerNorm:
-      case OpId::kLinear:
-      case OpId::kAdd:
-        return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
-      case OpId::kAttention:
-      case OpId::kLogSoftmax:
-      case OpId::kTopK:
-        return dtype == DType::kF32;
-      case OpId::kCount:
-        break;
-    }
-    return false;
+    return SupportedByFullBackend(op, dtype);
   }
 
  private:
