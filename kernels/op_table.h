@@ -20,6 +20,8 @@ enum class OpId {
   kAdd,
   kLogSoftmax,
   kTopK,
+  kGatherLinear,
+  kGatherLinearT,
   kCount,
 };
 
@@ -54,6 +56,11 @@ struct AttentionArgs {
   int32_t heads = 0;
   int32_t head_dim = 0;
   TensorView out;              // f32 [tokens, heads * head_dim]
+  // Head-sparse attention (Deja Vu): when non-null, q and out hold only `heads` selected heads,
+  // compactly, and selected head i reads cache head head_ids[i] (of cache_heads in the KvView;
+  // H2O scores are updated only for those). nullptr: heads == the cache's heads, in order.
+  const int32_t* head_ids = nullptr;
+  int32_t cache_heads = 0;     // heads in kv (required when head_ids is set)
 };
 
 // out[i, :] = table[ids[i], :] (accumulate: out += table[ids[i]]).
@@ -76,6 +83,18 @@ using AddFn = Status (*)(Backend&, TensorView x, TensorView bias, TensorView out
 using LogSoftmaxFn = Status (*)(Backend&, TensorView x, TensorView out);
 // The k largest values of each row of x (descending; ties to the lower index).
 using TopKFn = Status (*)(Backend&, TensorView x, int32_t k, float* values, int32_t* indices);
+// Gather-GEMV (Deja Vu fc1 over the selected neurons, Q over the selected heads' rows):
+// out[m, j] = act(sum_k x[m, k] * w[rows[j], k] + bias[rows[j]]) (+ out[m, j] when accumulate),
+// j in [0, n_rows). w [R, K] as HF stores it; out f32 [M, n_rows] (compact).
+using GatherLinearFn = Status (*)(Backend&, TensorView x, TensorView w, TensorView bias,
+                                  const int32_t* rows, int64_t n_rows, Activation act,
+                                  bool accumulate, TensorView out);
+// Gather-transposed-GEMV (Deja Vu fc2 over the selected neurons, out-projection over the
+// selected heads): out[m, n] = sum_j x[m, j] * wt[rows[j], n] (+ out[m, n] when accumulate).
+// x f32 [M, n_rows] (compact, column j belongs to row rows[j] of wt); wt [R, N] is the weight
+// stored transposed (W2ᵀ [ffn, d]); out f32 [M, N].
+using GatherLinearTFn = Status (*)(Backend&, TensorView x, TensorView wt, const int32_t* rows,
+                                   int64_t n_rows, bool accumulate, TensorView out);
 
 struct OpTable {
   EmbeddingFn embedding = nullptr;
@@ -85,6 +104,8 @@ struct OpTable {
   AddFn add = nullptr;
   LogSoftmaxFn log_softmax = nullptr;
   TopKFn top_k = nullptr;
+  GatherLinearFn gather_linear = nullptr;
+  GatherLinearTFn gather_linear_t = nullptr;
 };
 
 }  // namespace deja::kernels

@@ -11,6 +11,8 @@ bool SupportedByFullBackend(OpId op, DType dtype) {
     case OpId::kLayerNorm:
     case OpId::kLinear:
     case OpId::kAdd:
+    case OpId::kGatherLinear:
+    case OpId::kGatherLinearT:
       return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
     case OpId::kAttention:
     case OpId::kLogSoftmax:
@@ -38,6 +40,10 @@ const char* OpName(OpId op) {
       return "log_softmax";
     case OpId::kTopK:
       return "top_k";
+    case OpId::kGatherLinear:
+      return "gather_linear";
+    case OpId::kGatherLinearT:
+      return "gather_linear_t";
     case OpId::kCount:
       break;
   }

@@ -49,4 +49,16 @@ Status LogSoftmax(Backend& backend, TensorView x, TensorView out);
 // [rows, k], descending, ties to the lower index, NaN ranked below every number.
 Status TopK(Backend& backend, TensorView x, int32_t k, float* values, int32_t* indices);
 
+// Gather-GEMV: out [M, n_rows] = act(x [M, K] · w[rows]ᵀ + bias[rows]) (+ previous out when
+// accumulate; the activation applies before the accumulation). Every rows[j] in [0, R) for
+// w [R, K]; rows may repeat; n_rows >= 1; bias [R] or empty.
+Status GatherLinear(Backend& backend, TensorView x, TensorView w, TensorView bias,
+                    const int32_t* rows, int64_t n_rows, Activation act, bool accumulate,
+                    TensorView out);
+
+// Gather-transposed-GEMV: out [M, N] = x [M, n_rows] · wt[rows] (+ previous out when
+// accumulate), wt [R, N] the transposed weight. Every rows[j] in [0, R); n_rows >= 1.
+Status GatherLinearT(Backend& backend, TensorView x, TensorView wt, const int32_t* rows,
+                     int64_t n_rows, bool accumulate, TensorView out);
+
 }  // namespace deja::kernels

@@ -191,6 +191,7 @@ Status OptModel::Layer(int32_t l, const std::vector<SequenceStep>& batch, int64_
     s.kv->EvictLayer(l);  // heads are rank-local: no communication
     row += s.n;
   }
+  if (observer_ != nullptr) observer_->OnAttention(l, h, ctx);
   DEJA_RETURN_IF_ERROR(kernels::Linear(be, ctx, lw.out.w, {}, Activation::kNone, false, o));
   DEJA_RETURN_IF_ERROR(comm_->AllReduceSum(o.as<float>(), o.numel()));  // all-reduce 1 of 2
   DEJA_RETURN_IF_ERROR(kernels::Add(be, o, lw.out.bias, h));
@@ -208,6 +209,7 @@ Status OptModel::Layer(int32_t l, const std::vector<SequenceStep>& batch, int64_
   }
   DEJA_RETURN_IF_ERROR(kernels::Linear(be, mlp_in, lw.fc1.w, lw.fc1.bias, Activation::kRelu,
                                        false, u));
+  if (observer_ != nullptr) observer_->OnMlp(l, h, u);
   DEJA_RETURN_IF_ERROR(kernels::Linear(be, u, lw.fc2.w, {}, Activation::kNone, false, o));
   DEJA_RETURN_IF_ERROR(comm_->AllReduceSum(o.as<float>(), o.numel()));  // all-reduce 2 of 2
   DEJA_RETURN_IF_ERROR(kernels::Add(be, o, lw.fc2.bias, h));

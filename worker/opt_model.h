@@ -24,11 +24,46 @@ struct SequenceStep {
   const int32_t* tokens = nullptr;
   int32_t n = 0;                  // new tokens (>= 1)
   bool all_logits = false;        // logits for every new token, else only for the last one
+  bool sparse = false;            // Deja Vu sparsity for this sequence (when predictors are set)
+};
+
+// Sees the intermediate tensors of a forward pass (`deja collect` records predictor training
+// rows with it). Called on the forward thread; the views are valid only during the call. Rows
+// are the step's rows in batch order; widths are this rank's part.
+class LayerObserver {
+ public:
+  virtual ~LayerObserver() = default;
+  // xa: the attention block's input, the pre-LayerNorm residual [rows, d] (it predicts MLP
+  // `layer`); heads_out: the attention output before out_proj [rows, local_heads * head_dim].
+  virtual void OnAttention(int32_t layer, const TensorView& xa, const TensorView& heads_out) = 0;
+  // xm: the MLP block's input, the pre-LayerNorm residual [rows, d] (it predicts the heads of
+  // layer + 1); act: relu(fc1) [rows, local_ffn].
+  virtual void OnMlp(int32_t layer, const TensorView& xm, const TensorView& act) = 0;
 };
 
 struct StepResult {
   Tensor logits;                  // f32 [rows, vocab] (rank 0 after the vocab gather)
   std::vector<int32_t> row_seq;   // batch index of each logits row
+  // Deja Vu: the fraction of this rank's attention heads and MLP neurons the step computed,
+  // averaged over layers (1 when the step ran dense).
+  float active_head_fraction = 1.0f;
+  float active_neuron_fraction = 1.0f;
+};
+
+// Deja Vu contextual sparsity (DESIGN.md §6.2) for OptModel::EnableSparsity.
+struct SparsityOptions {
+  std::string predictors;         // predictor safetensors (its .json beside it); "" = none
+  // > 0 (and no predictors): oracle mode for speed runs on random-weight checkpoints, which
+  // keeps this fraction of heads and neurons (pseudo-random, per token) in every sparse layer.
+  float oracle_fraction = 0.0f;
+  // Overrides of the predictors' schedule: fractions of neurons / heads kept in sparse layers
+  // (0 = the schedule's top-k) and how many first layers stay dense (-1 = the schedule's).
+  float mlp_fraction = 0.0f;
+  float head_fraction = 0.0f;
+  int32_t dense_layers = -1;
+  // A batched step computes the union of its sequences' active sets; above this fraction of a
+  // block's units it runs that block dense.
+  float dense_fallback = 0.8f;
 };
 
 class OptModel {
@@ -42,6 +77,8 @@ class OptModel {
   KvGeometry kv_geometry() const;
   int64_t weight_bytes() const { return weight_bytes_; }
   Communicator& comm() { return *comm_; }
+  // Not owned; nullptr detaches. The observer must outlive the forward passes it watches.
+  void set_observer(LayerObserver* observer) { observer_ = observer; }
 
   // Creates an empty cache for a sequence of at most `max_tokens` tokens (full policy).
   StatusOr<std::unique_ptr<SequenceKv>> NewSequence(int32_t max_tokens) const;
@@ -51,6 +88,11 @@ class OptModel {
                                                     const CachePolicyConfig& policy,
                                                     int32_t prompt_tokens,
                                                     int32_t max_chunk) const;
+
+  // Loads this rank's predictors (or sets up oracle mode). Sequences then opt in per step with
+  // SequenceStep::sparse; without this call every step is dense.
+  Status EnableSparsity(const SparsityOptions& options);
+  bool sparsity_enabled() const;
 
   // Runs one step. Appends every step's tokens to its cache. Fails (leaving the caches of the
   // batch unspecified) on bad token ids or when a sequence would pass the position limit.
@@ -68,6 +110,7 @@ class OptModel {
   kernels::Backend* backend_ = nullptr;
   std::unique_ptr<Communicator> comm_;
   int64_t weight_bytes_ = 0;
+  LayerObserver* observer_ = nullptr;
 
   // Workspace, grown to the largest step seen and reused (no per-step allocation).
   int64_t ws_rows_ = 0;
