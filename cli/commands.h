@@ -12,6 +12,8 @@ int RunWorker(int argc, char** argv, int first);
 int RunServe(int argc, char** argv, int first);
 int RunCoordinator(int argc, char** argv, int first);
 int RunClient(int argc, char** argv, int first);
+int RunCollect(int argc, char** argv, int first);
+int RunTrainPredictors(int argc, char** argv, int first);
 
 // Prints the status to stderr and returns 1 (2 for usage errors).
 }  // namespace deja::cli

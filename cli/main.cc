@@ -19,6 +19,8 @@ constexpr const char* kUsage =
     "  serve      coordinator plus N supervised workers on this host (gRPC API)\n"
     "  coordinator  the coordinator alone (workers started separately)\n"
     "  client     call a server: generate, stream, tokenize, info, cancel, health\n"
+    "  collect    record Deja Vu predictor training rows from a dense run over text\n"
+    "  train-predictors  train the Deja Vu predictors from `collect` output\n"
     "Every command takes --help.\n";
 
 }  // namespace
@@ -39,6 +41,8 @@ int main(int argc, char** argv) {
   if (cmd == "serve") return deja::cli::RunServe(argc, argv, 2);
   if (cmd == "coordinator") return deja::cli::RunCoordinator(argc, argv, 2);
   if (cmd == "client") return deja::cli::RunClient(argc, argv, 2);
+  if (cmd == "collect") return deja::cli::RunCollect(argc, argv, 2);
+  if (cmd == "train-predictors") return deja::cli::RunTrainPredictors(argc, argv, 2);
   std::fprintf(stderr, "deja: unknown command '%s'\n%s", cmd.c_str(), kUsage);
   return 2;
 }

@@ -14,6 +14,9 @@
 //        "num_heads": h, "num_layers": n, "layers": [{"layer": L,
 //          "mlp":   {"top_k": k, "recall": x, "precision": y},     // top_k 0 = dense
 //          "heads": {"top_k": k, "recall": x, "precision": y}}, ...], ...extra training info}
+// Tensors are f16 on disk and stay f16 in memory after loading. SavePredictors below writes the
+// pair; predictors/trainer.h trains it from `deja collect` data (predictors/collect.h,
+// predictors/predictor_data.h).
 #pragma once
 
 #include <cstdint>
@@ -63,5 +66,18 @@ std::string MetaPathFor(const std::string& safetensors_path);
 // the file and tensor otherwise) and keeps rank `rank` of `world`'s part.
 StatusOr<PredictorSet> LoadPredictors(const std::string& safetensors_path,
                                       const OptConfig& config, int rank, int world);
+
+// Reads and validates only the JSON half (dimensions not checked against a model).
+StatusOr<PredictorMeta> LoadPredictorMeta(const std::string& json_path);
+
+// Writes `<path>` (f16, whatever dtype the tensors have) and MetaPathFor(path). `layers` holds
+// the full (world 1) predictors, meta.num_layers entries; empty tensors = no predictor. The
+// JSON object `extra_json` ("" for none) is merged into the JSON's top level (training info).
+Status SavePredictors(const std::string& path, const PredictorMeta& meta,
+                      const std::vector<LayerPredictors>& layers,
+                      const std::string& extra_json = "");
+
+// Rows [*begin, *end) of `total` that rank `rank` of `world` owns (worker::ShardRange order).
+void PredictorShardRange(int64_t total, int rank, int world, int64_t* begin, int64_t* end);
 
 }  // namespace deja::predictors

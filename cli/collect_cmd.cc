@@ -1,0 +1,68 @@
+// `deja collect`: records Deja Vu predictor training rows from a dense run over text files
+// (predictors/collect.h).
+#include <cstdio>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/common_flags.h"
+#include "common/tokenizer.h"
+#include "predictors/collect.h"
+
+namespace deja::cli {
+
+int RunCollect(int argc, char** argv, int first) {
+  Args args("collect", "Record predictor training rows (inputs, labels) from a dense run.");
+  AddModelFlags(args);
+  args.Flag("text", "UTF-8 text file(s), comma-separated", "", true)
+      .Flag("out", "output directory (meta.json, layer_<L>.safetensors)", "", true)
+      .Flag("context", "window length in tokens, BOS included", "512")
+      .Flag("max-rows", "rows per layer at most (windows sampled in seeded random order)",
+            "400000")
+      .Flag("seed", "window order seed", "0");
+  if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("collect", s);
+  if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
+  auto run = [&]() -> Status {
+    predictors::CollectOptions o;
+    DEJA_ASSIGN_OR_RETURN(int64_t context, args.Int("context"));
+    DEJA_ASSIGN_OR_RETURN(o.max_rows, args.Int("max-rows"));
+    DEJA_ASSIGN_OR_RETURN(int64_t seed, args.Int("seed"));
+    if (context < 2 || context > (1 << 20)) return InvalidArgument("--context must be >= 2");
+    if (o.max_rows < 1) return InvalidArgument("--max-rows must be >= 1");
+    o.context = static_cast<int32_t>(context);
+    o.seed = static_cast<uint64_t>(seed);
+    o.model_dir = args.Str("model");
+    std::stringstream list(args.Str("text"));
+    for (std::string f; std::getline(list, f, ',');) {
+      if (!f.empty()) o.texts.push_back(f);
+    }
+    if (o.texts.empty()) return InvalidArgument("--text names no file");
+    DEJA_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::Load(o.model_dir));
+    std::vector<std::vector<int32_t>> docs;
+    for (const std::string& f : o.texts) {
+      DEJA_ASSIGN_OR_RETURN(std::string text, ReadFile(f));
+      StatusOr<std::vector<int32_t>> ids = tok->Encode(text, /*add_bos=*/false);
+      if (!ids.ok()) return ids.status().WithContext("--text " + f);
+      std::printf("collect: %s: %zu tokens\n", f.c_str(), ids->size());
+      docs.push_back(std::move(*ids));
+    }
+    DEJA_ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromFlags(args));
+    auto progress = [](const std::string& line) {
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    };
+    DEJA_ASSIGN_OR_RETURN(predictors::CollectSummary sum,
+                          predictors::Collect(*m.model, docs, o, args.Str("out"), progress));
+    std::printf("collect: %lld rows per layer from %lld of %lld windows in %.1f s -> %s\n",
+                static_cast<long long>(sum.rows), static_cast<long long>(sum.windows),
+                static_cast<long long>(sum.windows_total), sum.seconds, args.Str("out").c_str());
+    for (size_t l = 0; l < sum.mlp_active_fraction.size(); ++l) {
+      std::printf("collect: layer %zu: %.1f%% of MLP neurons active\n", l,
+                  100.0 * sum.mlp_active_fraction[l]);
+    }
+    return Status::Ok();
+  };
+  if (Status s = run(); !s.ok()) return Fail("collect", s);
+  return 0;
+}
+
+}  // namespace deja::cli
