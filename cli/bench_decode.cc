@@ -13,6 +13,7 @@
 
 #include "cli/commands.h"
 #include "cli/common_flags.h"
+#include "cli/sparsity_cli.h"
 #include "common/thread_pool.h"
 #include "kernels/cpu/bandwidth.h"
 
@@ -56,9 +57,15 @@ StatusOr<double> TimePrefill(worker::OptModel& model, int32_t n, int reps, std::
   return best;
 }
 
-// Median seconds per decode step for `batch` sequences decoding together.
-StatusOr<double> TimeDecode(worker::OptModel& model, int32_t batch, int32_t prompt,
-                            int32_t steps, std::mt19937& rng) {
+struct DecodeTiming {
+  double step_s = 0;         // median seconds per step
+  double predictor_s = 0;    // median predictor-thread seconds per step
+  double head_fraction = 1, neuron_fraction = 1;  // means over the timed steps
+};
+
+// `batch` sequences decoding together (sparse: under Deja Vu sparsity).
+StatusOr<DecodeTiming> TimeDecode(worker::OptModel& model, int32_t batch, int32_t prompt,
+                                  int32_t steps, bool sparse, std::mt19937& rng) {
   std::uniform_int_distribution<int32_t> tok(4, static_cast<int32_t>(model.config().vocab_size) - 1);
   std::vector<std::unique_ptr<worker::SequenceKv>> kvs;
   std::vector<std::vector<int32_t>> ids(batch);
@@ -70,16 +77,26 @@ StatusOr<double> TimeDecode(worker::OptModel& model, int32_t batch, int32_t prom
     DEJA_RETURN_IF_ERROR(model.Forward({{kv.get(), ids[b].data(), prompt, false}}, &out));
     kvs.push_back(std::move(kv));
   }
-  std::vector<double> times;
+  std::vector<double> times, predictor;
+  DecodeTiming t;
+  t.head_fraction = t.neuron_fraction = 0;
   std::vector<worker::SequenceStep> step(batch);
   for (int32_t s = 0; s < steps; ++s) {
-    for (int32_t b = 0; b < batch; ++b) step[b] = {kvs[b].get(), &ids[b][prompt + s], 1, false};
+    for (int32_t b = 0; b < batch; ++b) {
+      step[b] = {kvs[b].get(), &ids[b][prompt + s], 1, false, sparse};
+    }
     auto t0 = Clock::now();
     DEJA_RETURN_IF_ERROR(model.Forward(step, &out));
     times.push_back(Since(t0));
+    predictor.push_back(out.predictor_seconds);
+    t.head_fraction += out.active_head_fraction / steps;
+    t.neuron_fraction += out.active_neuron_fraction / steps;
   }
   std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  std::sort(predictor.begin(), predictor.end());
+  t.step_s = times[times.size() / 2];
+  t.predictor_s = predictor[predictor.size() / 2];
+  return t;
 }
 
 }  // namespace
@@ -92,10 +109,14 @@ int RunBenchDecode(int argc, char** argv, int first) {
       .Flag("decode-steps", "timed decode steps per batch size", "32")
       .Flag("batches", "decode batch sizes", "1,4,16")
       .Bool("json", "print one JSON object as the last line");
+  AddSparsityRunFlags(args);
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("bench decode", s);
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
   auto run = [&]() -> StatusOr<nlohmann::json> {
     DEJA_ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromFlags(args));
+    DEJA_ASSIGN_OR_RETURN(std::optional<worker::SparsityOptions> sparsity,
+                          SparsityRunOptions(args));
+    if (sparsity) DEJA_RETURN_IF_ERROR(m.model->EnableSparsity(*sparsity));
     DEJA_ASSIGN_OR_RETURN(int64_t prefill_tokens, args.Int("prefill-tokens"));
     DEJA_ASSIGN_OR_RETURN(int64_t prompt, args.Int("prompt-tokens"));
     DEJA_ASSIGN_OR_RETURN(int64_t steps, args.Int("decode-steps"));
@@ -119,25 +140,56 @@ int RunBenchDecode(int argc, char** argv, int first) {
                           TimePrefill(*m.model, static_cast<int32_t>(prefill_tokens), 3, rng));
     j["prefill_tokens"] = prefill_tokens;
     j["prefill_tokens_per_s"] = prefill_tokens / prefill_s;
-    double batch1 = 0;
+    double batch1 = 0, sparse_batch1 = 0;
     for (int64_t b : batches) {
-      DEJA_ASSIGN_OR_RETURN(double step_s, TimeDecode(*m.model, static_cast<int32_t>(b),
-                                                      static_cast<int32_t>(prompt),
-                                                      static_cast<int32_t>(steps), rng));
+      DEJA_ASSIGN_OR_RETURN(DecodeTiming dense, TimeDecode(*m.model, static_cast<int32_t>(b),
+                                                           static_cast<int32_t>(prompt),
+                                                           static_cast<int32_t>(steps), false,
+                                                           rng));
       nlohmann::json d;
       d["batch"] = b;
-      d["ms_per_step"] = step_s * 1e3;
-      d["tokens_per_s"] = b / step_s;
-      j["decode"].push_back(d);
-      if (b == 1) batch1 = step_s;
+      d["ms_per_step"] = dense.step_s * 1e3;
+      d["tokens_per_s"] = b / dense.step_s;
+      if (b == 1) batch1 = dense.step_s;
       std::fprintf(stderr, "decode batch %3ld: %8.3f ms/step %9.1f tokens/s\n",
-                   static_cast<long>(b), step_s * 1e3, b / step_s);
+                   static_cast<long>(b), dense.step_s * 1e3, b / dense.step_s);
+      if (sparsity) {
+        // Deja Vu: the same batch under sparsity, in the same run.
+        DEJA_ASSIGN_OR_RETURN(DecodeTiming sp, TimeDecode(*m.model, static_cast<int32_t>(b),
+                                                          static_cast<int32_t>(prompt),
+                                                          static_cast<int32_t>(steps), true,
+                                                          rng));
+        nlohmann::json js;
+        js["ms_per_step"] = sp.step_s * 1e3;
+        js["tokens_per_s"] = b / sp.step_s;
+        js["speedup_vs_dense"] = dense.step_s / sp.step_s;
+        js["predictor_ms_per_step"] = sp.predictor_s * 1e3;
+        js["predictor_fraction_of_step"] = sp.predictor_s / sp.step_s;
+        js["active_head_fraction"] = sp.head_fraction;
+        js["active_neuron_fraction"] = sp.neuron_fraction;
+        d["sparse"] = js;
+        if (b == 1) sparse_batch1 = sp.step_s;
+        std::fprintf(stderr,
+                     "  sparse batch %3ld: %8.3f ms/step (%.2fx dense), predictor %.3f ms, "
+                     "active heads %.3f neurons %.3f\n",
+                     static_cast<long>(b), sp.step_s * 1e3, dense.step_s / sp.step_s,
+                     sp.predictor_s * 1e3, sp.head_fraction, sp.neuron_fraction);
+      }
+      j["decode"].push_back(d);
     }
     if (batch1 > 0) {
       j["batch1_fraction_of_floor"] = floor_s / batch1;
       for (auto& d : j["decode"]) {
         d["speedup_vs_batch1"] = d["tokens_per_s"].get<double>() * batch1;
       }
+    }
+    if (sparsity) {
+      j["sparsity"] = {{"predictors", sparsity->predictors},
+                       {"oracle_fraction", sparsity->oracle_fraction},
+                       {"mlp_fraction", sparsity->mlp_fraction},
+                       {"head_fraction", sparsity->head_fraction},
+                       {"dense_layers", sparsity->dense_layers}};
+      if (sparse_batch1 > 0) j["sparse_batch1_speedup_vs_dense"] = batch1 / sparse_batch1;
     }
     return j;
   };

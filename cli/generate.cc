@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/common_flags.h"
+#include "cli/sparsity_cli.h"
 #include "common/tokenizer.h"
 #include "worker/generation.h"
 
@@ -14,6 +15,7 @@ int RunGenerate(int argc, char** argv, int first) {
   Args args("generate", "Generate a continuation of --prompt with the model in this process.");
   AddModelFlags(args);
   AddSamplingFlags(args);
+  AddSparsityRunFlags(args);
   args.Flag("prompt", "prompt text (UTF-8)", "", true)
       .Flag("max-new-tokens", "tokens to generate", "32")
       .Bool("ignore-eos", "keep generating after the end-of-sequence token")
@@ -32,6 +34,12 @@ int RunGenerate(int argc, char** argv, int first) {
     DEJA_ASSIGN_OR_RETURN(std::vector<int32_t> prompt,
                           tok->Encode(args.Str("prompt"), /*add_bos=*/true));
     DEJA_ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromFlags(args));
+    DEJA_ASSIGN_OR_RETURN(std::optional<worker::SparsityOptions> sparsity,
+                          SparsityRunOptions(args));
+    if (sparsity) {
+      DEJA_RETURN_IF_ERROR(m.model->EnableSparsity(*sparsity));
+      opt.sparse = true;
+    }
     const bool json = args.On("json");
     IncrementalDecoder decoder(*tok, /*skip_special=*/true);
     std::string text;

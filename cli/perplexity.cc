@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/common_flags.h"
+#include "cli/sparsity_cli.h"
 #include "common/tokenizer.h"
 #include "worker/generation.h"
 
@@ -20,6 +21,7 @@ int RunPerplexity(int argc, char** argv, int first) {
       .Flag("prompt-tokens", "with --kv-policy: prompt length per window; the rest is decoded "
             "token by token and only those tokens are scored", "256");
   AddCachePolicyFlags(args, "");
+  AddSparsityRunFlags(args);
   args.Bool("json", "print one JSON object (perplexity, tokens, ...) as the last line");
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("ppl", s);
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
@@ -31,6 +33,11 @@ int RunPerplexity(int argc, char** argv, int first) {
     StatusOr<std::vector<int32_t>> ids = tok->Encode(text, /*add_bos=*/false);
     if (!ids.ok()) return ids.status().WithContext("--text " + args.Str("text"));
     DEJA_ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromFlags(args));
+    DEJA_ASSIGN_OR_RETURN(std::optional<worker::SparsityOptions> sparsity,
+                          SparsityRunOptions(args));
+    if (sparsity) {
+      DEJA_RETURN_IF_ERROR(m.model->EnableSparsity(*sparsity));
+    }
     auto t0 = std::chrono::steady_clock::now();
     worker::PerplexityResult r;
     nlohmann::json j;
@@ -40,14 +47,16 @@ int RunPerplexity(int argc, char** argv, int first) {
       DEJA_ASSIGN_OR_RETURN(
           worker::PolicyPerplexityResult pr,
           worker::PolicyPerplexity(*m.model, *ids, static_cast<int32_t>(context),
-                                   static_cast<int32_t>(prompt), cache));
+                                   static_cast<int32_t>(prompt), cache,
+                                   sparsity.has_value()));
       r = pr.result;
       j["kv_policy"] = args.Str("kv-policy");
       j["prompt_tokens"] = prompt;
       j["kv_bytes_per_sequence"] = pr.kv_bytes_per_sequence;
       j["evictions"] = pr.evictions;
     } else {
-      DEJA_ASSIGN_OR_RETURN(r, worker::Perplexity(*m.model, *ids, static_cast<int32_t>(context)));
+      DEJA_ASSIGN_OR_RETURN(r, worker::Perplexity(*m.model, *ids, static_cast<int32_t>(context),
+                                                 sparsity.has_value()));
     }
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (args.On("json")) {
@@ -57,6 +66,7 @@ int RunPerplexity(int argc, char** argv, int first) {
       j["nll"] = r.total_nll;
       j["context"] = context;
       j["seconds"] = secs;
+      j["sparse"] = sparsity.has_value();
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("perplexity %.4f over %ld tokens in %ld windows (%.1f s)\n", r.perplexity,

@@ -54,7 +54,7 @@ StatusOr<GenerationResult> Generate(OptModel& model, const std::vector<int32_t>&
   for (size_t done = 0; done < prompt.size();) {
     int32_t n = static_cast<int32_t>(
         std::min<size_t>(options.prefill_chunk, prompt.size() - done));
-    SequenceStep s{kv.get(), prompt.data() + done, n, false};
+    SequenceStep s{kv.get(), prompt.data() + done, n, false, options.sparse};
     DEJA_RETURN_IF_ERROR(model.Forward({s}, &step));
     done += n;
   }
@@ -76,7 +76,7 @@ StatusOr<GenerationResult> Generate(OptModel& model, const std::vector<int32_t>&
       break;
     }
     if (i + 1 == options.max_new_tokens) break;
-    SequenceStep s{kv.get(), &history.back(), 1, false};
+    SequenceStep s{kv.get(), &history.back(), 1, false, options.sparse};
     DEJA_RETURN_IF_ERROR(model.Forward({s}, &step));
   }
   result.decode_seconds = Seconds(t1, std::chrono::steady_clock::now());
@@ -85,7 +85,7 @@ StatusOr<GenerationResult> Generate(OptModel& model, const std::vector<int32_t>&
 }
 
 StatusOr<PerplexityResult> Perplexity(OptModel& model, const std::vector<int32_t>& tokens,
-                                      int32_t context) {
+                                      int32_t context, bool sparse) {
   if (context < 2) return InvalidArgument("context must be >= 2");
   if (context > model.config().max_position_embeddings) {
     return OutOfRange("context " + std::to_string(context) +
@@ -104,7 +104,7 @@ StatusOr<PerplexityResult> Perplexity(OptModel& model, const std::vector<int32_t
     window.insert(window.end(), tokens.begin() + begin, tokens.begin() + end);
     DEJA_ASSIGN_OR_RETURN(std::unique_ptr<SequenceKv> kv,
                           model.NewSequence(static_cast<int32_t>(window.size())));
-    SequenceStep s{kv.get(), window.data(), static_cast<int32_t>(window.size()), true};
+    SequenceStep s{kv.get(), window.data(), static_cast<int32_t>(window.size()), true, sparse};
     DEJA_RETURN_IF_ERROR(model.Forward({s}, &step));
     const float* logits = step.logits.as<float>();
     for (size_t i = 0; i + 1 < window.size(); ++i) {
@@ -121,7 +121,7 @@ StatusOr<PerplexityResult> Perplexity(OptModel& model, const std::vector<int32_t
 StatusOr<PolicyPerplexityResult> PolicyPerplexity(OptModel& model,
                                                   const std::vector<int32_t>& tokens,
                                                   int32_t context, int32_t prompt_tokens,
-                                                  const CachePolicyConfig& cache) {
+                                                  const CachePolicyConfig& cache, bool sparse) {
   if (prompt_tokens < 1 || prompt_tokens >= context) {
     return InvalidArgument("prompt_tokens must be in [1, context)");
   }
@@ -144,7 +144,7 @@ StatusOr<PolicyPerplexityResult> PolicyPerplexity(OptModel& model,
     if (n <= prompt_tokens) continue;
     DEJA_ASSIGN_OR_RETURN(std::unique_ptr<SequenceKv> kv,
                           model.NewSequence(n, cache, prompt_tokens, prompt_tokens));
-    DEJA_RETURN_IF_ERROR(model.Forward({{kv.get(), window.data(), prompt_tokens, false}}, &step));
+    DEJA_RETURN_IF_ERROR(model.Forward({{kv.get(), window.data(), prompt_tokens, false, sparse}}, &step));
     if (kv->policy().budget() > 0 && kv->policy().budget() + 1 < kv->capacity()) {
       DEJA_RETURN_IF_ERROR(kv->Resize(kv->policy().budget() + 1));
     }
@@ -153,7 +153,7 @@ StatusOr<PolicyPerplexityResult> PolicyPerplexity(OptModel& model,
       r.total_nll += NextTokenNll(step.logits.as<float>(), vocab, window[i]);
       ++r.tokens;
       if (i + 1 >= n) break;
-      DEJA_RETURN_IF_ERROR(model.Forward({{kv.get(), &window[i], 1, false}}, &step));
+      DEJA_RETURN_IF_ERROR(model.Forward({{kv.get(), &window[i], 1, false, sparse}}, &step));
     }
     out.evictions += kv->evictions();
     ++r.windows;

@@ -20,6 +20,7 @@ struct GenerationOptions {
   bool stop_at_eos = true;
   int32_t prefill_chunk = 512;  // prompt tokens per forward step
   CachePolicyConfig cache;      // KV eviction policy (ratios resolve against the prompt)
+  bool sparse = false;          // Deja Vu sparsity (the model must have it enabled)
 };
 
 struct GenerationResult {
@@ -46,8 +47,10 @@ struct PerplexityResult {
 // The fixture's procedure: `tokens` (no BOS) split into consecutive chunks of context - 1
 // tokens; each window is [bos] + chunk; every token after the BOS is scored; the last partial
 // chunk counts. perplexity = exp(total NLL / scored tokens).
+// sparse: every token of the window computed under Deja Vu sparsity (each token with its own
+// predicted heads and neurons, exactly as a batch-1 decode of it would).
 StatusOr<PerplexityResult> Perplexity(OptModel& model, const std::vector<int32_t>& tokens,
-                                      int32_t context);
+                                      int32_t context, bool sparse = false);
 
 // Each window evaluated the way serving runs it: the first `prompt_tokens` tokens of the window
 // (BOS included) as one prefill, then the rest token by token under the cache policy, scoring
@@ -61,6 +64,7 @@ struct PolicyPerplexityResult {
 StatusOr<PolicyPerplexityResult> PolicyPerplexity(OptModel& model,
                                                   const std::vector<int32_t>& tokens,
                                                   int32_t context, int32_t prompt_tokens,
-                                                  const CachePolicyConfig& cache);
+                                                  const CachePolicyConfig& cache,
+                                                  bool sparse = false);
 
 }  // namespace deja::worker

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/ops.h"
+#include "worker/sparse_runtime.h"
 
 namespace deja::worker {
 namespace {
@@ -58,6 +59,18 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
             << " MiB of weights on this rank";
   return m;
 }
+
+OptModel::~OptModel() = default;
+
+Status OptModel::EnableSparsity(const SparsityOptions& options) {
+  DEJA_ASSIGN_OR_RETURN(sparse_, SparseRuntime::Create(options, config_, w_, *backend_,
+                                                       comm_->rank(), comm_->world_size()));
+  heads_plan_ = std::make_unique<BlockPlan>();
+  mlp_plan_ = std::make_unique<BlockPlan>();
+  return Status::Ok();
+}
+
+bool OptModel::sparsity_enabled() const { return sparse_ != nullptr; }
 
 KvGeometry OptModel::kv_geometry() const {
   return {static_cast<int32_t>(config_.num_hidden_layers), static_cast<int32_t>(w_.local_heads),
@@ -147,9 +160,13 @@ Status OptModel::Forward(const std::vector<SequenceStep>& batch, StepResult* res
   }
   DEJA_RETURN_IF_ERROR(kernels::Embedding(be, w_.embed_positions, pos_rows_.data(), rows, true, h));
 
+  step_sparse_ = sparse_ != nullptr && sparse_->BeginStep(batch, rows);
   for (int32_t l = 0; l < config_.num_hidden_layers; ++l) {
     DEJA_RETURN_IF_ERROR(Layer(l, batch, rows));
   }
+  result->active_head_fraction = step_sparse_ ? sparse_->head_fraction() : 1.0f;
+  result->active_neuron_fraction = step_sparse_ ? sparse_->neuron_fraction() : 1.0f;
+  result->predictor_seconds = step_sparse_ ? sparse_->predictor_seconds() : 0.0;
   return Logits(batch, rows, result);
 }
 
@@ -157,23 +174,85 @@ Status OptModel::Layer(int32_t l, const std::vector<SequenceStep>& batch, int64_
   const OptLayerWeights& lw = w_.layers[l];
   const bool pre_ln = config_.do_layer_norm_before;
   const int64_t d = config_.hidden_size;
-  const int32_t heads = static_cast<int32_t>(w_.local_heads);
-  const int32_t hd = static_cast<int32_t>(config_.head_dim());
-  const int64_t local = static_cast<int64_t>(heads) * hd;
   kernels::Backend& be = *backend_;
-  using kernels::Activation;
   TensorView h = Rows(h_, rows, d), a = Rows(a_, rows, d), o = Rows(o_, rows, d);
-  TensorView q = Rows(q_, rows, local), k = Rows(k_, rows, local), v = Rows(v_, rows, local);
-  TensorView ctx = Rows(ctx_, rows, local), u = Rows(u_, rows, w_.local_ffn);
+  const BlockPlan* heads = nullptr;
+  const BlockPlan* mlp = nullptr;
 
-  // Attention block.
+  // Attention block. Deja Vu: the heads of this layer were predicted during the previous
+  // layer's MLP; the MLP of this layer is predicted from this block's input meanwhile.
+  if (step_sparse_) {
+    DEJA_RETURN_IF_ERROR(sparse_->FinishHeads(l, heads_plan_.get()));
+    heads = heads_plan_.get();
+    sparse_->StartMlp(l, h);
+  }
   TensorView attn_in = h;
   if (pre_ln) {
     DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h, lw.attn_ln.gamma, lw.attn_ln.beta,
                                             kLayerNormEps, a));
     attn_in = a;
   }
-  DEJA_RETURN_IF_ERROR(kernels::Linear(be, attn_in, lw.q.w, lw.q.bias, Activation::kNone, false, q));
+  DEJA_RETURN_IF_ERROR(AttentionBlock(l, batch, rows, attn_in, heads));
+  DEJA_RETURN_IF_ERROR(comm_->AllReduceSum(o.as<float>(), o.numel()));  // all-reduce 1 of 2
+  DEJA_RETURN_IF_ERROR(kernels::Add(be, o, lw.out.bias, h));
+  if (!pre_ln) {
+    DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h, lw.attn_ln.gamma, lw.attn_ln.beta,
+                                            kLayerNormEps, h));
+  }
+
+  // MLP block; the next layer's heads are predicted from its input meanwhile.
+  if (step_sparse_) {
+    DEJA_RETURN_IF_ERROR(sparse_->FinishMlp(l, mlp_plan_.get()));
+    mlp = mlp_plan_.get();
+    sparse_->StartHeads(l + 1, h);
+  }
+  TensorView mlp_in = h;
+  if (pre_ln) {
+    DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h, lw.ffn_ln.gamma, lw.ffn_ln.beta,
+                                            kLayerNormEps, a));
+    mlp_in = a;
+  }
+  DEJA_RETURN_IF_ERROR(MlpBlock(l, rows, mlp_in, mlp));
+  DEJA_RETURN_IF_ERROR(comm_->AllReduceSum(o.as<float>(), o.numel()));  // all-reduce 2 of 2
+  DEJA_RETURN_IF_ERROR(kernels::Add(be, o, lw.fc2.bias, h));
+  if (!pre_ln) {
+    DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h, lw.ffn_ln.gamma, lw.ffn_ln.beta,
+                                            kLayerNormEps, h));
+  }
+  return Status::Ok();
+}
+
+// q, k, v, attention over each sequence's cache, and this rank's partial out-projection into
+// o_. Gather plans compute q, attention and out_proj for the selected heads only; k and v are
+// computed for every head (the exact rule: later tokens always see a complete cache).
+Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batch, int64_t rows,
+                                const TensorView& attn_in, const BlockPlan* plan) {
+  using kernels::Activation;
+  const OptLayerWeights& lw = w_.layers[l];
+  const int64_t d = config_.hidden_size;
+  const int32_t heads = static_cast<int32_t>(w_.local_heads);
+  const int32_t hd = static_cast<int32_t>(config_.head_dim());
+  const int64_t local = static_cast<int64_t>(heads) * hd;
+  kernels::Backend& be = *backend_;
+  const BlockPlan::Mode mode = plan ? plan->mode : BlockPlan::Mode::kDense;
+  const bool gather = mode == BlockPlan::Mode::kGather;
+  const int32_t n_heads = gather ? static_cast<int32_t>(plan->units.size()) : heads;
+  const int64_t width = static_cast<int64_t>(n_heads) * hd;
+  TensorView o = Rows(o_, rows, d);
+  TensorView q = Rows(q_, rows, width), k = Rows(k_, rows, local), v = Rows(v_, rows, local);
+  TensorView ctx = Rows(ctx_, rows, width);
+
+  if (gather) {
+    sel_rows_.clear();
+    for (int32_t head : plan->units) {
+      for (int32_t i = 0; i < hd; ++i) sel_rows_.push_back(head * hd + i);
+    }
+    DEJA_RETURN_IF_ERROR(kernels::GatherLinear(be, attn_in, lw.q.w, lw.q.bias, sel_rows_.data(),
+                                               width, Activation::kNone, false, q));
+  } else {
+    DEJA_RETURN_IF_ERROR(
+        kernels::Linear(be, attn_in, lw.q.w, lw.q.bias, Activation::kNone, false, q));
+  }
   DEJA_RETURN_IF_ERROR(kernels::Linear(be, attn_in, lw.k.w, lw.k.bias, Activation::kNone, false, k));
   DEJA_RETURN_IF_ERROR(kernels::Linear(be, attn_in, lw.v.w, lw.v.bias, Activation::kNone, false, v));
   int64_t row = 0;
@@ -184,40 +263,66 @@ Status OptModel::Layer(int32_t l, const std::vector<SequenceStep>& batch, int64_
     args.scale = 1.0f / std::sqrt(static_cast<float>(hd));
     args.q_pos = tok_pos_.data() + row;
     args.kv = s.kv->View(l);
-    args.heads = heads;
+    args.heads = n_heads;
     args.head_dim = hd;
     args.out = ctx.RowSlice(row, row + s.n);
+    if (gather) {
+      args.head_ids = plan->units.data();
+      args.cache_heads = heads;
+    }
     DEJA_RETURN_IF_ERROR(kernels::Attention(be, args));
     s.kv->EvictLayer(l);  // heads are rank-local: no communication
     row += s.n;
   }
-  if (observer_ != nullptr) observer_->OnAttention(l, h, ctx);
-  DEJA_RETURN_IF_ERROR(kernels::Linear(be, ctx, lw.out.w, {}, Activation::kNone, false, o));
-  DEJA_RETURN_IF_ERROR(comm_->AllReduceSum(o.as<float>(), o.numel()));  // all-reduce 1 of 2
-  DEJA_RETURN_IF_ERROR(kernels::Add(be, o, lw.out.bias, h));
-  if (!pre_ln) {
-    DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h, lw.attn_ln.gamma, lw.attn_ln.beta,
-                                            kLayerNormEps, h));
+  if (gather) {
+    return kernels::GatherLinearT(be, ctx, sparse_->out_t(l).view(), sel_rows_.data(), width,
+                                  false, o);
   }
+  if (mode == BlockPlan::Mode::kMasked) {
+    // Each row skips the heads its own selection left out (zero context -> no contribution).
+    float* c = ctx.as<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int32_t head = 0; head < heads; ++head) {
+        if (!plan->keep[r * heads + head]) std::fill_n(c + r * local + head * hd, hd, 0.0f);
+      }
+    }
+  }
+  if (observer_ != nullptr) observer_->OnAttention(l, Rows(h_, rows, d), ctx);
+  return kernels::Linear(be, ctx, lw.out.w, {}, Activation::kNone, false, o);
+}
 
-  // MLP block.
-  TensorView mlp_in = h;
-  if (pre_ln) {
-    DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h, lw.ffn_ln.gamma, lw.ffn_ln.beta,
-                                            kLayerNormEps, a));
-    mlp_in = a;
+// fc1 with bias and ReLU, then this rank's partial fc2 into o_. Gather plans compute only the
+// selected neurons (rows of W1, rows of W2ᵀ).
+Status OptModel::MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in,
+                          const BlockPlan* plan) {
+  using kernels::Activation;
+  const OptLayerWeights& lw = w_.layers[l];
+  const int64_t d = config_.hidden_size;
+  kernels::Backend& be = *backend_;
+  TensorView o = Rows(o_, rows, d);
+  const BlockPlan::Mode mode = plan ? plan->mode : BlockPlan::Mode::kDense;
+  if (mode == BlockPlan::Mode::kGather) {
+    const int64_t n = static_cast<int64_t>(plan->units.size());
+    TensorView u = Rows(u_, rows, n);
+    DEJA_RETURN_IF_ERROR(kernels::GatherLinear(be, mlp_in, lw.fc1.w, lw.fc1.bias,
+                                               plan->units.data(), n, Activation::kRelu, false,
+                                               u));
+    return kernels::GatherLinearT(be, u, sparse_->fc2_t(l).view(), plan->units.data(), n, false,
+                                  o);
   }
+  const int64_t ffn = w_.local_ffn;
+  TensorView u = Rows(u_, rows, ffn);
   DEJA_RETURN_IF_ERROR(kernels::Linear(be, mlp_in, lw.fc1.w, lw.fc1.bias, Activation::kRelu,
                                        false, u));
-  if (observer_ != nullptr) observer_->OnMlp(l, h, u);
-  DEJA_RETURN_IF_ERROR(kernels::Linear(be, u, lw.fc2.w, {}, Activation::kNone, false, o));
-  DEJA_RETURN_IF_ERROR(comm_->AllReduceSum(o.as<float>(), o.numel()));  // all-reduce 2 of 2
-  DEJA_RETURN_IF_ERROR(kernels::Add(be, o, lw.fc2.bias, h));
-  if (!pre_ln) {
-    DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h, lw.ffn_ln.gamma, lw.ffn_ln.beta,
-                                            kLayerNormEps, h));
+  if (mode == BlockPlan::Mode::kMasked) {
+    float* x = u.as<float>();
+    const uint8_t* keep = plan->keep.data();
+    for (int64_t i = 0; i < rows * ffn; ++i) {
+      if (!keep[i]) x[i] = 0.0f;
+    }
   }
-  return Status::Ok();
+  if (observer_ != nullptr) observer_->OnMlp(l, Rows(h_, rows, d), u);
+  return kernels::Linear(be, u, lw.fc2.w, {}, Activation::kNone, false, o);
 }
 
 Status OptModel::Logits(const std::vector<SequenceStep>& batch, int64_t rows,

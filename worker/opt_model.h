@@ -48,6 +48,8 @@ struct StepResult {
   // averaged over layers (1 when the step ran dense).
   float active_head_fraction = 1.0f;
   float active_neuron_fraction = 1.0f;
+  // Time the predictor thread spent on this step (overlapped with the block compute).
+  double predictor_seconds = 0.0;
 };
 
 // Deja Vu contextual sparsity (DESIGN.md §6.2) for OptModel::EnableSparsity.
@@ -64,10 +66,18 @@ struct SparsityOptions {
   // A batched step computes the union of its sequences' active sets; above this fraction of a
   // block's units it runs that block dense.
   float dense_fallback = 0.8f;
+  // Top-k is taken within this many equal groups of each block's units across the model (a
+  // multiple of the world size; 0 = one group per rank, as the design's per-rank top-(k/N)).
+  // Lets a single process reproduce exactly what N ranks select (tests).
+  int32_t selection_groups = 0;
 };
+
+class SparseRuntime;
+struct BlockPlan;
 
 class OptModel {
  public:
+  ~OptModel();
   // Loads this rank's shard. `comm` may be null for a single process (world 1).
   static StatusOr<std::unique_ptr<OptModel>> Load(const std::string& dir,
                                                    kernels::Backend* backend,
@@ -102,6 +112,9 @@ class OptModel {
   OptModel() = default;
   Status Layer(int32_t l, const std::vector<SequenceStep>& batch, int64_t rows);
   Status Logits(const std::vector<SequenceStep>& batch, int64_t rows, StepResult* result);
+  Status AttentionBlock(int32_t l, const std::vector<SequenceStep>& batch, int64_t rows,
+                        const TensorView& attn_in, const BlockPlan* heads);
+  Status MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in, const BlockPlan* plan);
   void EnsureWorkspace(int64_t rows);
 
   OptConfig config_;
@@ -111,6 +124,10 @@ class OptModel {
   std::unique_ptr<Communicator> comm_;
   int64_t weight_bytes_ = 0;
   LayerObserver* observer_ = nullptr;
+  std::unique_ptr<SparseRuntime> sparse_;
+  bool step_sparse_ = false;  // this step has sparse rows (sparse_ plans the blocks)
+  std::unique_ptr<BlockPlan> heads_plan_, mlp_plan_;
+  std::vector<int32_t> sel_rows_;
 
   // Workspace, grown to the largest step seen and reused (no per-step allocation).
   int64_t ws_rows_ = 0;

@@ -1,0 +1,314 @@
+// Deja Vu at the model level (worker/sparse_runtime.h) on models/opt-mini:
+//  - with every unit selected, the sparse kernels' path (gather decode, masked prefill) equals
+//    the dense model within fp32 tolerance;
+//  - the oracle keeps the fraction asked for, per layer, and changes the output;
+//  - a batch computes the union of its rows' sets, falling back to dense above the threshold;
+//  - TP=2 sparse (threads over the in-process communicator) equals TP=1 sparse with the same
+//    selection groups;
+//  - with the committed predictors: decoding token by token (gather kernels) gives the same
+//    logits as evaluating the whole window at once (masked per-token sparsity), and both differ
+//    from dense;
+//  - bad options are InvalidArgument naming the option.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "tests/worker/golden_util.h"
+#include "worker/comm/in_process_communicator.h"
+#include "worker/opt_model.h"
+
+namespace deja::worker {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr double kRelTol = 1e-4;
+
+std::string MiniDir() { return test_util::ModelDir("opt-mini"); }
+
+// Per step: logits rows (one per sequence, the last position) and the active fractions.
+struct Trace {
+  std::vector<std::vector<float>> logits;
+  std::vector<float> head_fraction, neuron_fraction;
+};
+
+std::vector<std::vector<int32_t>> RandomSequences(int batch, int32_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> tok(4, vocab - 1);
+  std::vector<std::vector<int32_t>> seqs(batch);
+  for (int b = 0; b < batch; ++b) {
+    seqs[b].resize(40);
+    for (int32_t& t : seqs[b]) t = tok(rng);
+  }
+  return seqs;
+}
+
+// Prefills each sequence (prompt lengths 5, 9, 13, ...) in one batched step, then decodes
+// `steps` tokens for all of them together (teacher-forced from `seqs`).
+StatusOr<Trace> RunTrace(OptModel& model, const std::vector<std::vector<int32_t>>& seqs,
+                         int32_t steps, bool sparse) {
+  Trace trace;
+  const int batch = static_cast<int>(seqs.size());
+  std::vector<std::unique_ptr<SequenceKv>> kvs;
+  std::vector<int32_t> prompt(batch);
+  std::vector<SequenceStep> step;
+  for (int b = 0; b < batch; ++b) {
+    prompt[b] = 5 + 4 * b;
+    DEJA_ASSIGN_OR_RETURN(auto kv, model.NewSequence(prompt[b] + steps));
+    step.push_back({kv.get(), seqs[b].data(), prompt[b], false, sparse});
+    kvs.push_back(std::move(kv));
+  }
+  StepResult out;
+  auto record = [&] {
+    const int64_t vocab = out.logits.shape()[1];
+    for (size_t r = 0; r < out.row_seq.size(); ++r) {
+      const float* row = out.logits.as<float>() + r * vocab;
+      trace.logits.emplace_back(row, row + vocab);
+    }
+    trace.head_fraction.push_back(out.active_head_fraction);
+    trace.neuron_fraction.push_back(out.active_neuron_fraction);
+  };
+  DEJA_RETURN_IF_ERROR(model.Forward(step, &out));
+  record();
+  for (int32_t s = 0; s < steps; ++s) {
+    for (int b = 0; b < batch; ++b) step[b] = {kvs[b].get(), &seqs[b][prompt[b] + s], 1, false, sparse};
+    DEJA_RETURN_IF_ERROR(model.Forward(step, &out));
+    record();
+  }
+  return trace;
+}
+
+// max |a - b| / max |b| over all rows.
+double RelErr(const Trace& a, const Trace& b) {
+  double diff = 0, scale = 0;
+  EXPECT_EQ(a.logits.size(), b.logits.size());
+  for (size_t r = 0; r < std::min(a.logits.size(), b.logits.size()); ++r) {
+    for (size_t i = 0; i < a.logits[r].size(); ++i) {
+      diff = std::max(diff, std::fabs(double(a.logits[r][i]) - b.logits[r][i]));
+      scale = std::max(scale, std::fabs(double(b.logits[r][i])));
+    }
+  }
+  return diff / std::max(scale, 1e-30);
+}
+
+std::unique_ptr<OptModel> LoadMini(kernels::Backend* backend) {
+  auto m = OptModel::Load(MiniDir(), backend);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+SparsityOptions Oracle(float fraction) {
+  SparsityOptions o;
+  o.oracle_fraction = fraction;
+  return o;
+}
+
+TEST(SparseModelTest, EverythingSelectedEqualsDense) {
+  auto backend = kernels::MakeCpuBackend(2);
+  auto model = LoadMini(backend.get());
+  ASSERT_NE(model, nullptr);
+  auto seqs = RandomSequences(3, static_cast<int32_t>(model->config().vocab_size), 11);
+  auto dense = RunTrace(*model, seqs, 6, false);
+  ASSERT_TRUE(dense.ok()) << dense.status().ToString();
+  SparsityOptions all = Oracle(1.0f);
+  all.dense_fallback = 1.0f;  // run the gather kernels even with every unit selected
+  all.dense_layers = 0;
+  ASSERT_TRUE(model->EnableSparsity(all).ok());
+  auto sparse = RunTrace(*model, seqs, 6, true);
+  ASSERT_TRUE(sparse.ok()) << sparse.status().ToString();
+  EXPECT_LE(RelErr(*sparse, *dense), kRelTol);
+  for (float f : sparse->neuron_fraction) EXPECT_FLOAT_EQ(f, 1.0f);
+  // Dense steps of a sparsity-enabled model are the dense model.
+  auto dense_again = RunTrace(*model, seqs, 6, false);
+  ASSERT_TRUE(dense_again.ok());
+  EXPECT_EQ(RelErr(*dense_again, *dense), 0.0);
+}
+
+TEST(SparseModelTest, OracleKeepsTheFractionAskedFor) {
+  auto backend = kernels::MakeCpuBackend(2);
+  auto model = LoadMini(backend.get());
+  ASSERT_NE(model, nullptr);
+  auto seqs = RandomSequences(1, static_cast<int32_t>(model->config().vocab_size), 12);
+  auto dense = RunTrace(*model, seqs, 4, false);
+  ASSERT_TRUE(dense.ok());
+  ASSERT_TRUE(model->EnableSparsity(Oracle(0.5f)).ok());
+  auto sparse = RunTrace(*model, seqs, 4, true);
+  ASSERT_TRUE(sparse.ok()) << sparse.status().ToString();
+  const int layers = static_cast<int>(model->config().num_hidden_layers);
+  // Every step: half the neurons of every layer; half the heads of layers 1.., all of layer 0.
+  for (size_t s = 0; s < sparse->neuron_fraction.size(); ++s) {
+    EXPECT_FLOAT_EQ(sparse->neuron_fraction[s], 0.5f) << "step " << s;
+    EXPECT_FLOAT_EQ(sparse->head_fraction[s], (1.0f + 0.5f * (layers - 1)) / layers) << s;
+  }
+  EXPECT_GT(RelErr(*sparse, *dense), 1e-3) << "skipping half the units changed nothing";
+}
+
+TEST(SparseModelTest, BatchUsesTheUnionAndFallsBackToDense) {
+  auto backend = kernels::MakeCpuBackend(2);
+  auto model = LoadMini(backend.get());
+  ASSERT_NE(model, nullptr);
+  auto seqs = RandomSequences(4, static_cast<int32_t>(model->config().vocab_size), 13);
+  SparsityOptions o = Oracle(0.25f);
+  o.dense_fallback = 1.0f;
+  ASSERT_TRUE(model->EnableSparsity(o).ok());
+  auto unioned = RunTrace(*model, seqs, 3, true);
+  ASSERT_TRUE(unioned.ok()) << unioned.status().ToString();
+  // Decode steps (index >= 1): four independent 25% sets cover about 1 - 0.75^4 = 68%.
+  for (size_t s = 1; s < unioned->neuron_fraction.size(); ++s) {
+    EXPECT_GT(unioned->neuron_fraction[s], 0.5f);
+    EXPECT_LT(unioned->neuron_fraction[s], 0.85f);
+  }
+  o.dense_fallback = 0.4f;  // every union passes 40%: dense
+  ASSERT_TRUE(model->EnableSparsity(o).ok());
+  auto fallback = RunTrace(*model, seqs, 3, true);
+  ASSERT_TRUE(fallback.ok());
+  auto dense = RunTrace(*model, seqs, 3, false);
+  ASSERT_TRUE(dense.ok());
+  for (size_t s = 1; s < fallback->neuron_fraction.size(); ++s) {
+    EXPECT_FLOAT_EQ(fallback->neuron_fraction[s], 1.0f);
+  }
+  // The prefill step (masked per row) still differs; the decode steps ran dense.
+  EXPECT_GT(RelErr(*fallback, *dense), 0.0);
+}
+
+// One TP=2 rank pair over threads, every rank running the same trace.
+std::vector<StatusOr<Trace>> RunTp(const std::string& dir, int world, SparsityOptions options,
+                                   const std::vector<std::vector<int32_t>>& seqs) {
+  std::vector<StatusOr<Trace>> traces(world, Internal("not run"));
+  auto group = comm::MakeInProcessGroup(world, 60s);
+  EXPECT_TRUE(group.ok());
+  if (!group.ok()) return traces;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      auto backend = kernels::MakeCpuBackend(1);
+      auto model = OptModel::Load(dir, backend.get(), std::move((*group)[r]));
+      if (!model.ok()) {
+        traces[r] = model.status();
+        return;
+      }
+      if (Status s = (*model)->EnableSparsity(options); !s.ok()) {
+        traces[r] = s;
+        return;
+      }
+      traces[r] = RunTrace(**model, seqs, 5, true);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return traces;
+}
+
+TEST(SparseModelTest, Tp2SparseEqualsTp1Sparse) {
+  auto backend = kernels::MakeCpuBackend(1);
+  auto model = LoadMini(backend.get());
+  ASSERT_NE(model, nullptr);
+  auto seqs = RandomSequences(2, static_cast<int32_t>(model->config().vocab_size), 14);
+  SparsityOptions o = Oracle(0.5f);
+  o.dense_fallback = 1.0f;
+  o.selection_groups = 2;  // TP=1 takes its top-k within the halves the two ranks hold
+  ASSERT_TRUE(model->EnableSparsity(o).ok());
+  auto tp1 = RunTrace(*model, seqs, 5, true);
+  ASSERT_TRUE(tp1.ok()) << tp1.status().ToString();
+  auto tp2 = RunTp(MiniDir(), 2, o, seqs);
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(tp2[r].ok()) << r << ": " << tp2[r].status().ToString();
+  EXPECT_LE(RelErr(*tp2[0], *tp1), kRelTol);
+  // Each rank reports its own half; together they are TP=1's fractions.
+  for (size_t s = 0; s < tp1->neuron_fraction.size(); ++s) {
+    EXPECT_FLOAT_EQ((tp2[0]->neuron_fraction[s] + tp2[1]->neuron_fraction[s]) / 2,
+                    tp1->neuron_fraction[s]);
+    EXPECT_FLOAT_EQ((tp2[0]->head_fraction[s] + tp2[1]->head_fraction[s]) / 2,
+                    tp1->head_fraction[s]);
+  }
+  // And it is not the dense model.
+  auto dense_backend = kernels::MakeCpuBackend(1);
+  auto dense_model = LoadMini(dense_backend.get());
+  auto dense = RunTrace(*dense_model, seqs, 5, false);
+  ASSERT_TRUE(dense.ok());
+  EXPECT_GT(RelErr(*tp1, *dense), 1e-3);
+}
+
+TEST(SparseModelTest, PredictorsDecodeEqualsWholeWindow) {
+  const std::string predictors = MiniDir() + "/predictors.safetensors";
+  if (!std::filesystem::exists(predictors)) {
+    GTEST_SKIP() << "no " << predictors << " (trained by deja train-predictors)";
+  }
+  // The reference backend computes each row independently of the batch, so the predictors see
+  // bit-identical inputs in both runs and select the same units.
+  auto backend = kernels::MakeReferenceBackend();
+  auto model = LoadMini(backend.get());
+  ASSERT_NE(model, nullptr);
+  SparsityOptions o;
+  o.predictors = predictors;
+  ASSERT_TRUE(model->EnableSparsity(o).ok());
+  auto seqs = RandomSequences(1, static_cast<int32_t>(model->config().vocab_size), 15);
+  std::vector<int32_t> window(seqs[0].begin(), seqs[0].begin() + 24);
+  // Whole window at once: masked per-token sparsity, logits for every position.
+  auto kv = model->NewSequence(24);
+  ASSERT_TRUE(kv.ok());
+  StepResult whole;
+  ASSERT_TRUE(model->Forward({{kv->get(), window.data(), 24, true, true}}, &whole).ok());
+  // Token by token: batch-1 decode steps through the gather kernels.
+  auto kv2 = model->NewSequence(24);
+  ASSERT_TRUE(kv2.ok());
+  const int64_t vocab = model->config().vocab_size;
+  double diff = 0, scale = 0;
+  int sparse_steps = 0;
+  for (int32_t i = 0; i < 24; ++i) {
+    StepResult one;
+    ASSERT_TRUE(model->Forward({{kv2->get(), &window[i], 1, false, true}}, &one).ok());
+    sparse_steps += one.active_neuron_fraction < 1.0f;
+    for (int64_t v = 0; v < vocab; ++v) {
+      const double a = one.logits.as<float>()[v], b = whole.logits.as<float>()[i * vocab + v];
+      diff = std::max(diff, std::fabs(a - b));
+      scale = std::max(scale, std::fabs(b));
+    }
+  }
+  EXPECT_GT(sparse_steps, 0) << "the predictors' schedule kept every neuron";
+  EXPECT_LE(diff / scale, kRelTol);
+}
+
+TEST(SparseModelTest, BadOptionsAreInvalidArgument) {
+  auto backend = kernels::MakeCpuBackend(1);
+  auto model = LoadMini(backend.get());
+  ASSERT_NE(model, nullptr);
+  struct Case {
+    SparsityOptions o;
+    std::string want;
+  };
+  std::vector<Case> cases;
+  cases.push_back({SparsityOptions{}, "predictors"});
+  SparsityOptions both = Oracle(0.5f);
+  both.predictors = "x.safetensors";
+  cases.push_back({both, "oracle_fraction"});
+  cases.push_back({Oracle(1.5f), "oracle_fraction"});
+  SparsityOptions groups = Oracle(0.5f);
+  groups.selection_groups = 3;
+  cases.push_back({groups, "selection_groups"});
+  SparsityOptions fallback = Oracle(0.5f);
+  fallback.dense_fallback = 0.0f;
+  cases.push_back({fallback, "dense_fallback"});
+  SparsityOptions layers = Oracle(0.5f);
+  layers.dense_layers = 99;
+  cases.push_back({layers, "dense_layers"});
+  for (const Case& c : cases) {
+    Status s = model->EnableSparsity(c.o);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find(c.want), std::string::npos) << s.ToString();
+  }
+  SparsityOptions missing;
+  missing.predictors = "/nonexistent/predictors.safetensors";
+  Status s = model->EnableSparsity(missing);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("/nonexistent/predictors"), std::string::npos) << s.ToString();
+  EXPECT_FALSE(model->sparsity_enabled());
+}
+
+}  // namespace
+}  // namespace deja::worker

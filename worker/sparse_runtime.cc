@@ -1,0 +1,385 @@
+#include "worker/sparse_runtime.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+
+#include "kernels/ops.h"
+
+namespace deja::worker {
+namespace {
+
+// [rows, cols] -> [cols, rows], any 2- or 4-byte dtype.
+Tensor Transpose(const TensorView& w) {
+  const int64_t rows = w.shape[0], cols = w.shape[1];
+  Tensor t = Tensor::Empty(w.dtype, {cols, rows});
+  const size_t es = DTypeSize(w.dtype);
+  const char* src = static_cast<const char*>(w.data);
+  char* dst = static_cast<char*>(t.data());
+  constexpr int64_t kBlock = 64;
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+    for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
+      for (int64_t r = r0; r < std::min(rows, r0 + kBlock); ++r) {
+        for (int64_t c = c0; c < std::min(cols, c0 + kBlock); ++c) {
+          std::memcpy(dst + (c * rows + r) * es, src + (r * cols + c) * es, es);
+        }
+      }
+    }
+  }
+  return t;
+}
+
+bool ValidFraction(float f) { return f >= 0.0f && f <= 1.0f; }
+
+}  // namespace
+
+AsyncRunner::AsyncRunner() : thread_([this] { Loop(); }) {}
+
+AsyncRunner::~AsyncRunner() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void AsyncRunner::Post(std::function<void()> job) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return !busy_; });
+  job_ = std::move(job);
+  busy_ = true;
+  lock.unlock();
+  cv_.notify_all();
+}
+
+void AsyncRunner::Wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return !busy_; });
+}
+
+void AsyncRunner::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [this] { return stop_ || busy_; });
+    if (busy_) {
+      std::function<void()> job = std::move(job_);
+      lock.unlock();
+      job();
+      lock.lock();
+      busy_ = false;
+      cv_.notify_all();
+      continue;
+    }
+    if (stop_) return;
+  }
+}
+
+StatusOr<std::unique_ptr<SparseRuntime>> SparseRuntime::Create(const SparsityOptions& options,
+                                                               const OptConfig& config,
+                                                               const OptWeights& weights,
+                                                               kernels::Backend& backend,
+                                                               int rank, int world) {
+  const bool oracle = options.oracle_fraction > 0.0f;
+  if (oracle == !options.predictors.empty()) {
+    return InvalidArgument(
+        "sparsity: set exactly one of predictors (a predictor file) and oracle_fraction");
+  }
+  if (!(options.oracle_fraction <= 1.0f)) {
+    return InvalidArgument("sparsity: oracle_fraction must be in (0, 1]");
+  }
+  if (!ValidFraction(options.mlp_fraction) || !ValidFraction(options.head_fraction)) {
+    return InvalidArgument("sparsity: mlp_fraction and head_fraction must be in [0, 1]");
+  }
+  if (!(options.dense_fallback > 0.0f && options.dense_fallback <= 1.0f)) {
+    return InvalidArgument("sparsity: dense_fallback must be in (0, 1]");
+  }
+  if (options.dense_layers > config.num_hidden_layers) {
+    return InvalidArgument("sparsity: dense_layers " + std::to_string(options.dense_layers) +
+                           " exceeds the model's " + std::to_string(config.num_hidden_layers) +
+                           " layers");
+  }
+  if (backend.kind() == kernels::BackendKind::kCuda) {
+    return Unimplemented("sparsity: the CUDA backend's sparse path (side-stream predictors) is "
+                         "not wired into the worker yet");
+  }
+  std::unique_ptr<SparseRuntime> rt(new SparseRuntime());
+  rt->options_ = options;
+  rt->config_ = config;
+  rt->rank_ = rank;
+  rt->world_ = world;
+  rt->local_heads_ = weights.local_heads;
+  rt->local_ffn_ = weights.local_ffn;
+  rt->head_dim_ = config.head_dim();
+  if (options.selection_groups > 0) {
+    if (options.selection_groups % world != 0) {
+      return InvalidArgument("sparsity: selection_groups " +
+                             std::to_string(options.selection_groups) +
+                             " is not a multiple of the world size " + std::to_string(world));
+    }
+    rt->groups_ = options.selection_groups / world;
+    if (rt->local_heads_ % rt->groups_ != 0 || rt->local_ffn_ % rt->groups_ != 0) {
+      return InvalidArgument("sparsity: selection_groups must divide the heads and ffn units");
+    }
+  }
+  if (!oracle) {
+    DEJA_ASSIGN_OR_RETURN(rt->set_,
+                          predictors::LoadPredictors(options.predictors, config, rank, world));
+    rt->have_predictors_ = true;
+  }
+  if (backend.kind() == kernels::BackendKind::kCpu) {
+    rt->predictor_backend_ = kernels::MakeCpuBackend(1);
+    rt->backend_ = rt->predictor_backend_.get();
+  } else {
+    rt->backend_ = &backend;  // the reference backend is single-threaded and stateless
+  }
+
+  // The schedule: whole-model top-k per block, then this rank's share per selection group.
+  const int32_t layers = static_cast<int32_t>(config.num_hidden_layers);
+  const int64_t total_groups = static_cast<int64_t>(world) * rt->groups_;
+  auto local_k = [&](int64_t total_k, int64_t local_units) -> int32_t {
+    if (total_k <= 0) return 0;
+    const int64_t per_group = local_units / rt->groups_;
+    const int64_t k = std::min<int64_t>(per_group, (total_k + total_groups - 1) / total_groups);
+    // Everything selected: dense, unless the fallback lets the sparse kernels run on all units
+    // (dense_fallback 1: tests compare that path with the dense one).
+    if (k >= per_group && rt->options_.dense_fallback < 1.0f) return 0;
+    return static_cast<int32_t>(std::max<int64_t>(1, k) * rt->groups_);
+  };
+  rt->mlp_k_.assign(layers, 0);
+  rt->head_k_.assign(layers, 0);
+  for (int32_t l = 0; l < layers; ++l) {
+    int64_t mlp_total = 0, head_total = 0;
+    const bool dense_layer = options.dense_layers >= 0 && l < options.dense_layers;
+    if (oracle) {
+      mlp_total = std::lround(options.oracle_fraction * config.ffn_dim);
+      head_total = std::lround(options.oracle_fraction * config.num_attention_heads);
+    } else {
+      const predictors::LayerSchedule& s = rt->set_.meta.layers[l];
+      const predictors::LayerPredictors& p = rt->set_.layers[l];
+      if (p.mlp_fc1.data() != nullptr) {
+        mlp_total = options.mlp_fraction > 0 ? std::lround(options.mlp_fraction * config.ffn_dim)
+                                             : s.mlp.top_k;
+        if (options.dense_layers < 0 && s.mlp.top_k == 0) mlp_total = 0;
+      }
+      if (p.head_fc1.data() != nullptr) {
+        head_total = options.head_fraction > 0
+                         ? std::lround(options.head_fraction * config.num_attention_heads)
+                         : s.heads.top_k;
+        if (options.dense_layers < 0 && s.heads.top_k == 0) head_total = 0;
+      }
+    }
+    if (dense_layer) mlp_total = head_total = 0;
+    if (l == 0) head_total = 0;  // nothing before layer 0 predicts its heads
+    rt->mlp_k_[l] = local_k(mlp_total, rt->local_ffn_);
+    rt->head_k_[l] = local_k(head_total, rt->local_heads_);
+  }
+  rt->fc2_t_.resize(layers);
+  rt->out_t_.resize(layers);
+  for (int32_t l = 0; l < layers; ++l) {
+    if (rt->mlp_k_[l] > 0) rt->fc2_t_[l] = Transpose(weights.layers[l].fc2.w);
+    if (rt->head_k_[l] > 0) rt->out_t_[l] = Transpose(weights.layers[l].out.w);
+  }
+  return rt;
+}
+
+SparseRuntime::~SparseRuntime() { runner_.Wait(); }
+
+bool SparseRuntime::BeginStep(const std::vector<SequenceStep>& batch, int64_t rows) {
+  runner_.Wait();
+  rows_ = rows;
+  row_sparse_.assign(rows, 0);
+  bool any = false;
+  all_sparse_decode_ = true;
+  int64_t row = 0;
+  for (const SequenceStep& s : batch) {
+    any |= s.sparse;
+    all_sparse_decode_ &= s.sparse && s.n == 1;
+    std::fill(row_sparse_.begin() + row, row_sparse_.begin() + row + s.n, s.sparse ? 1 : 0);
+    row += s.n;
+  }
+  ++step_;
+  predictor_seconds_ = 0;
+  head_sum_ = neuron_sum_ = 0;
+  head_blocks_ = neuron_blocks_ = 0;
+  mlp_pred_.pending = head_pred_.pending = false;
+  return any;
+}
+
+void SparseRuntime::StartMlp(int32_t layer, const TensorView& xa) { Start(Kind::kMlp, layer, xa); }
+
+void SparseRuntime::StartHeads(int32_t layer, const TensorView& xm) {
+  Start(Kind::kHeads, layer, xm);
+}
+
+Status SparseRuntime::FinishMlp(int32_t layer, BlockPlan* plan) {
+  return Finish(Kind::kMlp, layer, plan);
+}
+
+Status SparseRuntime::FinishHeads(int32_t layer, BlockPlan* plan) {
+  return Finish(Kind::kHeads, layer, plan);
+}
+
+float SparseRuntime::head_fraction() const {
+  return head_blocks_ == 0 ? 1.0f : static_cast<float>(head_sum_ / head_blocks_);
+}
+
+float SparseRuntime::neuron_fraction() const {
+  return neuron_blocks_ == 0 ? 1.0f : static_cast<float>(neuron_sum_ / neuron_blocks_);
+}
+
+void SparseRuntime::Start(Kind kind, int32_t layer, const TensorView& x) {
+  Prediction& p = kind == Kind::kMlp ? mlp_pred_ : head_pred_;
+  p.pending = false;
+  p.ran = false;
+  if (layer >= config_.num_hidden_layers) return;
+  const int32_t k = kind == Kind::kMlp ? mlp_k_[layer] : head_k_[layer];
+  if (k == 0) return;
+  const int64_t rows = rows_, d = x.cols();
+  if (p.input.empty() || p.input.shape()[0] < rows) {
+    p.input = Tensor::Empty(DType::kF32, {rows, d});
+  }
+  std::memcpy(p.input.data(), x.data, static_cast<size_t>(rows * d) * sizeof(float));
+  p.pending = true;
+  runner_.Post([this, kind, layer, rows, &p] {
+    const auto t0 = std::chrono::steady_clock::now();
+    p.status = Predict(kind, layer, rows, p);
+    p.ran = true;
+    predictor_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
+}
+
+Status SparseRuntime::Predict(Kind kind, int32_t layer, int64_t rows, Prediction& p) {
+  const int64_t units = kind == Kind::kMlp ? local_ffn_ : local_heads_;
+  const int32_t k = kind == Kind::kMlp ? mlp_k_[layer] : head_k_[layer];
+  const int32_t k_group = k / groups_;
+  const int64_t group_units = units / groups_;
+  p.selected.resize(static_cast<size_t>(rows) * k);
+  if (!have_predictors_) {
+    // Oracle: pseudo-random scores from a hash of (step, layer, block, row, global unit), so a
+    // unit's score does not depend on how the units are split over ranks.
+    if (p.scores.empty() || p.scores.shape()[0] < rows || p.scores.shape()[1] != units) {
+      p.scores = Tensor::Empty(DType::kF32, {rows, units});
+    }
+    float* sc = p.scores.as<float>();
+    const uint64_t base = (step_ * 0x9E3779B97F4A7C15ull) ^
+                          (static_cast<uint64_t>(layer) << 40) ^
+                          (kind == Kind::kMlp ? 0x5bd1e995ull : 0ull);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t u = 0; u < units; ++u) {
+        uint64_t x = base ^ (static_cast<uint64_t>(r) << 24) ^
+                     static_cast<uint64_t>(rank_ * units + u);
+        x ^= x >> 33;
+        x *= 0xff51afd7ed558ccdull;
+        x ^= x >> 33;
+        x *= 0xc4ceb9fe1a85ec53ull;
+        x ^= x >> 33;
+        sc[r * units + u] = static_cast<float>(x >> 40) * (1.0f / 16777216.0f);
+      }
+    }
+  } else {
+    const predictors::LayerPredictors& lp = set_.layers[layer];
+    const Tensor& fc1 = kind == Kind::kMlp ? lp.mlp_fc1 : lp.head_fc1;
+    const Tensor& fc2 = kind == Kind::kMlp ? lp.mlp_fc2 : lp.head_fc2;
+    const int64_t r_dim = fc1.shape()[0], d = fc1.shape()[1];
+    if (p.hidden.empty() || p.hidden.shape()[0] < rows || p.hidden.shape()[1] != r_dim) {
+      p.hidden = Tensor::Empty(DType::kF32, {rows, r_dim});
+    }
+    if (p.scores.empty() || p.scores.shape()[0] < rows || p.scores.shape()[1] != units) {
+      p.scores = Tensor::Empty(DType::kF32, {rows, units});
+    }
+    TensorView in{p.input.data(), DType::kF32, Shape{rows, d}};
+    TensorView hidden{p.hidden.data(), DType::kF32, Shape{rows, r_dim}};
+    TensorView scores{p.scores.data(), DType::kF32, Shape{rows, units}};
+    DEJA_RETURN_IF_ERROR(kernels::Linear(*backend_, in, fc1.view(), {},
+                                         kernels::Activation::kNone, false, hidden));
+    DEJA_RETURN_IF_ERROR(kernels::Linear(*backend_, hidden, fc2.view(), {},
+                                         kernels::Activation::kNone, false, scores));
+  }
+  const float* s = p.scores.as<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!row_sparse_[r]) continue;
+    for (int32_t g = 0; g < groups_; ++g) {
+      int32_t* out = p.selected.data() + r * k + g * k_group;
+      SelectTopK(s + r * units + g * group_units, group_units, k_group, out);
+      for (int32_t i = 0; i < k_group; ++i) out[i] += static_cast<int32_t>(g * group_units);
+    }
+  }
+  return Status::Ok();
+}
+
+void SparseRuntime::SelectTopK(const float* scores, int64_t units, int32_t k, int32_t* out) const {
+  thread_local std::vector<int32_t> idx;
+  idx.resize(units);
+  std::iota(idx.begin(), idx.end(), 0);
+  auto better = [scores](int32_t a, int32_t b) {
+    const float sa = scores[a], sb = scores[b];
+    if (sa != sb) return sa > sb;
+    return a < b;
+  };
+  std::nth_element(idx.begin(), idx.begin() + (k - 1), idx.end(), better);
+  std::copy(idx.begin(), idx.begin() + k, out);
+}
+
+Status SparseRuntime::Finish(Kind kind, int32_t layer, BlockPlan* plan) {
+  Prediction& p = kind == Kind::kMlp ? mlp_pred_ : head_pred_;
+  const int64_t units = kind == Kind::kMlp ? local_ffn_ : local_heads_;
+  const int32_t k = layer < config_.num_hidden_layers
+                        ? (kind == Kind::kMlp ? mlp_k_[layer] : head_k_[layer])
+                        : 0;
+  plan->mode = BlockPlan::Mode::kDense;
+  plan->units.clear();
+  plan->active_fraction = 1.0f;
+  if (p.pending) {
+    runner_.Wait();
+    p.pending = false;
+    if (!p.ran) return Internal("sparsity: the predictor job did not run");
+    DEJA_RETURN_IF_ERROR(p.status);
+    if (all_sparse_decode_) {
+      std::vector<uint8_t>& seen = plan->keep;
+      seen.assign(units, 0);
+      for (int64_t r = 0; r < rows_; ++r) {
+        for (int32_t i = 0; i < k; ++i) seen[p.selected[r * k + i]] = 1;
+      }
+      for (int64_t u = 0; u < units; ++u) {
+        if (seen[u]) plan->units.push_back(static_cast<int32_t>(u));
+      }
+      const float fraction = static_cast<float>(plan->units.size()) / static_cast<float>(units);
+      if (fraction <= options_.dense_fallback) {
+        plan->mode = BlockPlan::Mode::kGather;
+        plan->active_fraction = fraction;
+      } else {
+        plan->units.clear();
+      }
+    } else {
+      plan->mode = BlockPlan::Mode::kMasked;
+      plan->keep.assign(static_cast<size_t>(rows_ * units), 1);
+      double kept = 0;
+      for (int64_t r = 0; r < rows_; ++r) {
+        if (!row_sparse_[r]) {
+          kept += static_cast<double>(units);
+          continue;
+        }
+        uint8_t* row = plan->keep.data() + r * units;
+        std::fill(row, row + units, 0);
+        for (int32_t i = 0; i < k; ++i) row[p.selected[r * k + i]] = 1;
+        kept += k;
+      }
+      plan->active_fraction = static_cast<float>(kept / (static_cast<double>(rows_) * units));
+    }
+  }
+  if (kind == Kind::kMlp) {
+    neuron_sum_ += plan->active_fraction;
+    ++neuron_blocks_;
+  } else {
+    head_sum_ += plan->active_fraction;
+    ++head_blocks_;
+  }
+  return Status::Ok();
+}
+
+}  // namespace deja::worker

@@ -1,0 +1,147 @@
+// Deja Vu contextual sparsity at run time (DESIGN.md §6.2), for one tensor-parallel rank: the
+// lookahead predictors (or the oracle used for speed runs on random weights), run on their own
+// thread while the current block computes, and the per-block plans OptModel::Layer follows.
+//
+// Pairing (as in training): the attention-block input of layer L predicts MLP L (started when
+// layer L begins, joined before its fc1); the MLP-block input of layer L predicts the heads of
+// layer L+1 (started when L's MLP begins, joined before L+1's attention). Layer 0's heads and
+// the schedule's first layers run dense. Each rank keeps its own top-(k/N) of its own units.
+//
+// A block plan is one of:
+//  - dense: nothing skipped (no sparse row, a dense layer, or a batch whose union of active
+//    sets passes SparsityOptions::dense_fallback);
+//  - gather: every row is a sparse decode token; the block computes only the union of the
+//    rows' active units with the gather kernels;
+//  - masked: prefill chunks or a batch mixing dense and sparse sequences; the block computes
+//    densely and zeroes, per row, the units that row's selection skips, so every token sees
+//    exactly its own sparsity (the same result a batch-1 decode of that token gives).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/opt_config.h"
+#include "common/status.h"
+#include "common/tensor.h"
+#include "kernels/backend.h"
+#include "predictors/predictors.h"
+#include "worker/opt_model.h"
+#include "worker/opt_weights.h"
+
+namespace deja::worker {
+
+// Runs one job at a time on a dedicated thread.
+class AsyncRunner {
+ public:
+  AsyncRunner();
+  ~AsyncRunner();
+  AsyncRunner(const AsyncRunner&) = delete;
+  AsyncRunner& operator=(const AsyncRunner&) = delete;
+
+  // Waits for the previous job, then starts `job`.
+  void Post(std::function<void()> job);
+  // Waits for the current job (if any).
+  void Wait();
+
+ private:
+  void Loop();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> job_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+struct BlockPlan {
+  enum class Mode { kDense, kGather, kMasked };
+  Mode mode = Mode::kDense;
+  std::vector<int32_t> units;  // kGather: the union of active local units, ascending
+  std::vector<uint8_t> keep;   // kMasked: [rows, local_units], 1 = computed for that row
+  float active_fraction = 1.0f;
+};
+
+class SparseRuntime {
+ public:
+  static StatusOr<std::unique_ptr<SparseRuntime>> Create(const SparsityOptions& options,
+                                                         const OptConfig& config,
+                                                         const OptWeights& weights,
+                                                         kernels::Backend& backend, int rank,
+                                                         int world);
+  ~SparseRuntime();
+
+  const SparsityOptions& options() const { return options_; }
+  // Transposed copies of the row-parallel weights, for the gather-transposed kernels.
+  const Tensor& fc2_t(int32_t layer) const { return fc2_t_[layer]; }
+  const Tensor& out_t(int32_t layer) const { return out_t_[layer]; }
+  // Per-layer top-k of this rank (0 = the block runs dense).
+  int32_t mlp_k(int32_t layer) const { return mlp_k_[layer]; }
+  int32_t head_k(int32_t layer) const { return head_k_[layer]; }
+
+  // Sets up a step: which rows are sparse and whether the step is decode-shaped. Returns false
+  // when no row is sparse (the step runs dense and no predictor runs).
+  bool BeginStep(const std::vector<SequenceStep>& batch, int64_t rows);
+  // Lookahead: predicts MLP `layer` from its attention-block input on the predictor thread.
+  // `xa` is copied before returning.
+  void StartMlp(int32_t layer, const TensorView& xa);
+  // Predicts the heads of `layer` from the MLP-block input of layer - 1 (copied).
+  void StartHeads(int32_t layer, const TensorView& xm);
+  // Joins the prediction started for that block and turns it into a plan.
+  Status FinishMlp(int32_t layer, BlockPlan* plan);
+  Status FinishHeads(int32_t layer, BlockPlan* plan);
+  // Seconds the predictor thread spent in this step so far, and the step's mean active
+  // fractions (1 where dense).
+  double predictor_seconds() const { return predictor_seconds_; }
+  float head_fraction() const;
+  float neuron_fraction() const;
+
+ private:
+  SparseRuntime() = default;
+  enum class Kind { kMlp, kHeads };
+  struct Prediction {
+    bool pending = false;
+    bool ran = false;
+    Status status;
+    Tensor input;                    // [rows, d] copy of the block input
+    Tensor hidden;                   // [rows, r]
+    Tensor scores;                   // [rows, local_units]
+    std::vector<int32_t> selected;   // [rows, k] local unit indices
+  };
+  void Start(Kind kind, int32_t layer, const TensorView& x);
+  Status Finish(Kind kind, int32_t layer, BlockPlan* plan);
+  // On the predictor thread: fills p.selected for `rows` rows.
+  Status Predict(Kind kind, int32_t layer, int64_t rows, Prediction& p);
+  void SelectTopK(const float* scores, int64_t units, int32_t k, int32_t* out) const;
+
+  SparsityOptions options_;
+  OptConfig config_;
+  int rank_ = 0, world_ = 1;
+  int64_t local_heads_ = 0, local_ffn_ = 0, head_dim_ = 0;
+  int32_t groups_ = 1;  // selection groups on this rank (top-k taken within each)
+  predictors::PredictorSet set_;
+  bool have_predictors_ = false;
+  std::vector<int32_t> mlp_k_, head_k_;
+  std::vector<Tensor> fc2_t_, out_t_;
+  std::unique_ptr<kernels::Backend> predictor_backend_;  // single-threaded CPU or reference
+  kernels::Backend* backend_ = nullptr;                   // predictor_backend_ or the model's
+
+  // Per step.
+  int64_t rows_ = 0;
+  std::vector<uint8_t> row_sparse_;
+  bool all_sparse_decode_ = false;
+  uint64_t step_ = 0;
+  double predictor_seconds_ = 0;
+  double head_sum_ = 0, neuron_sum_ = 0;
+  int32_t head_blocks_ = 0, neuron_blocks_ = 0;
+
+  Prediction mlp_pred_, head_pred_;
+  AsyncRunner runner_;
+};
+
+}  // namespace deja::worker
