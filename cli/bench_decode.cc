@@ -136,6 +136,12 @@ int RunBenchDecode(int argc, char** argv, int first) {
     j["weight_bytes"] = m.model->weight_bytes();
     const double floor_s = m.model->weight_bytes() / bw;
     j["floor_ms_per_token"] = floor_s * 1e3;
+    // The compute roofline of batched decode: 2 FLOPs per weight per token at the measured peak
+    // fp32 FMA rate (weights are widened to fp32 in registers).
+    const double peak_flops = kernels::MeasurePeakFmaFlopsPerSec(m.backend->pool());
+    j["peak_fma_gflop_per_s"] = peak_flops / 1e9;
+    const double weights = static_cast<double>(m.model->weight_bytes()) /
+                           DTypeSize(m.model->weight_dtype());
     DEJA_ASSIGN_OR_RETURN(double prefill_s,
                           TimePrefill(*m.model, static_cast<int32_t>(prefill_tokens), 3, rng));
     j["prefill_tokens"] = prefill_tokens;
@@ -150,6 +156,12 @@ int RunBenchDecode(int argc, char** argv, int first) {
       d["batch"] = b;
       d["ms_per_step"] = dense.step_s * 1e3;
       d["tokens_per_s"] = b / dense.step_s;
+      // Whichever floor binds: the weights read once per step, or their FLOPs for b tokens.
+      const double compute_floor_s = 2.0 * weights * static_cast<double>(b) / peak_flops;
+      d["compute_floor_ms_per_step"] = compute_floor_s * 1e3;
+      d["fraction_of_roofline"] = std::max(floor_s, compute_floor_s) / dense.step_s;
+      d["max_speedup_vs_batch1_at_roofline"] =
+          static_cast<double>(b) * floor_s / std::max(floor_s, compute_floor_s);
       if (b == 1) batch1 = dense.step_s;
       std::fprintf(stderr, "decode batch %3ld: %8.3f ms/step %9.1f tokens/s\n",
                    static_cast<long>(b), dense.step_s * 1e3, b / dense.step_s);

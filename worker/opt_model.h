@@ -86,6 +86,7 @@ class OptModel {
   const OptConfig& config() const { return config_; }
   KvGeometry kv_geometry() const;
   int64_t weight_bytes() const { return weight_bytes_; }
+  DType weight_dtype() const { return w_.lm_head.w.dtype; }
   Communicator& comm() { return *comm_; }
   // Not owned; nullptr detaches. The observer must outlive the forward passes it watches.
   void set_observer(LayerObserver* observer) { observer_ = observer; }

@@ -13,3 +13,11 @@ namespace deja::kernels {
 double MeasureReadBandwidthBytesPerSec(ThreadPool* pool);
 
 }  // namespace deja::kernels
+
+namespace deja::kernels {
+
+// Fused multiply-add throughput in fp32 FLOP/s (2 per lane per FMA) of all threads of `pool`
+// (one chunk per thread), the best of a few runs of ~0.1 s: the compute roofline.
+double MeasurePeakFmaFlopsPerSec(ThreadPool* pool);
+
+}  // namespace deja::kernels

@@ -1,0 +1,81 @@
+// A peak fp32 FMA-throughput probe: the compute roofline batched decode is compared against
+// (2 * parameters * batch FLOPs per step). Compiled once per x86 target by Highway and
+// dispatched at run time, so it uses the widest vectors the machine has, as the kernels do.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/flops.cc"
+// clang-format off
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+// clang-format on
+
+#include <algorithm>
+#include <thread>
+#include <vector>
+#include <chrono>
+
+#include "common/thread_pool.h"
+#include "kernels/cpu/bandwidth.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace deja::kernels::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// FLOPs done: 2 * lanes * 16 accumulators * iters. 16 independent chains hide the FMA latency
+// on every current core (latency 4 x 2 pipes = 8 in flight, with room to spare).
+double FmaLoop(int64_t iters, float seed) {
+  const hn::ScalableTag<float> df;
+  auto a = hn::Set(df, 1.0f + 1e-7f * seed), b = hn::Set(df, 1e-7f);
+  auto c0 = hn::Set(df, seed), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+  auto c8 = c0, c9 = c0, c10 = c0, c11 = c0, c12 = c0, c13 = c0, c14 = c0, c15 = c0;
+  for (int64_t i = 0; i < iters; ++i) {
+    c0 = hn::MulAdd(c0, a, b); c1 = hn::MulAdd(c1, a, b); c2 = hn::MulAdd(c2, a, b);
+    c3 = hn::MulAdd(c3, a, b); c4 = hn::MulAdd(c4, a, b); c5 = hn::MulAdd(c5, a, b);
+    c6 = hn::MulAdd(c6, a, b); c7 = hn::MulAdd(c7, a, b); c8 = hn::MulAdd(c8, a, b);
+    c9 = hn::MulAdd(c9, a, b); c10 = hn::MulAdd(c10, a, b); c11 = hn::MulAdd(c11, a, b);
+    c12 = hn::MulAdd(c12, a, b); c13 = hn::MulAdd(c13, a, b); c14 = hn::MulAdd(c14, a, b);
+    c15 = hn::MulAdd(c15, a, b);
+  }
+  auto s = hn::Add(hn::Add(hn::Add(c0, c1), hn::Add(c2, c3)), hn::Add(hn::Add(c4, c5), hn::Add(c6, c7)));
+  s = hn::Add(s, hn::Add(hn::Add(hn::Add(c8, c9), hn::Add(c10, c11)),
+                         hn::Add(hn::Add(c12, c13), hn::Add(c14, c15))));
+  // Consume the result so the loop is not removed.
+  return hn::GetLane(hn::SumOfLanes(df, s)) * 0.0 +
+         2.0 * static_cast<double>(hn::Lanes(df)) * 16.0 * static_cast<double>(iters);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace deja::kernels::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace deja::kernels {
+namespace cpu {
+HWY_EXPORT(FmaLoop);
+}  // namespace cpu
+
+double MeasurePeakFmaFlopsPerSec(ThreadPool* pool) {
+  // Plain threads, one per pool thread, so each surely runs its own loop concurrently.
+  const int threads = pool ? pool->num_threads() : 1;
+  constexpr int64_t kIters = int64_t{1} << 23;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<double> flops(threads, 0.0);
+    auto start = std::chrono::steady_clock::now();
+    std::vector<std::thread> run;
+    for (int t = 0; t < threads; ++t) {
+      run.emplace_back([&flops, t] {
+        flops[t] = HWY_DYNAMIC_DISPATCH(cpu::FmaLoop)(kIters, static_cast<float>(t + 1));
+      });
+    }
+    for (std::thread& th : run) th.join();
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double total = 0;
+    for (double f : flops) total += f;
+    best = std::max(best, total / secs);
+  }
+  return best;
+}
+
+}  // namespace deja::kernels
+#endif  // HWY_ONCE
