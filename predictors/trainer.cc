@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -20,6 +21,7 @@ namespace deja::predictors {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr int kMaxParts = 16;
 
 std::string Format(const char* fmt, auto... args) {
   char buf[512];
@@ -63,6 +65,19 @@ inline float Bce(float z, bool y, float pw, float nw, float* grad) {
   }
   *grad = nw * s;
   return nw * (softplus_abs + std::max(z, 0.0f));  // softplus(z)
+}
+
+// Runs fn(begin, end, part) over [0, n) split into `parts` contiguous pieces on that many
+// threads (the elementwise loss/gradient pass is as costly as the matmuls otherwise).
+void ParallelFor(int64_t n, int parts, const std::function<void(int64_t, int64_t, int)>& fn) {
+  parts = static_cast<int>(std::clamp<int64_t>(parts, 1, std::max<int64_t>(n, 1)));
+  if (parts == 1) return fn(0, n, 0);
+  std::vector<std::thread> threads;
+  for (int p = 1; p < parts; ++p) {
+    threads.emplace_back(fn, n * p / parts, n * (p + 1) / parts, p);
+  }
+  fn(0, n / parts, 0);
+  for (std::thread& t : threads) t.join();
 }
 
 struct Eval {
@@ -129,6 +144,9 @@ Tensor ToTensor(const std::vector<float>& w, int64_t rows, int64_t cols) {
   std::copy(w.begin(), w.end(), t.as<float>());
   return t;
 }
+
+// Float options as the decimal the user gave (not 0.0010000000474974513).
+double Decimal(float x) { return std::round(double(x) * 1e7) / 1e7; }
 
 nlohmann::json Rounded(const std::vector<double>& v) {
   nlohmann::json a = nlohmann::json::array();
@@ -240,14 +258,20 @@ StatusOr<BlockResult> TrainBlock(const BlockData& data, const TrainOptions& o, u
       GatherX(data, order, b, e, &x);
       Forward(x, n, data, r, w1, w2, &h, &z);
       const float scale = 1.0f / float(n * u);
-      for (int64_t i = 0; i < n; ++i) {
-        float* zr = z.data() + i * u;
-        for (int64_t j = 0; j < u; ++j) {
-          float g;
-          loss_sum += Bce(zr[j], data.Label(order[b + i], j), pw, nw, &g);
-          zr[j] = g * scale;  // z now holds dloss/dz
+      double part_loss[kMaxParts] = {};
+      ParallelFor(n, std::min(o.threads, kMaxParts), [&](int64_t begin, int64_t end, int part) {
+        double l = 0;
+        for (int64_t i = begin; i < end; ++i) {
+          float* zr = z.data() + i * u;
+          for (int64_t j = 0; j < u; ++j) {
+            float g;
+            l += Bce(zr[j], data.Label(order[b + i], j), pw, nw, &g);
+            zr[j] = g * scale;  // z now holds dloss/dz
+          }
         }
-      }
+        part_loss[part] = l;
+      });
+      for (double l : part_loss) loss_sum += l;
       dh.resize(n * r);
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, u, r, n, 1.0f, z.data(), u, h.data(), r,
                   0.0f, g2.data(), r);
@@ -379,11 +403,11 @@ Status TrainPredictors(const std::string& data_dir, const std::string& out_path,
                        {"rows_per_layer", dm.rows},
                        {"epochs", o.epochs},
                        {"batch", o.batch},
-                       {"lr", o.lr},
-                       {"weight_decay", o.weight_decay},
-                       {"target_recall", o.target_recall},
+                       {"lr", Decimal(o.lr)},
+                       {"weight_decay", Decimal(o.weight_decay)},
+                       {"target_recall", Decimal(o.target_recall)},
                        {"patience", o.patience},
-                       {"stop_recall", o.stop_recall},
+                       {"stop_recall", Decimal(o.stop_recall)},
                        {"seed", o.seed},
                        {"validation_fraction", 0.1},
                        {"seconds", std::chrono::duration<double>(Clock::now() - t0).count()},

@@ -10,6 +10,7 @@
 #include "common/safetensors.h"
 #include "predictors/predictors.h"
 #include "tests/common/temp_dir.h"
+#include "tests/worker/golden_util.h"
 
 namespace deja::predictors {
 namespace {
@@ -233,6 +234,23 @@ TEST_F(Malformed, MissingFiles) {
   ASSERT_FALSE(set2.ok());
   EXPECT_NE(set2.status().message().find("p.safetensors"), std::string::npos)
       << set2.status().ToString();
+}
+
+// The predictors committed for models/opt-mini (predictors/README.md) load for that model.
+TEST(PredictorsFormat, CommittedOptMiniPredictorsLoad) {
+  const std::string dir = test_util::ModelDir("opt-mini");
+  auto config = LoadOptConfig(dir);
+  ASSERT_TRUE(config.ok());
+  for (int rank = 0; rank < 2; ++rank) {
+    auto set = LoadPredictors(dir + "/predictors.safetensors", *config, rank, 2);
+    ASSERT_TRUE(set.ok()) << set.status().ToString();
+    EXPECT_EQ(set->meta.layers[0].heads.top_k, 0);
+    for (int l = 0; l < 4; ++l) {
+      EXPECT_TRUE(set->layers[l].mlp_fc2.shape() == Shape({512, set->meta.rank}));
+      const BlockSchedule& m = set->meta.layers[l].mlp;
+      if (m.top_k > 0) EXPECT_GE(m.recall, 0.95f) << "layer " << l;
+    }
+  }
 }
 
 }  // namespace
