@@ -1,7 +1,8 @@
-// Kernel benchmarks. Decode Linear is memory-bound, so each case reports the weight bytes it
-// streams per second and the fraction of the machine's measured read bandwidth that is (1.0 =
-// at the floor). Several copies of the weights are cycled so a matrix that fits the last-level
-// cache is not re-read from it, as in a real model where every layer has its own weights.
+// Kernel benchmarks. Decode Linear (and the Deja Vu gathers) is memory-bound, so each case reports
+// the weight bytes it streams per second and the fraction of the machine's measured read bandwidth
+// that is (1.0 = at the floor). Several copies of the weights are cycled so a matrix that fits the
+// last-level cache is not re-read from it, as in a real model where every layer has its own
+// weights.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/tensor.h"
@@ -99,7 +101,67 @@ BENCHMARK(BM_Linear)
     ->Args({8, 8192, 2048, kF16, 1})
     ->Args({16, 8192, 2048, kF16, 1})
     ->Args({16, 2048, 8192, kF16, 1})
+    ->Args({1, 2048, 8192, kF16, 1})
     ->Args({32, 8192, 2048, kF16, 1})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// Deja Vu gathers at a known sparsity, next to the dense Linear rows above (M = 1, f16, the
+// OPT-1.3B fc1 [8192, 2048] and fc2 stored transposed [8192, 2048]). The kept rows are a random
+// subset in ascending order (what sorting the predictor's top-k gives). Bytes are the selected
+// rows only, so frac_of_bw compares with the same floor as the dense case. So that a small
+// selection is not served from the last-level cache, each copy's rows are split into disjoint
+// random subsets and every iteration reads the next (copy, subset): a full cycle reads all
+// 128 MiB once.
+// Args: M, R (rows of w / wt), K or N, kept rows per 1000, dtype, transposed (0 = fc1
+// gather_linear, 1 = fc2 gather_linear_t), threads (0 = one per core).
+void BM_Gather(benchmark::State& state) {
+  const int64_t m = state.range(0), r = state.range(1), width = state.range(2);
+  const int64_t n_rows = std::max<int64_t>(1, r * state.range(3) / 1000);
+  const DType dtype = static_cast<DType>(state.range(4));
+  const bool transposed = state.range(5) != 0;
+  Backend& cpu = Cpu(static_cast<int>(state.range(6)));
+  const int64_t bytes_per_copy = r * width * static_cast<int64_t>(DTypeSize(dtype));
+  const int copies = static_cast<int>(std::max<int64_t>(1, (int64_t{128} << 20) / bytes_per_copy));
+  std::vector<Tensor> weights;
+  for (int c = 0; c < copies; ++c) weights.push_back(Random(dtype, {r, width}, 1 + c));
+  std::vector<int32_t> perm(static_cast<size_t>(r));
+  for (int64_t i = 0; i < r; ++i) perm[i] = static_cast<int32_t>(i);
+  std::mt19937 rng(7);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<std::vector<int32_t>> subsets;
+  for (int64_t i = 0; i + n_rows <= r; i += n_rows) {
+    subsets.emplace_back(perm.begin() + i, perm.begin() + i + n_rows);
+    std::sort(subsets.back().begin(), subsets.back().end());
+  }
+  const int cycle = copies * static_cast<int>(subsets.size());
+  Tensor x = Random(DType::kF32, {m, transposed ? n_rows : width}, 100);
+  Tensor bias = Random(dtype, {r}, 101);
+  Tensor out = Tensor::Zeros(DType::kF32, {m, transposed ? width : n_rows});
+  int next = 0;
+  for (auto _ : state) {
+    const TensorView w = weights[next % copies].view();
+    const int32_t* rows = subsets[next / copies].data();
+    Status s = transposed ? GatherLinearT(cpu, x.view(), w, rows, n_rows, false, out.view())
+                          : GatherLinear(cpu, x.view(), w, bias.view(), rows, n_rows,
+                                         Activation::kRelu, false, out.view());
+    if (!s.ok()) state.SkipWithError(s.ToString().c_str());
+    next = (next + 1) % cycle;
+    benchmark::DoNotOptimize(out.data());
+  }
+  const int64_t bytes = n_rows * width * static_cast<int64_t>(DTypeSize(dtype));
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.counters["floor_us"] = 1e6 * bytes / BandwidthBytesPerSec();
+  state.counters["frac_of_bw"] =
+      benchmark::Counter(static_cast<double>(bytes) / BandwidthBytesPerSec(),
+                         benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(transposed ? "gather_linear_t " : "gather_linear ") +
+                 DTypeName(dtype));
+}
+
+BENCHMARK(BM_Gather)
+    ->ArgNames({"M", "R", "K_or_N", "keep_permille", "dtype", "transposed", "threads"})
+    ->ArgsProduct({{1}, {8192}, {2048}, {1000, 500, 250, 100}, {kF16}, {0, 1}, {0, 1}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 namespace deja::kernels {
 
@@ -114,6 +115,21 @@ Status CheckSupport(Backend& backend, OpId op, DType dtype, const void* fn) {
 
 std::string Dims(int64_t r, int64_t c) { return Shape{r, c}.ToString(); }
 
+// n_rows >= 1 and every rows[j] in [0, limit).
+Status CheckRowIds(const char* op, const int32_t* rows, int64_t n_rows, int64_t limit,
+                   const char* limit_name) {
+  if (n_rows < 1) return Bad(op, "n_rows", std::to_string(n_rows) + " is below 1");
+  if (rows == nullptr) return Bad(op, "rows", "is null");
+  for (int64_t j = 0; j < n_rows; ++j) {
+    if (rows[j] < 0 || rows[j] >= limit) {
+      return Bad(op, "rows",
+                 "holds " + std::to_string(rows[j]) + " at " + std::to_string(j) +
+                     ", outside [0, " + limit_name + " = " + std::to_string(limit) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status Embedding(Backend& backend, TensorView table, const int32_t* ids, int64_t n, bool accumulate,
@@ -199,11 +215,96 @@ Status Linear(Backend& backend, TensorView x, TensorView w, TensorView bias, Act
   return backend.ops().linear(backend, x, w, bias, act, accumulate, out);
 }
 
+Status GatherLinear(Backend& backend, TensorView x, TensorView w, TensorView bias,
+                    const int32_t* rows, int64_t n_rows, Activation act, bool accumulate,
+                    TensorView out) {
+  constexpr const char* kOp = "gather_linear";
+  DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "x", x));
+  DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", out));
+  DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "w", w, 2));
+  const int64_t r = w.shape[0], k = w.shape[1];
+  if (x.cols() != k) {
+    return Bad(kOp, "x",
+               "has " + std::to_string(x.cols()) + " columns, w has K = " + std::to_string(k));
+  }
+  DEJA_RETURN_IF_ERROR(CheckRowIds(kOp, rows, n_rows, r, "w rows"));
+  if (out.rows() != x.rows() || out.cols() != n_rows) {
+    return Bad(kOp, "out",
+               "has shape " + out.shape.ToString() + ", want " + Dims(x.rows(), n_rows));
+  }
+  if (bias.data != nullptr) {
+    DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "bias", bias, 1));
+    if (bias.numel() != r) {
+      return Bad(kOp, "bias",
+                 "has " + std::to_string(bias.numel()) + " elements, want w's " +
+                     std::to_string(r) + " rows");
+    }
+    DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, "bias", bias));
+  }
+  if (act != Activation::kNone && act != Activation::kRelu) {
+    return Bad(kOp, "act", "is not a known activation");
+  }
+  DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, "x", x));
+  DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, "w", w));
+  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kGatherLinear, w.dtype,
+                                    reinterpret_cast<const void*>(backend.ops().gather_linear)));
+  if (x.rows() == 0) return Status::Ok();
+  return backend.ops().gather_linear(backend, x, w, bias, rows, n_rows, act, accumulate, out);
+}
+
+Status GatherLinearT(Backend& backend, TensorView x, TensorView wt, const int32_t* rows,
+                     int64_t n_rows, bool accumulate, TensorView out) {
+  constexpr const char* kOp = "gather_linear_t";
+  DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "x", x));
+  DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", out));
+  DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "wt", wt, 2));
+  const int64_t r = wt.shape[0], n = wt.shape[1];
+  DEJA_RETURN_IF_ERROR(CheckRowIds(kOp, rows, n_rows, r, "wt rows"));
+  if (x.cols() != n_rows) {
+    return Bad(
+        kOp, "x",
+        "has " + std::to_string(x.cols()) + " columns, want n_rows = " + std::to_string(n_rows));
+  }
+  if (out.rows() != x.rows() || out.cols() != n) {
+    return Bad(kOp, "out", "has shape " + out.shape.ToString() + ", want " + Dims(x.rows(), n));
+  }
+  DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, "x", x));
+  DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, "wt", wt));
+  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kGatherLinearT, wt.dtype,
+                                    reinterpret_cast<const void*>(backend.ops().gather_linear_t)));
+  if (x.rows() == 0) return Status::Ok();
+  return backend.ops().gather_linear_t(backend, x, wt, rows, n_rows, accumulate, out);
+}
+
 Status Attention(Backend& backend, const AttentionArgs& args) {
   constexpr const char* kOp = "attention";
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "q", args.q));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", args.out));
   if (args.heads <= 0) return Bad(kOp, "heads", "must be positive");
+  // Heads the cache holds: with head_ids, cache_heads (the selected heads index into them, each
+  // at most once so no two (token, head) workers share a score row); otherwise `heads`.
+  int64_t cache_heads = args.heads;
+  if (args.head_ids != nullptr) {
+    if (args.cache_heads <= 0) return Bad(kOp, "cache_heads", "must be positive with head_ids");
+    cache_heads = args.cache_heads;
+    std::vector<bool> seen(static_cast<size_t>(cache_heads), false);
+    for (int32_t i = 0; i < args.heads; ++i) {
+      const int32_t id = args.head_ids[i];
+      if (id < 0 || id >= cache_heads) {
+        return Bad(kOp, "head_ids",
+                   "holds " + std::to_string(id) + " at " + std::to_string(i) +
+                       ", outside [0, cache_heads = " + std::to_string(cache_heads) + ")");
+      }
+      if (seen[id]) {
+        return Bad(kOp, "head_ids", "holds " + std::to_string(id) + " twice");
+      }
+      seen[id] = true;
+    }
+  } else if (args.cache_heads != 0 && args.cache_heads != args.heads) {
+    return Bad(kOp, "cache_heads",
+               "is " + std::to_string(args.cache_heads) +
+                   " without head_ids; want 0 or heads = " + std::to_string(args.heads));
+  }
   if (args.head_dim <= 0) return Bad(kOp, "head_dim", "must be positive");
   if (!std::isfinite(args.scale)) return Bad(kOp, "scale", "must be finite");
   int64_t width = static_cast<int64_t>(args.heads) * args.head_dim;
@@ -235,8 +336,7 @@ Status Attention(Backend& backend, const AttentionArgs& args) {
                  "holds " + std::to_string(args.q_pos[t]) + " at " + std::to_string(t));
     }
   }
-  TensorView cache{nullptr, DType::kF32,
-                   Shape{static_cast<int64_t>(args.heads) * kv.capacity, args.head_dim}};
+  TensorView cache{nullptr, DType::kF32, Shape{cache_heads * kv.capacity, args.head_dim}};
   cache.data = kv.k;
   DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", args.out, "kv.k", cache));
   cache.data = kv.v;

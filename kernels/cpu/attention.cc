@@ -1,5 +1,7 @@
 // CPU attention over a slot-mapped KV cache: for each (query token, head) the visible slots are
 // gathered (position known and <= the query's), scored, soft-maxed in f32 and used to weight V.
+// With head_ids (head-sparse attention) head h of q/out reads cache head head_ids[h]; the ids are
+// distinct (kernels/ops.cc checks), so the split below still gives each score row one writer.
 // Work is split over heads when H2O scores are accumulated (each head's score row then has one
 // writer, and tokens add into it in order, as the reference does) and over (token, head) pairs
 // otherwise.
@@ -20,7 +22,8 @@ void AttendOne(const AttentionArgs& a, int64_t t, int64_t h, std::vector<float>&
   const KvView& kv = a.kv;
   const int64_t d = a.head_dim;
   const int64_t width = static_cast<int64_t>(a.heads) * d;
-  const int64_t base = h * kv.capacity;
+  // h indexes q and out (compact when head-sparse); the cache is indexed by the cache head.
+  const int64_t base = (a.head_ids != nullptr ? a.head_ids[h] : h) * kv.capacity;
   const float* q = a.q.as<float>() + t * width + h * d;
   float* out = a.out.as<float>() + t * width + h * d;
   const int32_t q_pos = a.q_pos[t];

@@ -1,5 +1,5 @@
-// The CPU backend: owns the thread pool, wires the op table (Linear and attention live in their
-// own files) and implements the light row-wise ops here.
+// The CPU backend: owns the thread pool, wires the op table (Linear, the gathers and attention
+// live in their own files) and implements the light row-wise ops here.
 #include <cblas.h>
 
 #include <algorithm>
@@ -136,6 +136,8 @@ class CpuBackend final : public Backend {
     table_.add = CpuAdd;
     table_.log_softmax = CpuLogSoftmax;
     table_.top_k = CpuTopK;
+    table_.gather_linear = CpuGatherLinear;
+    table_.gather_linear_t = CpuGatherLinearT;
   }
   BackendKind kind() const override { return BackendKind::kCpu; }
   std::string name() const override {

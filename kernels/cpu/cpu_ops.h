@@ -11,8 +11,14 @@ namespace deja::kernels::cpu {
 Status CpuLinear(Backend& backend, TensorView x, TensorView w, TensorView bias, Activation act,
                  bool accumulate, TensorView out);
 Status CpuAttention(Backend& backend, const AttentionArgs& args);
+Status CpuGatherLinear(Backend& backend, TensorView x, TensorView w, TensorView bias,
+                       const int32_t* rows, int64_t n_rows, Activation act, bool accumulate,
+                       TensorView out);
+Status CpuGatherLinearT(Backend& backend, TensorView x, TensorView wt, const int32_t* rows,
+                        int64_t n_rows, bool accumulate, TensorView out);
 
-// M at and below which Linear uses the weight-streaming kernel rather than OpenBLAS.
+// M at and below which Linear (and the gathers) use the weight-streaming kernel rather than
+// OpenBLAS.
 constexpr int64_t kLinearSmallMMax = 32;
 
 }  // namespace deja::kernels::cpu

@@ -12,6 +12,9 @@
 // prefetch of the next row block during the current block's first walk raised one thread's
 // cold-weight streaming rate at M = 1 from ~20 to ~26-29 GB/s (M = 16: 4.3 -> 3.7 ms for an
 // 8192 x 2048 f16 matrix); prefetching two blocks ahead measured the same.
+// The same kernel serves the gather-GEMV (Deja Vu fc1 over selected neurons): a block is R row
+// pointers, consecutive rows for Linear, rows[n] of the index list for the gather; the prefetch
+// likewise follows the next block's R row pointers.
 // Compiled per x86 target by Highway's foreach_target and dispatched at run time.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/linear_small_m.cc"
@@ -45,14 +48,14 @@ HWY_INLINE float Finish(float dot, int64_t n, const LinearEpilogue& e, const flo
   return e.accumulate ? v + *prev : v;
 }
 
-// R weight rows (row stride k_dim) against C rows of x (row stride k_dim); stores epilogue'd
-// results to out[c * ldo + n + r].
-// When prefetch is non-null, also pulls the next R * k_dim weights (the next row block, which is
-// contiguous) into cache, spread over this walk so DRAM streams while the FMAs run.
+// R weight rows (w[r] points at row r, k_dim weights) against C rows of x (row stride k_dim);
+// stores epilogue'd results to out[c * ldo + n + r].
+// When prefetch is non-null, also pulls the next block's R rows (prefetch[r]) into cache,
+// spread over this walk so DRAM streams while the FMAs run.
 template <int R, int C, typename WT>
-HWY_INLINE void Tile(const WT* HWY_RESTRICT w, const float* HWY_RESTRICT x, int64_t k_dim,
-                     int64_t n, const LinearEpilogue& e, float* HWY_RESTRICT out, int64_t ldo,
-                     const WT* prefetch) {
+HWY_INLINE void Tile(const WT* const* w, const float* HWY_RESTRICT x, int64_t k_dim, int64_t n,
+                     const LinearEpilogue& e, float* HWY_RESTRICT out, int64_t ldo,
+                     const WT* const* prefetch) {
   const DF df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   using V = hn::Vec<DF>;
@@ -60,17 +63,20 @@ HWY_INLINE void Tile(const WT* HWY_RESTRICT w, const float* HWY_RESTRICT x, int6
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = hn::Zero(df);
   int64_t k = 0;
-  const char* pf = reinterpret_cast<const char*>(prefetch);
+  const WT* wr[R];
+  for (int r = 0; r < R; ++r) wr[r] = w[r];
   for (; k + lanes <= k_dim; k += lanes) {
-    if (pf != nullptr) {
-      // R * lanes weights per step: R * lanes * sizeof(WT) bytes of the next block.
-      for (int line = 0; line < static_cast<int>(R * lanes * sizeof(WT)); line += 64) {
-        hwy::Prefetch(pf + line);
+    if (prefetch != nullptr) {
+      // lanes weights of each next row per step: the next block is in cache by the walk's end.
+      for (int r = 0; r < R; ++r) {
+        const char* pf = reinterpret_cast<const char*>(prefetch[r] + k);
+        for (int line = 0; line < static_cast<int>(lanes * sizeof(WT)); line += 64) {
+          hwy::Prefetch(pf + line);
+        }
       }
-      pf += R * lanes * sizeof(WT);
     }
     V wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = LoadWidened(df, w + r * k_dim + k);
+    for (int r = 0; r < R; ++r) wv[r] = LoadWidened(df, wr[r] + k);
     for (int c = 0; c < C; ++c) {
       const V xv = hn::LoadU(df, x + c * k_dim + k);
       for (int r = 0; r < R; ++r) acc[r][c] = hn::MulAdd(wv[r], xv, acc[r][c]);
@@ -81,7 +87,7 @@ HWY_INLINE void Tile(const WT* HWY_RESTRICT w, const float* HWY_RESTRICT x, int6
     for (int c = 0; c < C; ++c) sums[r][c] = hn::GetLane(hn::SumOfLanes(df, acc[r][c]));
   for (; k < k_dim; ++k) {
     for (int r = 0; r < R; ++r) {
-      const float wk = ScalarToFloat(w[r * k_dim + k]);
+      const float wk = ScalarToFloat(wr[r][k]);
       for (int c = 0; c < C; ++c) sums[r][c] += wk * x[c * k_dim + k];
     }
   }
@@ -95,15 +101,16 @@ HWY_INLINE void Tile(const WT* HWY_RESTRICT w, const float* HWY_RESTRICT x, int6
 
 // All rows of x against R weight rows; the first walk also prefetches the next block.
 template <int R, typename WT>
-HWY_INLINE void RowBlock(const WT* w, const float* x, int64_t m_rows, int64_t k_dim, int64_t n,
-                         const LinearEpilogue& e, float* out, int64_t ldo, const WT* next) {
+HWY_INLINE void RowBlock(const WT* const* w, const float* x, int64_t m_rows, int64_t k_dim,
+                         int64_t n, const LinearEpilogue& e, float* out, int64_t ldo,
+                         const WT* const* next) {
   int64_t m = 0;
   for (; m + kCols <= m_rows; m += kCols) {
     Tile<R, kCols>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo, m == 0 ? next : nullptr);
   }
   const float* xm = x + m * k_dim;
   float* om = out + m * ldo;
-  const WT* pf = m == 0 ? next : nullptr;
+  const WT* const* pf = m == 0 ? next : nullptr;
   switch (m_rows - m) {
     case 5:
       Tile<R, 5>(w, xm, k_dim, n, e, om, ldo, pf);
@@ -125,15 +132,23 @@ HWY_INLINE void RowBlock(const WT* w, const float* x, int64_t m_rows, int64_t k_
   }
 }
 
+// Output column n reads weight row rows[n] (rows == nullptr: row n).
 template <typename WT>
-void LinearTyped(const float* x, int64_t m_rows, int64_t k_dim, const WT* w, int64_t n_begin,
-                 int64_t n_end, const LinearEpilogue& e, float* out, int64_t ldo) {
+void LinearTyped(const float* x, int64_t m_rows, int64_t k_dim, const WT* w, const int32_t* rows,
+                 int64_t n_begin, int64_t n_end, const LinearEpilogue& e, float* out, int64_t ldo) {
+  auto row = [&](int64_t n) { return w + (rows != nullptr ? rows[n] : n) * k_dim; };
+  const WT* wn[kRows];
+  const WT* next[kRows];
   int64_t n = n_begin;
   for (; n + kRows <= n_end; n += kRows) {
-    const WT* next = n + 2 * kRows <= n_end ? w + (n + kRows) * k_dim : nullptr;
-    RowBlock<kRows>(w + n * k_dim, x, m_rows, k_dim, n, e, out, ldo, next);
+    const bool has_next = n + 2 * kRows <= n_end;
+    for (int r = 0; r < kRows; ++r) {
+      wn[r] = row(n + r);
+      if (has_next) next[r] = row(n + kRows + r);
+    }
+    RowBlock<kRows>(wn, x, m_rows, k_dim, n, e, out, ldo, has_next ? next : nullptr);
   }
-  const WT* wn = w + n * k_dim;
+  for (int64_t r = 0; r < n_end - n; ++r) wn[r] = row(n + r);
   switch (n_end - n) {
     case 3:
       RowBlock<3, WT>(wn, x, m_rows, k_dim, n, e, out, ldo, nullptr);
@@ -150,18 +165,18 @@ void LinearTyped(const float* x, int64_t m_rows, int64_t k_dim, const WT* w, int
 }
 
 void LinearSmallMImpl(const float* x, int64_t m_rows, int64_t k_dim, const void* w, DType w_dtype,
-                      int64_t n_begin, int64_t n_end, const LinearEpilogue& e, float* out,
-                      int64_t ldo) {
+                      const int32_t* rows, int64_t n_begin, int64_t n_end, const LinearEpilogue& e,
+                      float* out, int64_t ldo) {
   switch (w_dtype) {
     case DType::kF16:
-      return LinearTyped(x, m_rows, k_dim, static_cast<const hwy::float16_t*>(w), n_begin, n_end, e,
-                         out, ldo);
+      return LinearTyped(x, m_rows, k_dim, static_cast<const hwy::float16_t*>(w), rows, n_begin,
+                         n_end, e, out, ldo);
     case DType::kBF16:
-      return LinearTyped(x, m_rows, k_dim, static_cast<const hwy::bfloat16_t*>(w), n_begin, n_end,
-                         e, out, ldo);
+      return LinearTyped(x, m_rows, k_dim, static_cast<const hwy::bfloat16_t*>(w), rows, n_begin,
+                         n_end, e, out, ldo);
     default:
-      return LinearTyped(x, m_rows, k_dim, static_cast<const float*>(w), n_begin, n_end, e, out,
-                         ldo);
+      return LinearTyped(x, m_rows, k_dim, static_cast<const float*>(w), rows, n_begin, n_end, e,
+                         out, ldo);
   }
 }
 
@@ -178,7 +193,14 @@ void LinearSmallM(const float* x, int64_t m_rows, int64_t k_dim, const void* w, 
                   int64_t n_begin, int64_t n_end, const LinearEpilogue& epilogue, float* out,
                   int64_t ldo) {
   HWY_DYNAMIC_DISPATCH(LinearSmallMImpl)
-  (x, m_rows, k_dim, w, w_dtype, n_begin, n_end, epilogue, out, ldo);
+  (x, m_rows, k_dim, w, w_dtype, nullptr, n_begin, n_end, epilogue, out, ldo);
+}
+
+void GatherLinearSmallM(const float* x, int64_t m_rows, int64_t k_dim, const void* w, DType w_dtype,
+                        const int32_t* rows, int64_t n_begin, int64_t n_end,
+                        const LinearEpilogue& epilogue, float* out, int64_t ldo) {
+  HWY_DYNAMIC_DISPATCH(LinearSmallMImpl)
+  (x, m_rows, k_dim, w, w_dtype, rows, n_begin, n_end, epilogue, out, ldo);
 }
 
 }  // namespace deja::kernels::cpu

@@ -46,6 +46,19 @@ void LinearSmallM(const float* x, int64_t m_rows, int64_t k_dim, const void* w, 
                   int64_t n_begin, int64_t n_end, const LinearEpilogue& epilogue, float* out,
                   int64_t ldo);
 
+// LinearSmallM over an index list: output column n in [n_begin, n_end) reads weight row
+// rows[n] of w [*, K] (the decode-time gather-GEMV). Epilogue bias is indexed by n (compact).
+void GatherLinearSmallM(const float* x, int64_t m_rows, int64_t k_dim, const void* w, DType w_dtype,
+                        const int32_t* rows, int64_t n_begin, int64_t n_end,
+                        const LinearEpilogue& epilogue, float* out, int64_t ldo);
+
+// out[m, n] (+)= sum_j x[m, j] * wt[rows[j], n] for m in [0, M), n in [n_begin, n_end): the
+// decode-time gather-transposed-GEMV. x is [M, n_rows] with row stride n_rows, wt [*, N] in
+// w_dtype, out [M, N] with row stride N. Without accumulate the columns are overwritten.
+void GatherLinearTSmallM(const float* x, int64_t m_rows, const void* wt, DType w_dtype,
+                         int64_t n_dim, const int32_t* rows, int64_t n_rows, int64_t n_begin,
+                         int64_t n_end, bool accumulate, float* out);
+
 // Name of the instruction set the dispatcher picked (for benchmarks and logs).
 const char* SimdTargetName();
 

@@ -1,7 +1,8 @@
 // Causal attention over a slot-mapped KV cache: one thread block per (token, head). Logits and
 // probabilities of the head's used slots stay in dynamic shared memory; softmax is in f32 with
 // the max shift; H2O scores are added with atomicAdd because every token of a launch adds into
-// the same per-head score row.
+// the same per-head score row. Head-sparse launches (head_ids) index q/out by the selected head
+// and the cache by the cache head it names.
 #include <cmath>
 
 #include "kernels/cuda/device_util.cuh"
@@ -20,7 +21,7 @@ __global__ void AttentionKernel(AttentionLaunch a) {
   const int64_t t = blockIdx.x / a.heads;
   const int32_t d = a.head_dim;
   const int64_t width = static_cast<int64_t>(a.heads) * d;
-  const int64_t base = static_cast<int64_t>(h) * a.capacity;
+  const int64_t base = static_cast<int64_t>(a.head_ids != nullptr ? a.head_ids[h] : h) * a.capacity;
   const float* q = a.q + t * width + static_cast<int64_t>(h) * d;
   float* out = a.out + t * width + static_cast<int64_t>(h) * d;
   float* sq = smem;      // [head_dim]

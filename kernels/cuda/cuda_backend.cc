@@ -28,6 +28,8 @@ class CudaBackendImpl final : public CudaBackend {
     table_.add = CudaAdd;
     table_.log_softmax = CudaLogSoftmax;
     table_.top_k = CudaTopK;
+    table_.gather_linear = CudaGatherLinear;
+    table_.gather_linear_t = CudaGatherLinearT;
   }
 
   BackendKind kind() const override { return BackendKind::kCuda; }

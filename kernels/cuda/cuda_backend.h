@@ -3,10 +3,10 @@
 //
 // Memory model. The CUDA backend owns device memory; every pointer an op receives from a
 // CudaBackend is a device pointer on that backend's device (tensors, weights, KvView k/v/slot_pos/
-// score, TopK values/indices), with two exceptions: the index arrays the validating ops
-// (kernels/ops.cc) read on the host, Embedding `ids` and Attention `q_pos`, are host pointers; the
-// backend copies them to the device on its stream before the kernel that reads them, and the
-// caller may reuse them as soon as the op returns.
+// score, TopK values/indices), with one exception: the index arrays the validating ops
+// (kernels/ops.cc) read on the host, Embedding `ids`, Attention `q_pos` and `head_ids` and the
+// gathers' `rows`, are host pointers; the backend copies them to the device on its stream before
+// the kernel that reads them, and the caller may reuse them as soon as the op returns.
 //
 // Ordering. Ops enqueue work on the backend's single stream and return without waiting; an Ok
 // return means the work was enqueued. Results are visible to the host after Synchronize() or a

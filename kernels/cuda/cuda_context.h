@@ -19,7 +19,8 @@ struct CudaContext {
   Stream stream;
   DeviceBuffer cublas_workspace;
   CublasHandle cublas;
-  Workspace indices;     // host index arrays (Embedding ids, Attention q_pos) staged on device
+  Workspace indices;     // host index arrays (Embedding ids, Attention q_pos and head_ids,
+                         // gather rows) staged on device
   Workspace narrow_x;    // Linear activations rounded to the f16/bf16 weight dtype
   Workspace linear_out;  // the Linear GEMM result when ReLU must precede the accumulation
   size_t attention_shared_limit = 0;  // dynamic shared memory bytes per attention block
@@ -42,5 +43,10 @@ Status CudaAttention(Backend& b, const AttentionArgs& args);
 Status CudaAdd(Backend& b, TensorView x, TensorView bias, TensorView out);
 Status CudaLogSoftmax(Backend& b, TensorView x, TensorView out);
 Status CudaTopK(Backend& b, TensorView x, int32_t k, float* values, int32_t* indices);
+Status CudaGatherLinear(Backend& b, TensorView x, TensorView w, TensorView bias,
+                        const int32_t* rows, int64_t n_rows, Activation act, bool accumulate,
+                        TensorView out);
+Status CudaGatherLinearT(Backend& b, TensorView x, TensorView wt, const int32_t* rows,
+                         int64_t n_rows, bool accumulate, TensorView out);
 
 }  // namespace deja::kernels::cuda

@@ -1,8 +1,10 @@
 // The CUDA op table entries other than Linear: argument plumbing from validated views to the
 // kernel launchers, staging of host index arrays and the few CUDA-specific limits (grid sizes,
 // attention shared memory), reported as Status.
+#include <algorithm>
 #include <climits>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/cuda_context.h"
 #include "kernels/cuda/launch.h"
@@ -70,10 +72,17 @@ Status CudaAttention(Backend& b, const AttentionArgs& args) {
                              std::to_string(shared) + " bytes of shared memory per block; " +
                              "this device allows " + std::to_string(ctx.attention_shared_limit));
   }
-  DEJA_ASSIGN_OR_RETURN(int32_t * dev_q_pos, StageIndices(ctx, args.q_pos, tokens));
+  // q_pos and head_ids share one staging copy (the indices workspace holds one array at a time).
+  const int64_t n_heads_ids = args.head_ids != nullptr ? args.heads : 0;
+  std::vector<int32_t> host_ids(static_cast<size_t>(tokens + n_heads_ids));
+  std::copy_n(args.q_pos, tokens, host_ids.begin());
+  if (n_heads_ids > 0) std::copy_n(args.head_ids, n_heads_ids, host_ids.begin() + tokens);
+  DEJA_ASSIGN_OR_RETURN(int32_t * dev_ids,
+                        StageIndices(ctx, host_ids.data(), static_cast<int64_t>(host_ids.size())));
   AttentionLaunch a;
   a.q = args.q.as<float>();
-  a.q_pos = dev_q_pos;
+  a.q_pos = dev_ids;
+  a.head_ids = n_heads_ids > 0 ? dev_ids + tokens : nullptr;
   a.k = args.kv.k;
   a.v = args.kv.v;
   a.slot_pos = args.kv.slot_pos;
@@ -86,6 +95,30 @@ Status CudaAttention(Backend& b, const AttentionArgs& args) {
   a.capacity = args.kv.capacity;
   a.used = args.kv.used;
   return CudaStatus(LaunchAttention(a, ctx.stream.get()), "attention kernel");
+}
+
+Status CudaGatherLinear(Backend& b, TensorView x, TensorView w, TensorView bias,
+                        const int32_t* rows, int64_t n_rows, Activation act, bool accumulate,
+                        TensorView out) {
+  CudaContext& ctx = ContextOf(b);
+  DEJA_RETURN_IF_ERROR(Enter(ctx));
+  DEJA_ASSIGN_OR_RETURN(int32_t * dev_rows, StageIndices(ctx, rows, n_rows));
+  return CudaStatus(
+      LaunchGatherLinear(x.as<float>(), x.rows(), x.cols(), w.data, w.dtype, bias.data, bias.dtype,
+                         dev_rows, n_rows, act == Activation::kRelu, accumulate, out.as<float>(),
+                         ctx.stream.get()),
+      "gather_linear kernel");
+}
+
+Status CudaGatherLinearT(Backend& b, TensorView x, TensorView wt, const int32_t* rows,
+                         int64_t n_rows, bool accumulate, TensorView out) {
+  CudaContext& ctx = ContextOf(b);
+  DEJA_RETURN_IF_ERROR(Enter(ctx));
+  DEJA_ASSIGN_OR_RETURN(int32_t * dev_rows, StageIndices(ctx, rows, n_rows));
+  return CudaStatus(
+      LaunchGatherLinearT(x.as<float>(), x.rows(), wt.data, wt.dtype, wt.cols(), dev_rows, n_rows,
+                          accumulate, out.as<float>(), ctx.stream.get()),
+      "gather_linear_t kernel");
 }
 
 Status CudaAdd(Backend& b, TensorView x, TensorView bias, TensorView out) {

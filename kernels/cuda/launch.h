@@ -42,16 +42,29 @@ cudaError_t LaunchLogSoftmax(const float* x, int64_t rows, int64_t cols, float* 
 cudaError_t LaunchTopK(const float* x, int64_t rows, int64_t cols, int32_t k, float* values,
                        int32_t* indices, cudaStream_t stream);
 
+// gather.cu: the Deja Vu gathers (semantics of GatherLinearFn / GatherLinearTFn in
+// kernels/op_table.h; rows is a device array).
+
+cudaError_t LaunchGatherLinear(const float* x, int64_t m_rows, int64_t k_dim, const void* w,
+                               DType w_dtype, const void* bias, DType bias_dtype,
+                               const int32_t* rows, int64_t n_rows, bool relu, bool accumulate,
+                               float* out, cudaStream_t stream);
+cudaError_t LaunchGatherLinearT(const float* x, int64_t m_rows, const void* wt, DType w_dtype,
+                                int64_t n_dim, const int32_t* rows, int64_t n_rows, bool accumulate,
+                                float* out, cudaStream_t stream);
+
 // attention.cu: one thread block per (token, head).
 
 struct AttentionLaunch {
   const float* q = nullptr;        // [tokens, heads * head_dim]
   const int32_t* q_pos = nullptr;  // [tokens], device
-  const float* k = nullptr;        // [heads, capacity, head_dim]
+  const float* k = nullptr;        // [cache heads, capacity, head_dim]
   const float* v = nullptr;
-  const int32_t* slot_pos = nullptr;  // [heads, capacity]
-  float* score = nullptr;             // [heads, capacity] or null
+  const int32_t* slot_pos = nullptr;  // [cache heads, capacity]
+  float* score = nullptr;             // [cache heads, capacity] or null
   float* out = nullptr;               // [tokens, heads * head_dim]
+  // Head-sparse: head h of q/out reads cache head head_ids[h] (device, [heads]); null: head h.
+  const int32_t* head_ids = nullptr;
   float scale = 1.f;
   int32_t tokens = 0, heads = 0, head_dim = 0, capacity = 0, used = 0;
 };

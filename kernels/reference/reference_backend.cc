@@ -77,7 +77,8 @@ Status RefAttention(Backend&, const AttentionArgs& a) {
     for (int64_t h = 0; h < a.heads; ++h) {
       const float* q = a.q.as<float>() + t * width + h * d;
       float* out = a.out.as<float>() + t * width + h * d;
-      const int64_t base = h * kv.capacity;
+      const int64_t cache_head = a.head_ids != nullptr ? a.head_ids[h] : h;
+      const int64_t base = cache_head * kv.capacity;
       double max_score = -std::numeric_limits<double>::infinity();
       std::vector<bool> visible(kv.used, false);
       for (int64_t s = 0; s < kv.used; ++s) {
@@ -104,6 +105,44 @@ Status RefAttention(Backend&, const AttentionArgs& a) {
         if (kv.score != nullptr) kv.score[base + s] += static_cast<float>(prob);
       }
       for (int64_t i = 0; i < d; ++i) out[i] = static_cast<float>(acc[i]);
+    }
+  }
+  return Status::Ok();
+}
+
+Status RefGatherLinear(Backend&, TensorView x, TensorView w, TensorView bias, const int32_t* rows,
+                       int64_t n_rows, Activation act, bool accumulate, TensorView out) {
+  const int64_t m_rows = x.rows(), k_dim = x.cols();
+  const float* xs = x.as<float>();
+  float* o = out.as<float>();
+  for (int64_t m = 0; m < m_rows; ++m) {
+    for (int64_t j = 0; j < n_rows; ++j) {
+      const int64_t n = rows[j];
+      double acc = bias.data != nullptr ? At(bias, n) : 0.0;
+      for (int64_t k = 0; k < k_dim; ++k) {
+        acc += static_cast<double>(xs[m * k_dim + k]) * At(w, n * k_dim + k);
+      }
+      if (act == Activation::kRelu) acc = std::max(acc, 0.0);
+      if (accumulate) acc += o[m * n_rows + j];
+      o[m * n_rows + j] = static_cast<float>(acc);
+    }
+  }
+  return Status::Ok();
+}
+
+Status RefGatherLinearT(Backend&, TensorView x, TensorView wt, const int32_t* rows, int64_t n_rows,
+                        bool accumulate, TensorView out) {
+  const int64_t m_rows = x.rows(), n_dim = wt.cols();
+  const float* xs = x.as<float>();
+  float* o = out.as<float>();
+  for (int64_t m = 0; m < m_rows; ++m) {
+    for (int64_t n = 0; n < n_dim; ++n) {
+      double acc = 0.0;
+      for (int64_t j = 0; j < n_rows; ++j) {
+        acc += static_cast<double>(xs[m * n_rows + j]) * At(wt, rows[j] * n_dim + n);
+      }
+      if (accumulate) acc += o[m * n_dim + n];
+      o[m * n_dim + n] = static_cast<float>(acc);
     }
   }
   return Status::Ok();
@@ -165,13 +204,13 @@ class ReferenceBackend final : public Backend {
     table_.add = RefAdd;
     table_.log_softmax = RefLogSoftmax;
     table_.top_k = RefTopK;
+    table_.gather_linear = RefGatherLinear;
+    table_.gather_linear_t = RefGatherLinearT;
   }
   BackendKind kind() const override { return BackendKind::kReference; }
   std::string name() const override { return "reference"; }
   const OpTable& ops() const override { return table_; }
-  bool Supports(OpId op, DType dtype) const override {
-    return SupportedByFullBackend(op, dtype);
-  }
+  bool Supports(OpId op, DType dtype) const override { return SupportedByFullBackend(op, dtype); }
 
  private:
   OpTable table_;

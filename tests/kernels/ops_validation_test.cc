@@ -150,6 +150,135 @@ TEST_F(OpsValidationTest, AttentionRejectsBadArguments) {
   expect_bad([&](AttentionArgs& a) { a.q_pos = &negative; }, "q_pos");
 }
 
+TEST_F(OpsValidationTest, AttentionRejectsBadHeadIds) {
+  // Head-sparse: 2 selected heads of a 3-head cache.
+  const int32_t cache_heads = 3, heads = 2, d = 4, cap = 3;
+  Tensor q = Tensor::Zeros(DType::kF32, {1, heads * d});
+  Tensor o = Tensor::Zeros(DType::kF32, {1, heads * d});
+  std::vector<float> k(cache_heads * cap * d), v(cache_heads * cap * d);
+  std::vector<float> score(cache_heads * cap);
+  std::vector<int32_t> slot_pos(cache_heads * cap, 0);
+  std::vector<int32_t> head_ids = {2, 0};
+  int32_t q_pos = 0;
+  AttentionArgs good;
+  good.q = q.view();
+  good.q_pos = &q_pos;
+  good.kv = {k.data(), v.data(), slot_pos.data(), cap, cap, score.data()};
+  good.heads = heads;
+  good.head_dim = d;
+  good.out = o.view();
+  good.head_ids = head_ids.data();
+  good.cache_heads = cache_heads;
+  EXPECT_TRUE(Attention(*b_, good).ok());
+  auto expect_bad = [&](auto mutate, const char* arg) {
+    AttentionArgs a = good;
+    mutate(a);
+    EXPECT_TRUE(RejectsArg(Attention(*b_, a), arg));
+  };
+  std::vector<int32_t> out_of_range = {3, 0}, negative = {0, -1}, twice = {1, 1};
+  expect_bad([&](AttentionArgs& a) { a.head_ids = out_of_range.data(); }, "head_ids");
+  expect_bad([&](AttentionArgs& a) { a.head_ids = negative.data(); }, "head_ids");
+  expect_bad([&](AttentionArgs& a) { a.head_ids = twice.data(); }, "head_ids");
+  expect_bad([](AttentionArgs& a) { a.cache_heads = 0; }, "cache_heads");
+  expect_bad([](AttentionArgs& a) { a.cache_heads = 2; }, "head_ids");  // id 2 out of range now
+  // q and out are as wide as the selected heads, not the cache's.
+  Tensor wide = Tensor::Zeros(DType::kF32, {1, cache_heads * d});
+  expect_bad([&](AttentionArgs& a) { a.q = wide.view(); }, "q");
+  expect_bad([&](AttentionArgs& a) { a.out = wide.view(); }, "out");
+  // Without head_ids, cache_heads must be 0 or heads.
+  expect_bad(
+      [](AttentionArgs& a) {
+        a.head_ids = nullptr;
+        a.cache_heads = 3;
+      },
+      "cache_heads");
+}
+
+TEST_F(OpsValidationTest, GatherLinearRejectsBadArguments) {
+  // w_ [4, 8] f16, x_ [2, 8]; 3 selected rows.
+  std::vector<int32_t> rows = {3, 0, 3};
+  Tensor out = Tensor::Zeros(DType::kF32, {2, 3});
+  auto gl = [&](TensorView x, TensorView w, TensorView bias, const int32_t* r, int64_t n,
+                TensorView o) {
+    return GatherLinear(*b_, x, w, bias, r, n, Activation::kRelu, false, o);
+  };
+  TensorView x = x_.view(), w = w_.view(), bias = bias_.view(), o = out.view();
+  EXPECT_TRUE(gl(x, w, bias, rows.data(), 3, o).ok());
+  EXPECT_TRUE(gl(x, w, TensorView{}, rows.data(), 3, o).ok());
+  // Zero rows of x: a no-op.
+  TensorView x0{x_.data(), DType::kF32, Shape{0, 8}}, o0{out.data(), DType::kF32, Shape{0, 3}};
+  EXPECT_TRUE(gl(x0, w, bias, rows.data(), 3, o0).ok());
+
+  std::vector<int32_t> bad_rows = {0, 4, 1};
+  EXPECT_TRUE(RejectsArg(gl(x, w, bias, bad_rows.data(), 3, o), "rows"));
+  bad_rows = {0, 1, -1};
+  EXPECT_TRUE(RejectsArg(gl(x, w, bias, bad_rows.data(), 3, o), "rows"));
+  EXPECT_TRUE(RejectsArg(gl(x, w, bias, nullptr, 3, o), "rows"));
+  EXPECT_TRUE(RejectsArg(gl(x, w, bias, rows.data(), 0, o), "n_rows"));
+  EXPECT_TRUE(RejectsArg(gl(x, w, bias, rows.data(), 2, o), "out"));
+  TensorView bad = x;
+  bad.shape = Shape{2, 7};
+  EXPECT_TRUE(RejectsArg(gl(bad, w, bias, rows.data(), 3, o), "x"));
+  bad = x;
+  bad.dtype = DType::kF16;
+  EXPECT_TRUE(RejectsArg(gl(bad, w, bias, rows.data(), 3, o), "x"));
+  bad = w;
+  bad.dtype = DType::kI32;
+  EXPECT_TRUE(RejectsArg(gl(x, bad, bias, rows.data(), 3, o), "w"));
+  bad = w;
+  bad.shape = Shape{32};
+  EXPECT_TRUE(RejectsArg(gl(x, bad, bias, rows.data(), 3, o), "w"));
+  Tensor bias3 = Tensor::Zeros(DType::kF16, {3});  // n_rows elements, not R
+  EXPECT_TRUE(RejectsArg(gl(x, w, bias3.view(), rows.data(), 3, o), "bias"));
+  bad = o;
+  bad.shape = Shape{1, 3};
+  EXPECT_TRUE(RejectsArg(gl(x, w, bias, rows.data(), 3, bad), "out"));
+  TensorView alias{x_.data(), DType::kF32, Shape{2, 3}};
+  EXPECT_TRUE(RejectsArg(gl(x, w, bias, rows.data(), 3, alias), "out"));
+  EXPECT_TRUE(RejectsArg(
+      GatherLinear(*b_, x, w, bias, rows.data(), 3, static_cast<Activation>(9), false, o), "act"));
+}
+
+TEST_F(OpsValidationTest, GatherLinearTRejectsBadArguments) {
+  // wt [6, 4] bf16 (R = 6, N = 4); x [2, 3] for 3 selected rows; out [2, 4].
+  Tensor wt = Tensor::Zeros(DType::kBF16, {6, 4});
+  Tensor x = Tensor::Zeros(DType::kF32, {2, 3});
+  std::vector<int32_t> rows = {5, 1, 5};
+  auto glt = [&](TensorView xv, TensorView w, const int32_t* r, int64_t n, TensorView o) {
+    return GatherLinearT(*b_, xv, w, r, n, true, o);
+  };
+  TensorView xv = x.view(), w = wt.view(), o = out_.view();
+  EXPECT_TRUE(glt(xv, w, rows.data(), 3, o).ok());
+  TensorView x0{x.data(), DType::kF32, Shape{0, 3}}, o0{out_.data(), DType::kF32, Shape{0, 4}};
+  EXPECT_TRUE(glt(x0, w, rows.data(), 3, o0).ok());
+
+  std::vector<int32_t> bad_rows = {6, 0, 0};
+  EXPECT_TRUE(RejectsArg(glt(xv, w, bad_rows.data(), 3, o), "rows"));
+  bad_rows = {0, -3, 0};
+  EXPECT_TRUE(RejectsArg(glt(xv, w, bad_rows.data(), 3, o), "rows"));
+  EXPECT_TRUE(RejectsArg(glt(xv, w, nullptr, 3, o), "rows"));
+  EXPECT_TRUE(RejectsArg(glt(xv, w, rows.data(), 0, o), "n_rows"));
+  EXPECT_TRUE(RejectsArg(glt(xv, w, rows.data(), 2, o), "x"));  // x has 3 columns
+  TensorView bad = w;
+  bad.dtype = DType::kI32;
+  EXPECT_TRUE(RejectsArg(glt(xv, bad, rows.data(), 3, o), "wt"));
+  bad = w;
+  bad.shape = Shape{24};
+  EXPECT_TRUE(RejectsArg(glt(xv, bad, rows.data(), 3, o), "wt"));
+  bad = o;
+  bad.shape = Shape{2, 5};
+  EXPECT_TRUE(RejectsArg(glt(xv, w, rows.data(), 3, bad), "out"));
+  bad = o;
+  bad.shape = Shape{1, 4};
+  EXPECT_TRUE(RejectsArg(glt(xv, w, rows.data(), 3, bad), "out"));
+  bad = xv;
+  bad.dtype = DType::kBF16;
+  EXPECT_TRUE(RejectsArg(glt(bad, w, rows.data(), 3, o), "x"));
+  TensorView alias{x.data(), DType::kF32, Shape{1, 4}};
+  TensorView x1{x.data(), DType::kF32, Shape{1, 3}};
+  EXPECT_TRUE(RejectsArg(glt(x1, w, rows.data(), 3, alias), "out"));
+}
+
 TEST_F(OpsValidationTest, AddLogSoftmaxTopKRejectBadArguments) {
   Tensor y = Tensor::Zeros(DType::kF32, {2, 8});
   Tensor bias = Tensor::Zeros(DType::kBF16, {8});

@@ -1,0 +1,363 @@
+// The Deja Vu sparse kernels of every backend under test against the reference: gather-GEMV,
+// gather-transposed-GEMV and head-sparse attention, on fresh random inputs (the seed comes from
+// std::random_device and is printed; DEJA_TEST_SEED=<n> replays it). Also the identities that tie
+// them to the dense ops: a gather over all rows in order is Linear, the transposed gather over
+// all rows is Linear with the transposed weight, and attention over a subset of heads equals the
+// dense attention's output for those heads and updates only their scores.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hwy/targets.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ops.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace deja::kernels {
+namespace {
+
+using testing::BackendsUnderTest;
+using testing::Close;
+using testing::CopyOf;
+using testing::RandomTensor;
+using testing::WeightDTypes;
+
+// Tolerance: f32 accumulation in every backend, weights widened exactly, so only summation order
+// differs from the reference's double sums: the shared f32 bound (kernel_test_util.h).
+constexpr double kTol = testing::kRelTol;
+
+uint32_t BaseSeed() {
+  static const uint32_t seed = [] {
+    const char* env = std::getenv("DEJA_TEST_SEED");
+    uint32_t s = env != nullptr ? static_cast<uint32_t>(std::strtoul(env, nullptr, 10))
+                                : std::random_device{}();
+    std::printf("compare_gather_test seed: %u (replay with DEJA_TEST_SEED=%u)\n", s, s);
+    return s;
+  }();
+  return seed;
+}
+
+// n_rows indices into [0, r): unsorted, with repeats whenever n_rows > r / 2 allows them.
+std::vector<int32_t> RandomRows(std::mt19937& rng, int64_t r, int64_t n_rows) {
+  std::vector<int32_t> rows(static_cast<size_t>(n_rows));
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(r - 1));
+  for (auto& v : rows) v = pick(rng);
+  return rows;
+}
+
+struct GatherCase {
+  int64_t m, r, k, n_rows;  // x [m, k], w [r, k], n_rows selected rows
+  DType dtype;
+  bool bias, relu, accumulate;
+  std::string Label() const {
+    return "M=" + std::to_string(m) + " R=" + std::to_string(r) + " K=" + std::to_string(k) +
+           " n_rows=" + std::to_string(n_rows) + " " + DTypeName(dtype) + (bias ? " bias" : "") +
+           (relu ? " relu" : "") + (accumulate ? " accumulate" : "");
+  }
+};
+
+void CheckGatherLinear(const GatherCase& c, uint32_t seed) {
+  SCOPED_TRACE(c.Label() + " seed=" + std::to_string(seed));
+  std::mt19937 rng(seed);
+  Tensor x = RandomTensor(rng, DType::kF32, {c.m, c.k});
+  Tensor w = RandomTensor(rng, c.dtype, {c.r, c.k});
+  Tensor bias = RandomTensor(rng, c.dtype, {c.r});
+  Tensor init = RandomTensor(rng, DType::kF32, {c.m, c.n_rows});
+  std::vector<int32_t> rows = RandomRows(rng, c.r, c.n_rows);
+  TensorView bias_view = c.bias ? bias.view() : TensorView{};
+  Activation act = c.relu ? Activation::kRelu : Activation::kNone;
+
+  auto ref = MakeReferenceBackend();
+  Tensor want = CopyOf(init);
+  ASSERT_TRUE(GatherLinear(*ref, x.view(), w.view(), bias_view, rows.data(), c.n_rows, act,
+                           c.accumulate, want.view())
+                  .ok());
+  for (auto& bc : BackendsUnderTest()) {
+    if (!bc.backend->Supports(OpId::kGatherLinear, c.dtype)) continue;
+    SCOPED_TRACE(bc.label);
+    Tensor got = CopyOf(init);
+    Status s = GatherLinear(*bc.backend, x.view(), w.view(), bias_view, rows.data(), c.n_rows, act,
+                            c.accumulate, got.view());
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(Close(got.as<float>(), want.as<float>(), got.numel(), kTol));
+  }
+}
+
+struct GatherTCase {
+  int64_t m, r, n, n_rows;  // x [m, n_rows], wt [r, n]
+  DType dtype;
+  bool accumulate;
+  std::string Label() const {
+    return "M=" + std::to_string(m) + " R=" + std::to_string(r) + " N=" + std::to_string(n) +
+           " n_rows=" + std::to_string(n_rows) + " " + DTypeName(dtype) +
+           (accumulate ? " accumulate" : "");
+  }
+};
+
+void CheckGatherLinearT(const GatherTCase& c, uint32_t seed) {
+  SCOPED_TRACE(c.Label() + " seed=" + std::to_string(seed));
+  std::mt19937 rng(seed);
+  Tensor x = RandomTensor(rng, DType::kF32, {c.m, c.n_rows});
+  Tensor wt = RandomTensor(rng, c.dtype, {c.r, c.n});
+  Tensor init = RandomTensor(rng, DType::kF32, {c.m, c.n});
+  std::vector<int32_t> rows = RandomRows(rng, c.r, c.n_rows);
+
+  auto ref = MakeReferenceBackend();
+  Tensor want = CopyOf(init);
+  ASSERT_TRUE(
+      GatherLinearT(*ref, x.view(), wt.view(), rows.data(), c.n_rows, c.accumulate, want.view())
+          .ok());
+  for (auto& bc : BackendsUnderTest()) {
+    if (!bc.backend->Supports(OpId::kGatherLinearT, c.dtype)) continue;
+    SCOPED_TRACE(bc.label);
+    Tensor got = CopyOf(init);
+    Status s = GatherLinearT(*bc.backend, x.view(), wt.view(), rows.data(), c.n_rows, c.accumulate,
+                             got.view());
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(Close(got.as<float>(), want.as<float>(), got.numel(), kTol));
+  }
+}
+
+// Decode sizes, the largest small-M size, both sides of the BLAS switch and a prefill size.
+const int64_t kMs[] = {1, 3, 16, cpu::kLinearSmallMMax, cpu::kLinearSmallMMax + 1, 40};
+
+TEST(CompareGatherLinear, ShapeGrid) {
+  // (R, K, n_rows): tiny, odd K (vector tails), n_rows not a multiple of the 4-row block, more
+  // selected rows than R (repeats), and an fc1-like 1024 x 2048 at 30% kept.
+  const int64_t rkn[][3] = {{1, 1, 1},       {5, 3, 7},       {17, 3, 6},    {37, 70, 37},
+                            {255, 1000, 77}, {130, 2049, 65}, {64, 4099, 9}, {1024, 2048, 307}};
+  uint32_t seed = BaseSeed();
+  int i = 0;
+  for (int64_t m : kMs) {
+    for (const auto& s : rkn) {
+      for (DType dt : WeightDTypes()) {
+        const int v = i++ % 8;
+        CheckGatherLinear({m, s[0], s[1], s[2], dt, (v & 1) != 0, (v & 2) != 0, (v & 4) != 0},
+                          seed++);
+      }
+    }
+  }
+}
+
+TEST(CompareGatherLinear, Epilogues) {
+  // Every (bias, relu, accumulate) combination on both kernel paths.
+  uint32_t seed = BaseSeed() + 10000;
+  for (int64_t m : {1, 3, 40})
+    for (DType dt : WeightDTypes())
+      for (int v = 0; v < 8; ++v)
+        CheckGatherLinear({m, 50, 71, 23, dt, (v & 1) != 0, (v & 2) != 0, (v & 4) != 0}, seed++);
+}
+
+TEST(CompareGatherLinearT, ShapeGrid) {
+  // (R, N, n_rows): tiny, N not a multiple of the vector width or the 64-column thread block,
+  // repeats (n_rows > R) and an out-projection-like pick of 64 of 200 rows.
+  const int64_t rnn[][3] = {{1, 1, 1},      {5, 17, 9},       {70, 37, 21}, {1000, 255, 131},
+                            {300, 1031, 8}, {2049, 130, 600}, {64, 200, 64}};
+  uint32_t seed = BaseSeed() + 20000;
+  int i = 0;
+  for (int64_t m : kMs) {
+    for (const auto& s : rnn) {
+      for (DType dt : WeightDTypes()) {
+        CheckGatherLinearT({m, s[0], s[1], s[2], dt, (i++ % 2) != 0}, seed++);
+      }
+    }
+  }
+}
+
+TEST(CompareGatherLinearT, ModelSized) {
+  // An OPT-1.3B fc2-like W2ᵀ [8192, 2048] with 10% of the rows kept.
+  uint32_t seed = BaseSeed() + 25000;
+  for (int64_t m : {1, 16})
+    for (DType dt : WeightDTypes()) CheckGatherLinearT({m, 8192, 2048, 819, dt, false}, seed++);
+}
+
+TEST(CompareGatherLinearT, Accumulate) {
+  uint32_t seed = BaseSeed() + 30000;
+  for (int64_t m : {1, 7, 16, 40})
+    for (DType dt : WeightDTypes())
+      for (bool acc : {false, true}) CheckGatherLinearT({m, 90, 333, 45, dt, acc}, seed++);
+}
+
+TEST(CompareGather, EverySimdTarget) {
+  // Force each compiled target this CPU can run, so the narrower register blocks (AVX2, SSE4)
+  // of both kernels are checked as well.
+  uint32_t seed = BaseSeed() + 35000;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    for (int64_t m : {1, 3, 7, 13}) {
+      for (DType dt : WeightDTypes()) {
+        CheckGatherLinear({m, 41, 71, 19, dt, true, true, true}, seed++);
+        CheckGatherLinearT({m, 41, 203, 19, dt, (m & 1) != 0}, seed++);
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+// A gather over every row in order is the dense Linear (same backend).
+TEST(GatherIdentities, AllRowsInOrderIsLinear) {
+  uint32_t seed = BaseSeed() + 40000;
+  for (int64_t m : {1, 5, 40}) {
+    for (DType dt : WeightDTypes()) {
+      SCOPED_TRACE("M=" + std::to_string(m) + " " + DTypeName(dt) +
+                   " seed=" + std::to_string(seed));
+      std::mt19937 rng(seed++);
+      const int64_t n = 131, k = 517;
+      Tensor x = RandomTensor(rng, DType::kF32, {m, k});
+      Tensor w = RandomTensor(rng, dt, {n, k});
+      Tensor bias = RandomTensor(rng, dt, {n});
+      std::vector<int32_t> rows(n);
+      std::iota(rows.begin(), rows.end(), 0);
+      auto ref = MakeReferenceBackend();
+      for (Backend* b : {ref.get(), BackendsUnderTest()[0].backend.get()}) {
+        SCOPED_TRACE(b->name());
+        Tensor dense = Tensor::Zeros(DType::kF32, {m, n});
+        Tensor gathered = Tensor::Zeros(DType::kF32, {m, n});
+        ASSERT_TRUE(
+            Linear(*b, x.view(), w.view(), bias.view(), Activation::kRelu, false, dense.view())
+                .ok());
+        ASSERT_TRUE(GatherLinear(*b, x.view(), w.view(), bias.view(), rows.data(), n,
+                                 Activation::kRelu, false, gathered.view())
+                        .ok());
+        EXPECT_TRUE(Close(gathered.as<float>(), dense.as<float>(), dense.numel(), kTol));
+      }
+    }
+  }
+}
+
+// The transposed gather over every row in order is Linear with w = wtᵀ.
+TEST(GatherIdentities, TransposedAllRowsIsLinearOfTranspose) {
+  uint32_t seed = BaseSeed() + 50000;
+  for (int64_t m : {1, 5, 40}) {
+    for (DType dt : WeightDTypes()) {
+      SCOPED_TRACE("M=" + std::to_string(m) + " " + DTypeName(dt) +
+                   " seed=" + std::to_string(seed));
+      std::mt19937 rng(seed++);
+      const int64_t r = 300, n = 77;
+      Tensor x = RandomTensor(rng, DType::kF32, {m, r});
+      Tensor wt = RandomTensor(rng, dt, {r, n});
+      Tensor w = Tensor::Empty(dt, {n, r});
+      for (int64_t j = 0; j < r; ++j)
+        for (int64_t c = 0; c < n; ++c)
+          StoreFromFloat(w.data(), dt, c * r + j, LoadAsFloat(wt.data(), dt, j * n + c));
+      std::vector<int32_t> rows(r);
+      std::iota(rows.begin(), rows.end(), 0);
+      auto ref = MakeReferenceBackend();
+      for (Backend* b : {ref.get(), BackendsUnderTest()[0].backend.get()}) {
+        SCOPED_TRACE(b->name());
+        Tensor dense = Tensor::Zeros(DType::kF32, {m, n});
+        Tensor gathered = Tensor::Zeros(DType::kF32, {m, n});
+        ASSERT_TRUE(
+            Linear(*b, x.view(), w.view(), TensorView{}, Activation::kNone, false, dense.view())
+                .ok());
+        ASSERT_TRUE(
+            GatherLinearT(*b, x.view(), wt.view(), rows.data(), r, false, gathered.view()).ok());
+        EXPECT_TRUE(Close(gathered.as<float>(), dense.as<float>(), dense.numel(), kTol));
+      }
+    }
+  }
+}
+
+// Attention over a subset of heads (unsorted) equals the dense attention's output for those heads
+// and adds scores only into their rows; the other heads' scores stay exactly as they were.
+void CheckHeadSubset(int32_t cache_heads, const std::vector<int32_t>& head_ids, int32_t head_dim,
+                     int32_t capacity, int32_t used, int32_t tokens, uint32_t seed) {
+  SCOPED_TRACE("cache_heads=" + std::to_string(cache_heads) +
+               " selected=" + std::to_string(head_ids.size()) +
+               " head_dim=" + std::to_string(head_dim) + " used=" + std::to_string(used) +
+               " tokens=" + std::to_string(tokens) + " seed=" + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const int64_t d = head_dim, width = cache_heads * d;
+  const int64_t cache = static_cast<int64_t>(cache_heads) * capacity;
+  const int32_t heads = static_cast<int32_t>(head_ids.size());
+  Tensor q = RandomTensor(rng, DType::kF32, {tokens, width}, -2.f, 2.f);
+  Tensor k = RandomTensor(rng, DType::kF32, {cache, d}, -2.f, 2.f);
+  Tensor v = RandomTensor(rng, DType::kF32, {cache, d});
+  Tensor score0 = RandomTensor(rng, DType::kF32, {cache}, 0.f, 3.f);
+  std::vector<int32_t> slot_pos(cache, -1);
+  std::uniform_int_distribution<int> coin(0, 4);
+  for (int64_t i = 0; i < cache; ++i) {
+    const int32_t s = static_cast<int32_t>(i % capacity);
+    slot_pos[i] = s >= used ? 0 : (coin(rng) == 0 ? -1 : s + 1);
+  }
+  std::vector<int32_t> q_pos(tokens);
+  for (int32_t t = 0; t < tokens; ++t) q_pos[t] = used - tokens + 1 + t;
+  // The selected heads' columns of q, compact.
+  Tensor q_sel = Tensor::Empty(DType::kF32, {tokens, heads * d});
+  for (int32_t t = 0; t < tokens; ++t)
+    for (int32_t i = 0; i < heads; ++i)
+      std::copy_n(q.as<float>() + t * width + head_ids[i] * d, d,
+                  q_sel.as<float>() + (t * heads + i) * d);
+
+  auto args = [&](TensorView qv, TensorView out, float* score) {
+    AttentionArgs a;
+    a.q = qv;
+    a.scale = 1.f / std::sqrt(static_cast<float>(d));
+    a.q_pos = q_pos.data();
+    a.kv = {k.as<float>(), v.as<float>(), slot_pos.data(), capacity, used, score};
+    a.head_dim = head_dim;
+    a.out = out;
+    return a;
+  };
+  auto ref = MakeReferenceBackend();
+  Tensor dense_out = Tensor::Zeros(DType::kF32, {tokens, width});
+  Tensor dense_score = CopyOf(score0);
+  AttentionArgs dense = args(q.view(), dense_out.view(), dense_score.as<float>());
+  dense.heads = cache_heads;
+  ASSERT_TRUE(Attention(*ref, dense).ok());
+  // What the sparse call must produce: the selected heads' outputs, those heads' dense scores and
+  // the untouched scores elsewhere.
+  std::vector<float> want_out(static_cast<size_t>(tokens * heads * d));
+  for (int32_t t = 0; t < tokens; ++t)
+    for (int32_t i = 0; i < heads; ++i)
+      std::copy_n(dense_out.as<float>() + t * width + head_ids[i] * d, d,
+                  want_out.data() + (t * heads + i) * d);
+  Tensor want_score = CopyOf(score0);
+  for (int32_t h : head_ids)
+    std::copy_n(dense_score.as<float>() + h * capacity, capacity,
+                want_score.as<float>() + h * capacity);
+
+  std::vector<Backend*> backends = {ref.get()};
+  for (auto& bc : BackendsUnderTest()) backends.push_back(bc.backend.get());
+  for (Backend* b : backends) {
+    SCOPED_TRACE(b->name());
+    Tensor got = RandomTensor(rng, DType::kF32, {tokens, heads * d}, 50.f, 60.f);
+    Tensor got_score = CopyOf(score0);
+    AttentionArgs sparse = args(q_sel.view(), got.view(), got_score.as<float>());
+    sparse.heads = heads;
+    sparse.head_ids = head_ids.data();
+    sparse.cache_heads = cache_heads;
+    Status s = Attention(*b, sparse);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(Close(got.as<float>(), want_out.data(), got.numel(), kTol));
+    EXPECT_TRUE(Close(got_score.as<float>(), want_score.as<float>(), cache, kTol)) << "scores";
+    for (int32_t h = 0; h < cache_heads; ++h) {
+      if (std::find(head_ids.begin(), head_ids.end(), h) != head_ids.end()) continue;
+      for (int32_t s2 = 0; s2 < capacity; ++s2) {
+        ASSERT_EQ(got_score.as<float>()[h * capacity + s2], score0.as<float>()[h * capacity + s2])
+            << "score of unselected head " << h << " slot " << s2 << " changed";
+      }
+    }
+  }
+}
+
+TEST(CompareHeadSparseAttention, SubsetEqualsDenseHeads) {
+  uint32_t seed = BaseSeed() + 60000;
+  CheckHeadSubset(1, {0}, 8, 5, 5, 1, seed++);
+  CheckHeadSubset(4, {2}, 16, 9, 7, 1, seed++);
+  CheckHeadSubset(6, {3, 0, 5}, 17, 20, 13, 4, seed++);
+  CheckHeadSubset(8, {7, 1, 4, 2, 6}, 64, 64, 50, 1, seed++);
+  CheckHeadSubset(32, {31, 0, 9, 17, 12, 3, 28, 20, 5}, 64, 200, 150, 3, seed++);
+  CheckHeadSubset(5, {4, 3, 2, 1, 0}, 33, 30, 30, 2, seed++);  // all heads, reversed
+}
+
+}  // namespace
+}  // namespace deja::kernels
