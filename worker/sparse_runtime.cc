@@ -349,10 +349,17 @@ Status SparseRuntime::Finish(Kind kind, int32_t layer, BlockPlan* plan) {
         if (seen[u]) plan->units.push_back(static_cast<int32_t>(u));
       }
       const float fraction = static_cast<float>(plan->units.size()) / static_cast<float>(units);
+      plan->active_fraction = fraction;
       if (fraction <= options_.dense_fallback) {
         plan->mode = BlockPlan::Mode::kGather;
-        plan->active_fraction = fraction;
       } else {
+        // Dense kernels (cheaper than gathering nearly everything), masked to the union so the
+        // result is the same as the gather path's.
+        plan->mode = BlockPlan::Mode::kMasked;
+        plan->keep.resize(static_cast<size_t>(rows_ * units));
+        for (int64_t r = 1; r < rows_; ++r) {
+          std::copy(seen.begin(), seen.begin() + units, plan->keep.begin() + r * units);
+        }
         plan->units.clear();
       }
     } else {

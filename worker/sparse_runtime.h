@@ -8,13 +8,14 @@
 // the schedule's first layers run dense. Each rank keeps its own top-(k/N) of its own units.
 //
 // A block plan is one of:
-//  - dense: nothing skipped (no sparse row, a dense layer, or a batch whose union of active
-//    sets passes SparsityOptions::dense_fallback);
+//  - dense: nothing skipped (no sparse row, or a dense layer of the schedule);
 //  - gather: every row is a sparse decode token; the block computes only the union of the
 //    rows' active units with the gather kernels;
-//  - masked: prefill chunks or a batch mixing dense and sparse sequences; the block computes
-//    densely and zeroes, per row, the units that row's selection skips, so every token sees
-//    exactly its own sparsity (the same result a batch-1 decode of that token gives).
+//  - masked: the block computes with the dense kernels and zeroes, per row, the units that row
+//    skips. Prefill chunks and batches mixing dense and sparse sequences use it so every token
+//    sees exactly its own selection (the result a batch-1 decode of that token gives); a decode
+//    batch whose union passes SparsityOptions::dense_fallback uses it with the union as every
+//    row's mask (the dense kernels are then cheaper; the result is the gather path's).
 #pragma once
 
 #include <condition_variable>

@@ -2,7 +2,7 @@
 //  - with every unit selected, the sparse kernels' path (gather decode, masked prefill) equals
 //    the dense model within fp32 tolerance;
 //  - the oracle keeps the fraction asked for, per layer, and changes the output;
-//  - a batch computes the union of its rows' sets, falling back to dense above the threshold;
+//  - a batch computes the union of its rows' sets, with the dense kernels above the threshold;
 //  - TP=2 sparse (threads over the in-process communicator) equals TP=1 sparse with the same
 //    selection groups;
 //  - with the committed predictors: decoding token by token (gather kernels) gives the same
@@ -165,17 +165,16 @@ TEST(SparseModelTest, BatchUsesTheUnionAndFallsBackToDense) {
     EXPECT_GT(unioned->neuron_fraction[s], 0.5f);
     EXPECT_LT(unioned->neuron_fraction[s], 0.85f);
   }
-  o.dense_fallback = 0.4f;  // every union passes 40%: dense
+  // Above the fallback fraction the dense kernels run, masked to the same union: same result.
+  o.dense_fallback = 0.4f;
   ASSERT_TRUE(model->EnableSparsity(o).ok());
   auto fallback = RunTrace(*model, seqs, 3, true);
   ASSERT_TRUE(fallback.ok());
+  EXPECT_LE(RelErr(*fallback, *unioned), kRelTol);
+  EXPECT_EQ(fallback->neuron_fraction, unioned->neuron_fraction);
   auto dense = RunTrace(*model, seqs, 3, false);
   ASSERT_TRUE(dense.ok());
-  for (size_t s = 1; s < fallback->neuron_fraction.size(); ++s) {
-    EXPECT_FLOAT_EQ(fallback->neuron_fraction[s], 1.0f);
-  }
-  // The prefill step (masked per row) still differs; the decode steps ran dense.
-  EXPECT_GT(RelErr(*fallback, *dense), 0.0);
+  EXPECT_GT(RelErr(*fallback, *dense), 1e-3);
 }
 
 // One TP=2 rank pair over threads, every rank running the same trace.
