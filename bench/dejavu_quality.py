@@ -56,7 +56,9 @@ def main():
     meta = json.loads(pathlib.Path(a.predictors).with_suffix(".json").read_text())
     print("# predictors: per-layer schedule, recall and precision on the trainer's validation rows")
     for layer in meta["layers"]:
-        print(json.dumps({"layer": layer["layer"], "mlp": layer["mlp"], "heads": layer["heads"]}))
+        brief = {k: {f: v for f, v in layer[k].items() if f in ("top_k", "recall", "precision")}
+                 for k in ("mlp", "heads")}
+        print(json.dumps({"layer": layer["layer"], **brief}))
 
     rows = []
     for name, flags in schedules:

@@ -58,8 +58,9 @@ struct SparsityOptions {
   // > 0 (and no predictors): oracle mode for speed runs on random-weight checkpoints, which
   // keeps this fraction of heads and neurons (pseudo-random, per token) in every sparse layer.
   float oracle_fraction = 0.0f;
-  // Overrides of the predictors' schedule: fractions of neurons / heads kept in sparse layers
-  // (0 = the schedule's top-k) and how many first layers stay dense (-1 = the schedule's).
+  // Overrides of the predictors' schedule (or of oracle_fraction): fractions of neurons / heads
+  // kept in sparse layers (0 = the schedule's top-k) and how many first layers stay dense (-1 =
+  // the schedule's).
   float mlp_fraction = 0.0f;
   float head_fraction = 0.0f;
   int32_t dense_layers = -1;

@@ -155,8 +155,12 @@ StatusOr<std::unique_ptr<SparseRuntime>> SparseRuntime::Create(const SparsityOpt
     int64_t mlp_total = 0, head_total = 0;
     const bool dense_layer = options.dense_layers >= 0 && l < options.dense_layers;
     if (oracle) {
-      mlp_total = std::lround(options.oracle_fraction * config.ffn_dim);
-      head_total = std::lround(options.oracle_fraction * config.num_attention_heads);
+      const float mlp_keep = options.mlp_fraction > 0 ? options.mlp_fraction
+                                                      : options.oracle_fraction;
+      const float head_keep = options.head_fraction > 0 ? options.head_fraction
+                                                        : options.oracle_fraction;
+      mlp_total = std::lround(mlp_keep * config.ffn_dim);
+      head_total = std::lround(head_keep * config.num_attention_heads);
     } else {
       const predictors::LayerSchedule& s = rt->set_.meta.layers[l];
       const predictors::LayerPredictors& p = rt->set_.layers[l];
