@@ -73,6 +73,16 @@ StatusOr<v1::GenerateRequest> RequestFromFlags(const Args& args) {
     r.mutable_response()->set_top_n_tokens(static_cast<uint32_t>(v));
   }
   if (args.On("logprobs")) r.mutable_response()->set_logprobs(true);
+  if (args.Has("sparsity")) {
+    const std::string mode = args.Str("sparsity");
+    if (mode != "on" && mode != "off") {
+      return InvalidArgument("--sparsity must be on or off, got '" + mode + "'");
+    }
+    r.mutable_sparsity()->set_mode(mode == "on" ? v1::Sparsity::MODE_ON : v1::Sparsity::MODE_OFF);
+  }
+  if (args.Has("sparsity-schedule")) {
+    r.mutable_sparsity()->set_schedule(args.Str("sparsity-schedule"));
+  }
   return r;
 }
 
@@ -204,6 +214,8 @@ int RunClient(int argc, char** argv, int first) {
       .Bool("ignore-eos", "keep generating after EOS")
       .Flag("time-limit-ms", "end the request after this long with FINISH_REASON_TIME_LIMIT")
       .Flag("top-n", "alternatives per token, 0..5")
+      .Flag("sparsity", "Deja Vu sparsity: on or off (unset: the server's default)")
+      .Flag("sparsity-schedule", "a sparsity schedule of ModelInfo.sparsity_schedules")
       .Bool("logprobs", "return each token's log-probability")
       .Flag("request-id", "client request id (cancel: the id to cancel)")
       .Bool("add-bos", "tokenize: prepend BOS")

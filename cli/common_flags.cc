@@ -1,5 +1,7 @@
 #include "cli/common_flags.h"
 
+#include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -71,6 +73,63 @@ StatusOr<worker::CachePolicyConfig> CachePolicyFromFlags(const Args& args) {
   return c;
 }
 
+void AddSparsityFlags(Args& args) {
+  args.Flag("predictors",
+            "Deja Vu predictor safetensors (its .json schedule beside it); enables sparsity")
+      .Flag("sparsity-oracle",
+            "speed runs without predictors: keep this fraction in (0, 1] of heads and neurons, "
+            "chosen pseudo-randomly per token (quality is not meaningful)")
+      .Flag("sparsity-default",
+            "on|off: sparsity for requests that leave Sparsity.mode unspecified [default: on "
+            "when --predictors or --sparsity-oracle is given]");
+}
+
+StatusOr<SparsityFlags> SparsityFromFlags(const Args& args) {
+  SparsityFlags f;
+  if (args.Has("predictors")) {
+    f.predictors = args.Str("predictors");
+    if (f.predictors.empty()) return InvalidArgument("--predictors must name a file");
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(f.predictors, ec)) {
+      return InvalidArgument("--predictors: " + f.predictors + " is not a readable file");
+    }
+    const std::string meta =
+        std::filesystem::path(f.predictors).replace_extension(".json").string();
+    if (!std::filesystem::is_regular_file(meta, ec)) {
+      return InvalidArgument("--predictors: the schedule " + meta + " that goes with " +
+                             f.predictors + " does not exist");
+    }
+    f.options.predictors = f.predictors;
+  }
+  if (args.Has("sparsity-oracle")) {
+    DEJA_ASSIGN_OR_RETURN(double fraction, args.Double("sparsity-oracle"));
+    if (!(fraction > 0.0 && fraction <= 1.0) || !std::isfinite(fraction)) {
+      return InvalidArgument("--sparsity-oracle must be in (0, 1], got " +
+                             args.Str("sparsity-oracle"));
+    }
+    if (!f.predictors.empty()) {
+      return InvalidArgument("--sparsity-oracle and --predictors exclude each other");
+    }
+    f.oracle = args.Str("sparsity-oracle");
+    f.options.oracle_fraction = static_cast<float>(fraction);
+  }
+  f.enabled = !f.predictors.empty() || f.options.oracle_fraction > 0.0f;
+  f.default_on = f.enabled;
+  if (args.Has("sparsity-default")) {
+    f.default_flag = args.Str("sparsity-default");
+    if (f.default_flag == "on") {
+      if (!f.enabled) {
+        return InvalidArgument("--sparsity-default on needs --predictors or --sparsity-oracle");
+      }
+      f.default_on = true;
+    } else if (f.default_flag == "off") {
+      f.default_on = false;
+    } else {
+      return InvalidArgument("--sparsity-default must be on or off, got '" + f.default_flag + "'");
+    }
+  }
+  return f;
+}
 
 StatusOr<LoadedModel> LoadModelFromFlags(const Args& args) {
   LoadedModel m;

@@ -20,6 +20,24 @@ StatusOr<worker::SamplingParams> SamplingFromFlags(const Args& args);
 void AddCachePolicyFlags(Args& args, const std::string& default_kind);
 StatusOr<worker::CachePolicyConfig> CachePolicyFromFlags(const Args& args);
 
+// Deja Vu sparsity of a serving worker: --predictors, --sparsity-oracle, --sparsity-default.
+struct SparsityFlags {
+  worker::SparsityOptions options;  // predictors / oracle_fraction as given
+  // Predictors or oracle mode set: the worker calls OptModel::EnableSparsity.
+  bool enabled = false;
+  // What a request leaving Sparsity.mode unspecified gets (on by default when enabled).
+  bool default_on = false;
+  // The flags again, for the worker processes `deja serve` launches ("" / 0 when unset).
+  std::string predictors;
+  std::string oracle;
+  std::string default_flag;
+};
+void AddSparsityFlags(Args& args);
+// InvalidArgument naming the flag: a predictor file (or its .json) that does not exist, an
+// oracle fraction outside (0, 1], both set, --sparsity-default other than on/off, or on
+// without predictors or oracle.
+StatusOr<SparsityFlags> SparsityFromFlags(const Args& args);
+
 struct LoadedModel {
   std::unique_ptr<kernels::Backend> backend;
   std::unique_ptr<worker::OptModel> model;

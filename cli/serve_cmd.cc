@@ -15,6 +15,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/common_flags.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/launcher.h"
 
@@ -193,6 +194,7 @@ int RunServe(int argc, char** argv, int first) {
   args.Flag("kv-memory-mb", "KV cache budget of each worker, MiB (0: the worker's default)", "0")
       .Flag("threads", "CPU threads per worker (0: this host's cores split evenly)", "0")
       .Flag("worker-host", "address the workers listen on", "127.0.0.1");
+  AddSparsityFlags(args);
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("serve", s);
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
   auto run = [&]() -> Status {
@@ -207,6 +209,11 @@ int RunServe(int argc, char** argv, int first) {
       return InvalidArgument("--kv-memory-mb and --threads must be >= 0");
     }
     lo.threads_per_worker = static_cast<int>(threads);
+    // Checked here too, so a bad value fails serve at once rather than every worker start.
+    DEJA_ASSIGN_OR_RETURN(SparsityFlags sparsity, SparsityFromFlags(args));
+    lo.predictors = sparsity.predictors;
+    lo.sparsity_oracle = sparsity.oracle;
+    lo.sparsity_default = sparsity.default_flag;
     return Serve(o, &lo, signals);
   };
   if (Status s = run(); !s.ok()) return Fail("serve", s);

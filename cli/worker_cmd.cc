@@ -11,6 +11,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/common_flags.h"
 #include "worker/service/worker_server.h"
 
 namespace deja::cli {
@@ -75,6 +76,7 @@ int RunWorker(int argc, char** argv, int first) {
       .Flag("connect-timeout-ms", "how long to keep trying to reach the coordinator", "60000")
       .Flag("collective-timeout-ms", "bound on the Gloo rendezvous and every collective", "30000")
       .Flag("gloo-host", "address Gloo listens on for its peers", "127.0.0.1");
+  AddSparsityFlags(args);
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("worker", s);
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
 
@@ -103,6 +105,9 @@ int RunWorker(int argc, char** argv, int first) {
     o.connect_timeout = std::chrono::milliseconds(connect_ms);
     o.collective_timeout = std::chrono::milliseconds(collective_ms);
     o.gloo_hostname = args.Str("gloo-host");
+    DEJA_ASSIGN_OR_RETURN(SparsityFlags sparsity, SparsityFromFlags(args));
+    o.sparsity = sparsity.options;
+    o.sparsity_default = sparsity.default_on;
     return Status::Ok();
   };
   if (Status s = parse(); !s.ok()) return Fail("worker", s);

@@ -46,6 +46,7 @@ v1::ModelInfo MakeModelInfo(const std::string& model_dir, const OptConfig& confi
   info.set_tensor_parallel_size(static_cast<uint32_t>(tensor_parallel_size));
   info.set_dtype(WeightDtype(model_dir, config));
   info.mutable_default_cache_policy()->set_kind(v1::CachePolicy::KIND_FULL);
+  // Until a worker group reports otherwise (GetModelInfo asks the engine).
   info.set_sparsity_available(false);
   info.set_default_max_new_tokens(static_cast<uint32_t>(default_max_new_tokens));
   info.set_version(DEJA_VERSION);

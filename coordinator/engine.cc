@@ -68,7 +68,7 @@ StatusOr<std::shared_ptr<Request>> Engine::Submit(const v1::GenerateRequest& req
     std::lock_guard<std::mutex> lock(mu_);
     seed = rng_();
   }
-  StatusOr<ResolvedRequest> resolved = ResolveRequest(request, options_.limits, *tokenizer_, seed);
+  StatusOr<ResolvedRequest> resolved = ResolveRequest(request, LimitsFor(group), *tokenizer_, seed);
   if (!resolved.ok()) {
     metrics_->Rejected(RejectReason(resolved.status()));
     return resolved.status();
@@ -107,6 +107,15 @@ bool Engine::Cancel(const std::string& request_id) {
 void Engine::ClientGone(const std::shared_ptr<Request>& request) {
   request->RequestCancel(CancelKind::kClientGone);
   cv_.notify_all();
+}
+
+ModelLimits Engine::LimitsFor(const GroupState& group) const {
+  ModelLimits limits = options_.limits;
+  limits.sparsity_available = group.sparsity_available;
+  limits.sparsity_default = group.sparsity_default;
+  limits.sparsity_schedules.clear();
+  if (group.sparsity_available) limits.sparsity_schedules.push_back(kSparsitySchedule);
+  return limits;
 }
 
 bool Engine::Ready() const { return !draining_.load() && client_->State().ready; }
@@ -220,6 +229,7 @@ void Engine::RunStep(StepPlan plan) {
     LOG(WARNING) << "engine: step " << plan.step.step_id() << " failed: " << status.ToString();
     scheduler_.FailStep(plan, status, received);
   } else {
+    ObserveSparsity(*responses);
     scheduler_.Complete(plan, responses->front(), received);
   }
   const Clock::time_point applied = Clock::now();
@@ -228,6 +238,26 @@ void Engine::RunStep(StepPlan plan) {
   metrics_->StepPhase("overhead").Observe(std::max(0.0, Seconds(applied - plan.start) - slowest));
   UpdateGauges();
   if (!scheduler_.has_requests()) idle_cv_.notify_all();
+}
+
+void Engine::ObserveSparsity(const std::vector<v1::StepResponse>& responses) {
+  const v1::StepResponse& rank0 = responses.front();
+  if (!rank0.has_sparsity()) return;  // no forward pass (an empty or release-only step)
+  metrics_->sparse_sequence_steps->Increment(rank0.sparsity().sparse_sequences());
+  metrics_->dense_sequence_steps->Increment(rank0.sparsity().dense_sequences());
+  if (rank0.sparsity().sparse_sequences() == 0) return;
+  // Each rank reports the fraction of its own heads and neurons; ranks hold equal shares.
+  double heads = 0, neurons = 0;
+  for (const v1::StepResponse& r : responses) {
+    heads += r.sparsity().active_head_fraction();
+    neurons += r.sparsity().active_neuron_fraction();
+    if (static_cast<int>(r.rank()) < metrics_->world_size()) {
+      metrics_->rank(static_cast<int>(r.rank()))
+          .predictor_seconds->Observe(r.timings().predictor_seconds());
+    }
+  }
+  metrics_->sparsity_active_heads.Observe(heads / static_cast<double>(responses.size()));
+  metrics_->sparsity_active_neurons.Observe(neurons / static_cast<double>(responses.size()));
 }
 
 void Engine::UpdateGauges() {

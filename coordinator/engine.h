@@ -14,6 +14,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/status.h"
 #include "common/tokenizer.h"
@@ -24,6 +25,9 @@
 #include "coordinator/validation.h"
 
 namespace deja::coordinator {
+
+// The name of the one sparsity schedule a worker group has (the predictors' own top-k).
+inline constexpr const char* kSparsitySchedule = "default";
 
 struct EngineOptions {
   SchedulerOptions scheduler;
@@ -65,6 +69,8 @@ class Engine {
   void FailAll(const Status& status);
 
   const ModelLimits& limits() const { return options_.limits; }
+  // The limits with the sparsity the worker group reports (available, its default, schedules).
+  ModelLimits LimitsFor(const GroupState& group) const;
   const Tokenizer& tokenizer() const { return *tokenizer_; }
 
  private:
@@ -73,6 +79,8 @@ class Engine {
   void TrackGroup(const GroupState& state, Clock::time_point now);
   void RunStep(StepPlan plan);
   void UpdateGauges();
+  // Deja Vu metrics of a successful step, from every rank's StepSparsity.
+  void ObserveSparsity(const std::vector<v1::StepResponse>& responses);
   std::string NewRequestId();
 
   const EngineOptions options_;

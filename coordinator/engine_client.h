@@ -20,6 +20,10 @@ struct GroupState {
   // ranks hold none of the previous group's sequences.
   uint64_t epoch = 0;
   KvCapacity kv;
+  // Every rank has Deja Vu sparsity enabled (it accepts SequenceConfig.sparse), and every
+  // rank's default for requests that leave Sparsity.mode unspecified is on.
+  bool sparsity_available = false;
+  bool sparsity_default = false;
   // Why the group is not ready, for UNAVAILABLE messages and logs.
   std::string reason;
 };

@@ -271,6 +271,10 @@ grpc::ServerUnaryReactor* TextGenerationService::GetModelInfo(grpc::CallbackServ
                                                               const v1::GetModelInfoRequest*,
                                                               v1::ModelInfo* response) {
   *response = info_;
+  // Sparsity is what the (last) connected worker group reports.
+  const ModelLimits limits = engine_->LimitsFor(engine_->group());
+  response->set_sparsity_available(limits.sparsity_available);
+  for (const std::string& s : limits.sparsity_schedules) response->add_sparsity_schedules(s);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

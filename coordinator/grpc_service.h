@@ -25,7 +25,8 @@ using TextGenerationBase = v1::TextGeneration::WithRawCallbackMethod_Generate<
 
 class TextGenerationService final : public TextGenerationBase {
  public:
-  // `engine` outlives the service. `info` is returned by GetModelInfo.
+  // `engine` outlives the service. `info` is returned by GetModelInfo, with its sparsity fields
+  // set from what the worker group reports.
   TextGenerationService(Engine* engine, v1::ModelInfo info)
       : engine_(engine), info_(std::move(info)) {}
 

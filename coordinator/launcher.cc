@@ -67,6 +67,13 @@ Status Launcher::Start() {
     worker_args_.push_back("--kv-memory-mb");
     worker_args_.push_back(std::to_string(options_.kv_memory_mb));
   }
+  for (const auto& [flag, value] : {std::pair{"--predictors", &options_.predictors},
+                                    std::pair{"--sparsity-oracle", &options_.sparsity_oracle},
+                                    std::pair{"--sparsity-default", &options_.sparsity_default}}) {
+    if (value->empty()) continue;
+    worker_args_.push_back(flag);
+    worker_args_.push_back(*value);
+  }
   for (const std::string& a : options_.extra_worker_args) worker_args_.push_back(a);
   supervisor_ = std::thread([this] { Supervise(); });
   return Status::Ok();

@@ -33,6 +33,11 @@ struct LauncherOptions {
   int threads_per_worker = 0;
   // KV budget per worker in MiB; 0 keeps the worker's default.
   int64_t kv_memory_mb = 0;
+  // Deja Vu, passed on as the workers' flags of the same names when set: --predictors FILE,
+  // --sparsity-oracle FRACTION, --sparsity-default on|off.
+  std::string predictors;
+  std::string sparsity_oracle;
+  std::string sparsity_default;
   std::vector<std::string> extra_worker_args;
   // Restart backoff: starts at the minimum, doubles while groups keep failing soon after they
   // start, and returns to the minimum once a group has run for a minute.

@@ -9,6 +9,12 @@ using metrics::ExponentialBuckets;
 
 std::vector<double> LatencyBuckets() { return ExponentialBuckets(0.001, 2, 17); }  // 1ms..65s
 std::vector<double> StepBuckets() { return ExponentialBuckets(0.0001, 2, 17); }    // 0.1ms..6.5s
+// 0.05, 0.1, ..., 1 (computed as i/20 so the bounds print as written).
+std::vector<double> FractionBuckets() {
+  std::vector<double> b;
+  for (int i = 1; i <= 20; ++i) b.push_back(i / 20.0);
+  return b;
+}
 
 }  // namespace
 
@@ -68,6 +74,19 @@ CoordinatorMetrics::CoordinatorMetrics(metrics::Registry* r, const ModelInfoLabe
       group_losses(r->AddCounter("deja_coordinator_group_losses_total",
                                  "Times the worker group was declared lost.")
                        .Add({})),
+      sparsity_active_heads(
+          r->AddHistogram("deja_sparsity_active_head_fraction",
+                          "Per step with a sparse sequence: fraction of the attention heads "
+                          "computed, averaged over layers and ranks.",
+                          {}, FractionBuckets())
+              .Add({})),
+      sparsity_active_neurons(
+          r->AddHistogram("deja_sparsity_active_neuron_fraction",
+                          "Per step with a sparse sequence: fraction of the MLP neurons "
+                          "computed, averaged over layers and ranks.",
+                          {}, FractionBuckets())
+              .Add({})),
+
       registry_(r),
       requests_(r->AddCounter("deja_coordinator_requests_total",
                               "Finished generation requests by gRPC code and finish reason.",
@@ -105,7 +124,17 @@ CoordinatorMetrics::CoordinatorMetrics(metrics::Registry* r, const ModelInfoLabe
       rank_kv_sequences_(r->AddGauge("deja_worker_kv_sequences",
                                      "Sequences holding KV memory on the rank.", {"rank"})),
       rank_kv_evicted_(r->AddCounter("deja_worker_kv_evicted_tokens_total",
-                                     "Tokens evicted by WINDOW/H2O on the rank.", {"rank"})) {
+                                     "Tokens evicted by WINDOW/H2O on the rank.", {"rank"})),
+      sequence_steps_(r->AddCounter("deja_sparsity_sequence_steps_total",
+                                    "Sequence-steps (one sequence in one step) by mode: sparse "
+                                    "(Deja Vu on) or dense.",
+                                    {"mode"})),
+      rank_predictor_(r->AddHistogram("deja_worker_predictor_duration_seconds",
+                                      "A rank's Deja Vu predictor time per step with a sparse "
+                                      "sequence (on its own thread, overlapped with compute).",
+                                      {"rank"}, StepBuckets())) {
+  sparse_sequence_steps = &sequence_steps_.Add({{"mode", "sparse"}});
+  dense_sequence_steps = &sequence_steps_.Add({{"mode", "dense"}});
   r->AddGauge("deja_build_info", "Build of this coordinator (value is 1).", {"version"})
       .Add({{"version", DEJA_VERSION}})
       .Set(1);
@@ -124,7 +153,7 @@ CoordinatorMetrics::CoordinatorMetrics(metrics::Registry* r, const ModelInfoLabe
         Rank{&rank_up_.Add(l), &rank_step_.Add(l), &rank_compute_.Add(l), &rank_allreduce_.Add(l),
              &rank_failures_.Add(l), &rank_heartbeat_.Add(l), &rank_kv_total_.Add(l),
              &rank_kv_free_.Add(l), &rank_kv_cached_.Add(l), &rank_kv_sequences_.Add(l),
-             &rank_kv_evicted_.Add(l)}));
+             &rank_kv_evicted_.Add(l), &rank_predictor_.Add(l)}));
   }
 }
 

@@ -1,8 +1,8 @@
 // Every Prometheus family the coordinator process exports (STYLE.md rule 8, DESIGN.md section
 // 8), declared in one place. Names are deja_<subsystem>_<name>_<unit>: `coordinator` for
 // requests, scheduling and steps, `worker` for what the coordinator observes of each rank
-// (heartbeats, step timings and KV usage the ranks report). Children that hot paths touch are
-// created up front and kept as references.
+// (heartbeats, step timings and KV usage the ranks report), `sparsity` for Deja Vu. Children that
+// hot paths touch are created up front and kept as references.
 #pragma once
 
 #include <memory>
@@ -36,6 +36,7 @@ class CoordinatorMetrics {
     metrics::Gauge* kv_cached_tokens;
     metrics::Gauge* kv_sequences;
     metrics::Counter* kv_evicted_tokens;
+    metrics::Histogram* predictor_seconds;  // steps with a sparse sequence only
   };
 
   CoordinatorMetrics(metrics::Registry* registry, const ModelInfoLabels& info);
@@ -69,6 +70,14 @@ class CoordinatorMetrics {
   metrics::Gauge& draining;
   metrics::Gauge& group_epoch;
   metrics::Counter& group_losses;
+  // Deja Vu, observed once per step that ran at least one sparse sequence: the fraction of the
+  // heads / MLP neurons computed, averaged over layers and ranks (1 when the batch fell back
+  // to dense).
+  metrics::Histogram& sparsity_active_heads;
+  metrics::Histogram& sparsity_active_neurons;
+  // Sequence-steps (one sequence in one step) that ran with sparsity on, and dense.
+  metrics::Counter* sparse_sequence_steps;
+  metrics::Counter* dense_sequence_steps;
 
  private:
   metrics::Registry* registry_;
@@ -86,6 +95,8 @@ class CoordinatorMetrics {
   metrics::Family<metrics::Gauge>& rank_kv_cached_;
   metrics::Family<metrics::Gauge>& rank_kv_sequences_;
   metrics::Family<metrics::Counter>& rank_kv_evicted_;
+  metrics::Family<metrics::Counter>& sequence_steps_;
+  metrics::Family<metrics::Histogram>& rank_predictor_;
   std::vector<std::unique_ptr<Rank>> ranks_;
 };
 

@@ -116,7 +116,8 @@ Status ResolveSparsity(const v1::Sparsity& s, const ModelLimits& limits,
     }
   }
   const bool on = s.mode() == v1::Sparsity::MODE_ON || s.has_schedule() ||
-                  (s.mode() == v1::Sparsity::MODE_UNSPECIFIED && limits.sparsity_available);
+                  (s.mode() == v1::Sparsity::MODE_UNSPECIFIED && limits.sparsity_available &&
+                   limits.sparsity_default);
   if (on && !limits.sparsity_available) {
     return FailedPrecondition("sparsity.mode: MODE_ON needs predictors, and this server has none");
   }

@@ -32,6 +32,8 @@ struct ModelLimits {
   int32_t eos_id = 2;
   int32_t default_max_new_tokens = 256;
   bool sparsity_available = false;
+  // What Sparsity.MODE_UNSPECIFIED means when sparsity is available (the server default).
+  bool sparsity_default = false;
   std::vector<std::string> sparsity_schedules;  // the first is the default
   // What CachePolicy.KIND_UNSPECIFIED means (kind is never UNSPECIFIED).
   v1::CachePolicy default_cache;

@@ -79,9 +79,17 @@ void WorkerGroup::TryConnect() {
   pending_.reset();
   KvCapacity kv;
   kv.total_bytes = UINT64_MAX;
+  bool sparsity_available = true, sparsity_default = true;
   for (const v1::WorkerStatus& st : statuses) {
     kv.total_bytes = std::min<uint64_t>(kv.total_bytes, st.kv().total_bytes());
     kv.bytes_per_token = std::max<uint64_t>(kv.bytes_per_token, st.kv_bytes_per_token());
+    sparsity_available &= st.sparsity_available();
+    sparsity_default &= st.sparsity_default();
+  }
+  sparsity_default &= sparsity_available;
+  if (sparsity_available) {
+    LOG(INFO) << "worker group epoch " << epoch << ": Deja Vu sparsity available, default "
+              << (sparsity_default ? "on" : "off");
   }
   for (auto& link : conn->links) {
     link->stream = link->stub->Step(&link->context);
@@ -141,6 +149,8 @@ void WorkerGroup::TryConnect() {
   if (conn_ != conn) return;
   state_.ready = true;
   state_.kv = kv;
+  state_.sparsity_available = sparsity_available;
+  state_.sparsity_default = sparsity_default;
   state_.reason.clear();
   for (auto& link : conn->links) {
     CoordinatorMetrics::Rank& m = metrics_->rank(link->rank);

@@ -4,6 +4,7 @@
 Generate the Python modules first (see examples/README.md), then for example:
   python examples/python_client.py --target localhost:50051 generate "Hello, my name is"
   python examples/python_client.py --target localhost:50051 stream "Once upon a time" --max-new-tokens 40
+  python examples/python_client.py --target localhost:50051 generate "Hello" --sparsity on
   python examples/python_client.py --target localhost:50051 tokenize "Hello world"
   python examples/python_client.py --target localhost:50051 info
 """
@@ -46,6 +47,12 @@ def _build_request(pb, args):
         req.response.logprobs = True
     if args.cache:
         req.cache.kind = pb.CachePolicy.Kind.Value("KIND_" + args.cache.upper())
+    # Deja Vu sparsity: unset uses the server's default (ModelInfo.sparsity_available says
+    # whether MODE_ON is accepted; FAILED_PRECONDITION otherwise).
+    if args.sparsity:
+        req.sparsity.mode = pb.Sparsity.Mode.Value("MODE_" + args.sparsity.upper())
+    if args.sparsity_schedule:
+        req.sparsity.schedule = args.sparsity_schedule
     return req
 
 
@@ -69,6 +76,10 @@ def main():
         p.add_argument("--stop", action="append", help="stop sequence (up to 4)")
         p.add_argument("--logprobs", action="store_true")
         p.add_argument("--cache", choices=["full", "window", "h2o"])
+        p.add_argument("--sparsity", choices=["on", "off"],
+                       help="Deja Vu contextual sparsity; unset = the server's default")
+        p.add_argument("--sparsity-schedule",
+                       help="one of ModelInfo.sparsity_schedules (implies --sparsity on)")
         p.add_argument("--request-id")
     sub.add_parser("tokenize").add_argument("text")
     sub.add_parser("info")

@@ -244,6 +244,39 @@ TEST_F(ValidationTest, CachePolicyBudgetsResolveToTokens) {
   EXPECT_EQ(r->ReservedPositions(), 56);
 }
 
+// With sparsity available, the server default decides MODE_UNSPECIFIED; MODE_ON/OFF and a
+// known schedule override it.
+TEST_F(ValidationTest, SparsityModeAndServerDefault) {
+  limits_.sparsity_available = true;
+  limits_.sparsity_schedules = {"default"};
+  auto sparse = [&](v1::Sparsity::Mode mode, const char* schedule) {
+    v1::GenerateRequest req = Text("x");
+    req.mutable_sparsity()->set_mode(mode);
+    if (schedule != nullptr) req.mutable_sparsity()->set_schedule(schedule);
+    StatusOr<ResolvedRequest> r = Resolve(req);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() && r->config.sparse();
+  };
+  for (const bool server_default : {false, true}) {
+    limits_.sparsity_default = server_default;
+    EXPECT_EQ(sparse(v1::Sparsity::MODE_UNSPECIFIED, nullptr), server_default);
+    EXPECT_TRUE(sparse(v1::Sparsity::MODE_ON, nullptr));
+    EXPECT_FALSE(sparse(v1::Sparsity::MODE_OFF, nullptr));
+    EXPECT_TRUE(sparse(v1::Sparsity::MODE_UNSPECIFIED, "default"));
+  }
+  v1::GenerateRequest req = Text("x");
+  req.mutable_sparsity()->set_schedule("default");
+  StatusOr<ResolvedRequest> r = Resolve(req);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->config.sparsity_schedule(), "default");
+  req.mutable_sparsity()->set_mode(v1::Sparsity::MODE_OFF);
+  EXPECT_EQ(Resolve(req).status().code(), StatusCode::kInvalidArgument);
+  // A server default of on means nothing without sparsity.
+  limits_.sparsity_available = false;
+  limits_.sparsity_default = true;
+  EXPECT_FALSE(sparse(v1::Sparsity::MODE_UNSPECIFIED, nullptr));
+}
+
 TEST(RequestIdTest, Charset) {
   EXPECT_TRUE(ValidateRequestId("abc-DEF_0.9:x").ok());
   EXPECT_FALSE(ValidateRequestId("a/b").ok());

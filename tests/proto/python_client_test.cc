@@ -102,7 +102,14 @@ TEST(PythonProtoTest, ExampleClientTalksToALiveServer) {
   EXPECT_NE(out.find("echo: hello\n"), std::string::npos) << out;
   EXPECT_NE(out.find("finish=length"), std::string::npos) << out;
 
-  ASSERT_EQ(RunCommand(client + "stream hello --cache h2o", &out), 0) << out;
+  ASSERT_EQ(RunCommand(client + "generate hello --sparsity off", &out), 0) << out;
+  EXPECT_NE(out.find("echo: hello\n"), std::string::npos) << out;
+
+  ASSERT_EQ(
+      RunCommand(client + "stream hello --cache h2o --sparsity on --sparsity-schedule default",
+                 &out),
+      0)
+      << out;
   EXPECT_NE(out.find("echo: stream\n"), std::string::npos) << out;
   EXPECT_NE(out.find("finish=eos"), std::string::npos) << out;
 

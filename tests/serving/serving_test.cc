@@ -424,6 +424,9 @@ TEST_F(ServingTest, MetricsHaveEveryFamily) {
                              "deja_worker_allreduce_duration_seconds",
                              "deja_worker_failures_total",
                              "deja_worker_last_heartbeat_timestamp_seconds",
+                             "deja_sparsity_active_head_fraction",
+                             "deja_sparsity_active_neuron_fraction",
+                             "deja_sparsity_sequence_steps_total",
                              "deja_build_info",
                              "deja_model_info"}) {
     EXPECT_NE(m.find("# TYPE " + std::string(family) + " "), std::string::npos) << family;

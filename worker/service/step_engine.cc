@@ -22,6 +22,9 @@ double Since(Clock::time_point t) {
 
 std::string Seq(uint64_t id) { return "seq_id " + std::to_string(id) + ": "; }
 
+// The one top-k schedule a worker has: the predictors' own (or the oracle fraction).
+constexpr const char* kDefaultSchedule = "default";
+
 void LogSoftmax(const float* x, int32_t n, float* out) {
   float mx = -std::numeric_limits<float>::infinity();
   for (int32_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
@@ -81,7 +84,18 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
   if (Status v = p->cache.Validate(); !v.ok()) {
     return InvalidArgument(Seq(id) + "config.cache: " + v.message());
   }
-  if (c.sparse()) return Unimplemented(Seq(id) + "config.sparse: sparsity is not available");
+  if (c.sparse()) {
+    if (!model_->sparsity_enabled()) {
+      return FailedPrecondition(Seq(id) +
+                                "config.sparse: sparsity is not available on this worker (start "
+                                "it with --predictors or --sparsity-oracle)");
+    }
+    if (!c.sparsity_schedule().empty() && c.sparsity_schedule() != kDefaultSchedule) {
+      return InvalidArgument(Seq(id) + "config.sparsity_schedule: unknown schedule '" +
+                             c.sparsity_schedule() + "' (this worker has only \"" +
+                             kDefaultSchedule + "\")");
+    }
+  }
   if (c.top_n() > 5) return InvalidArgument(Seq(id) + "config.top_n must be in [0, 5]");
   if (c.prompt_tokens() < static_cast<uint32_t>(w.tokens_size())) {
     return InvalidArgument(Seq(id) + "config.prompt_tokens " + std::to_string(c.prompt_tokens()) +
@@ -122,6 +136,7 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
   *new_bytes += bytes;
   p->fresh = std::make_unique<Sequence>();
   p->fresh->top_n = c.top_n();
+  p->fresh->sparse = c.sparse();
   p->fresh->prompt_tokens = static_cast<int32_t>(c.prompt_tokens());
   p->fresh->max_tokens = static_cast<int32_t>(max_tokens);
   if (rank_ == 0) p->fresh->sampler = std::make_unique<worker::Sampler>(sp);
@@ -198,9 +213,11 @@ Status StepEngine::Run(const deja::v1::StepRequest& req, deja::v1::StepResponse*
     VLOG(1) << "rank " << rank_ << " step " << req.step_id() << ": " << planned.ToString();
   } else if (!plan.empty()) {
     std::vector<worker::SequenceStep> batch;
+    uint32_t sparse_sequences = 0;
     for (const Planned& p : plan) {
       batch.push_back({p.seq->kv.get(), p.work->tokens().data(), p.work->tokens_size(),
-                       p.work->want_all_logits()});
+                       p.work->want_all_logits(), p.seq->sparse});
+      sparse_sequences += p.seq->sparse ? 1 : 0;
     }
     const comm::CollectiveStats before = Stats(model_->comm());
     const Clock::time_point tf = Clock::now();
@@ -212,6 +229,7 @@ Status StepEngine::Run(const deja::v1::StepRequest& req, deja::v1::StepResponse*
     resp->mutable_timings()->set_allreduce_calls(
         static_cast<uint32_t>(after.all_reduce_calls - before.all_reduce_calls));
     resp->mutable_timings()->set_compute_seconds(std::max(0.0, forward - ar));
+    resp->mutable_timings()->set_predictor_seconds(step_.predictor_seconds);
     if (!s.ok()) {
       // Every input was checked above, so this is a failed collective: the caches of the batch
       // and the group's lockstep are lost.
@@ -221,6 +239,11 @@ Status StepEngine::Run(const deja::v1::StepRequest& req, deja::v1::StepResponse*
       resp->set_fatal(true);
       LOG(ERROR) << fatal.ToString();
     } else {
+      deja::v1::StepSparsity* sp = resp->mutable_sparsity();
+      sp->set_active_head_fraction(step_.active_head_fraction);
+      sp->set_active_neuron_fraction(step_.active_neuron_fraction);
+      sp->set_sparse_sequences(sparse_sequences);
+      sp->set_dense_sequences(static_cast<uint32_t>(plan.size()) - sparse_sequences);
       for (Planned& p : plan) {
         p.seq->history.insert(p.seq->history.end(), p.work->tokens().begin(),
                               p.work->tokens().end());

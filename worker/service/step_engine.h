@@ -30,7 +30,9 @@ class StepEngine {
   // Runs one dummy forward step (every rank must call it, as it runs collectives).
   Status WarmUp();
 
-  // Answers `req` in `resp` (step id, rank, results on rank 0, timings, KV usage). A bad request
+  // Answers `req` in `resp` (step id, rank, results on rank 0, timings, KV usage, and the
+  // step's sparsity after a forward pass). A sequence with config.sparse runs Deja Vu on every
+  // step; it needs OptModel::EnableSparsity (FAILED_PRECONDITION otherwise). A bad request
   // (unknown sequence, wrong position, token out of range, capacity or budget exceeded, unsupported
   // setting) is reported in resp's error fields and changes none of the request's sequences.
   // Returns non-OK only when the rank's state is lost (a collective failed); resp then carries
@@ -52,6 +54,7 @@ class StepEngine {
     std::unique_ptr<worker::Sampler> sampler;  // rank 0
     std::vector<int32_t> history;              // every token fed so far
     uint32_t top_n = 0;
+    bool sparse = false;                       // Deja Vu on every step of the sequence
     int32_t prompt_tokens = 0;
     int32_t max_tokens = 0;                    // prompt_tokens + max_new_tokens
   };

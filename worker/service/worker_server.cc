@@ -39,6 +39,7 @@ class WorkerServiceImpl final : public deja::v1::Worker::Service {
 
   std::atomic<bool> loaded{false};
   std::atomic<bool> warmed_up{false};
+  std::atomic<bool> sparsity{false};  // EnableSparsity succeeded
   std::atomic<uint64_t> epoch{0};
 
   grpc::Status Step(
@@ -91,6 +92,8 @@ class WorkerServiceImpl final : public deja::v1::Worker::Service {
     st->set_pid(static_cast<uint32_t>(::getpid()));
     st->set_uptime_seconds(std::chrono::duration<double>(Clock::now() - owner_->started_).count());
     st->set_group_epoch(epoch.load());
+    st->set_sparsity_available(sparsity.load());
+    st->set_sparsity_default(sparsity.load() && o.sparsity_default);
     if (warmed_up.load()) {
       *st->mutable_kv() = owner_->engine_->Usage();
       st->set_kv_bytes_per_token(owner_->engine_->kv_bytes_per_token());
@@ -205,6 +208,17 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
   backend_ = kernels::MakeCpuBackend(options_.threads);
   DEJA_ASSIGN_OR_RETURN(
       model_, worker::OptModel::Load(options_.model_dir, backend_.get(), std::move(comm)));
+  if (options_.sparsity_requested()) {
+    const worker::SparsityOptions& so = options_.sparsity;
+    DEJA_RETURN_IF_ERROR(model_->EnableSparsity(so).WithContext(
+        so.predictors.empty() ? "enabling oracle sparsity"
+                              : "loading the sparsity predictors " + so.predictors));
+    service_->sparsity.store(true);
+    LOG(INFO) << "rank " << options_.rank << ": Deja Vu sparsity enabled ("
+              << (so.predictors.empty() ? "oracle, fraction " + std::to_string(so.oracle_fraction)
+                                        : "predictors " + so.predictors)
+              << "), default " << (options_.sparsity_default ? "on" : "off");
+  }
   DEJA_ASSIGN_OR_RETURN(engine_, StepEngine::Create(model_.get(), options_.kv_memory_bytes));
   service_->loaded.store(true);
   LOG(INFO) << "rank " << options_.rank << ": shard of " << options_.model_dir << " loaded ("

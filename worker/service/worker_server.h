@@ -37,6 +37,14 @@ struct WorkerOptions {
   std::chrono::milliseconds connect_timeout{60000};     // reaching the coordinator
   std::chrono::milliseconds collective_timeout{30000};  // Gloo rendezvous and collectives
   std::string gloo_hostname = "127.0.0.1";              // where Gloo listens
+  // Deja Vu: predictors or oracle mode (neither: every step dense, SequenceConfig.sparse is
+  // refused), and what requests that leave Sparsity.mode unspecified get (reported to the
+  // coordinator in WorkerStatus).
+  worker::SparsityOptions sparsity;
+  bool sparsity_default = false;
+  bool sparsity_requested() const {
+    return !sparsity.predictors.empty() || sparsity.oracle_fraction > 0.0f;
+  }
 };
 
 class WorkerServer {
