@@ -63,39 +63,55 @@ struct DecodeTiming {
   double head_fraction = 1, neuron_fraction = 1;  // means over the timed steps
 };
 
-// `batch` sequences decoding together (sparse: under Deja Vu sparsity).
-StatusOr<DecodeTiming> TimeDecode(worker::OptModel& model, int32_t batch, int32_t prompt,
-                                  int32_t steps, bool sparse, std::mt19937& rng) {
+// `batch` sequences decoding together; with `compare_sparse`, a second set of `batch`
+// sequences decodes under Deja Vu sparsity, its steps alternating with the dense ones so both
+// see the same machine (shared hosts drift by tens of percent within a minute).
+StatusOr<std::pair<DecodeTiming, DecodeTiming>> TimeDecode(worker::OptModel& model,
+                                                           int32_t batch, int32_t prompt,
+                                                           int32_t steps, bool compare_sparse,
+                                                           std::mt19937& rng) {
   std::uniform_int_distribution<int32_t> tok(4, static_cast<int32_t>(model.config().vocab_size) - 1);
+  const int sets = compare_sparse ? 2 : 1;
   std::vector<std::unique_ptr<worker::SequenceKv>> kvs;
-  std::vector<std::vector<int32_t>> ids(batch);
+  std::vector<std::vector<int32_t>> ids(batch * sets);
   worker::StepResult out;
-  for (int32_t b = 0; b < batch; ++b) {
+  for (int32_t b = 0; b < batch * sets; ++b) {
     DEJA_ASSIGN_OR_RETURN(auto kv, model.NewSequence(prompt + steps + 1));
     ids[b].resize(prompt + steps + 1);
     for (int32_t& t : ids[b]) t = tok(rng);
-    DEJA_RETURN_IF_ERROR(model.Forward({{kv.get(), ids[b].data(), prompt, false}}, &out));
+    DEJA_RETURN_IF_ERROR(
+        model.Forward({{kv.get(), ids[b].data(), prompt, false, b >= batch}}, &out));
     kvs.push_back(std::move(kv));
   }
-  std::vector<double> times, predictor;
-  DecodeTiming t;
-  t.head_fraction = t.neuron_fraction = 0;
+  std::vector<double> times[2], predictor;
+  std::pair<DecodeTiming, DecodeTiming> t;
+  t.second.head_fraction = t.second.neuron_fraction = 0;
   std::vector<worker::SequenceStep> step(batch);
   for (int32_t s = 0; s < steps; ++s) {
-    for (int32_t b = 0; b < batch; ++b) {
-      step[b] = {kvs[b].get(), &ids[b][prompt + s], 1, false, sparse};
+    for (int set = 0; set < sets; ++set) {
+      for (int32_t b = 0; b < batch; ++b) {
+        const int32_t i = set * batch + b;
+        step[b] = {kvs[i].get(), &ids[i][prompt + s], 1, false, set == 1};
+      }
+      auto t0 = Clock::now();
+      DEJA_RETURN_IF_ERROR(model.Forward(step, &out));
+      times[set].push_back(Since(t0));
+      if (set == 1) {
+        predictor.push_back(out.predictor_seconds);
+        t.second.head_fraction += out.active_head_fraction / steps;
+        t.second.neuron_fraction += out.active_neuron_fraction / steps;
+      }
     }
-    auto t0 = Clock::now();
-    DEJA_RETURN_IF_ERROR(model.Forward(step, &out));
-    times.push_back(Since(t0));
-    predictor.push_back(out.predictor_seconds);
-    t.head_fraction += out.active_head_fraction / steps;
-    t.neuron_fraction += out.active_neuron_fraction / steps;
   }
-  std::sort(times.begin(), times.end());
-  std::sort(predictor.begin(), predictor.end());
-  t.step_s = times[times.size() / 2];
-  t.predictor_s = predictor[predictor.size() / 2];
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  t.first.step_s = median(times[0]);
+  if (compare_sparse) {
+    t.second.step_s = median(times[1]);
+    t.second.predictor_s = median(predictor);
+  }
   return t;
 }
 
@@ -148,10 +164,11 @@ int RunBenchDecode(int argc, char** argv, int first) {
     j["prefill_tokens_per_s"] = prefill_tokens / prefill_s;
     double batch1 = 0, sparse_batch1 = 0;
     for (int64_t b : batches) {
-      DEJA_ASSIGN_OR_RETURN(DecodeTiming dense, TimeDecode(*m.model, static_cast<int32_t>(b),
-                                                           static_cast<int32_t>(prompt),
-                                                           static_cast<int32_t>(steps), false,
-                                                           rng));
+      DEJA_ASSIGN_OR_RETURN(auto timing, TimeDecode(*m.model, static_cast<int32_t>(b),
+                                                    static_cast<int32_t>(prompt),
+                                                    static_cast<int32_t>(steps),
+                                                    sparsity.has_value(), rng));
+      const DecodeTiming& dense = timing.first;
       nlohmann::json d;
       d["batch"] = b;
       d["ms_per_step"] = dense.step_s * 1e3;
@@ -166,11 +183,8 @@ int RunBenchDecode(int argc, char** argv, int first) {
       std::fprintf(stderr, "decode batch %3ld: %8.3f ms/step %9.1f tokens/s\n",
                    static_cast<long>(b), dense.step_s * 1e3, b / dense.step_s);
       if (sparsity) {
-        // Deja Vu: the same batch under sparsity, in the same run.
-        DEJA_ASSIGN_OR_RETURN(DecodeTiming sp, TimeDecode(*m.model, static_cast<int32_t>(b),
-                                                          static_cast<int32_t>(prompt),
-                                                          static_cast<int32_t>(steps), true,
-                                                          rng));
+        // Deja Vu: the same batch size under sparsity, steps interleaved with the dense ones.
+        const DecodeTiming& sp = timing.second;
         nlohmann::json js;
         js["ms_per_step"] = sp.step_s * 1e3;
         js["tokens_per_s"] = b / sp.step_s;

@@ -28,7 +28,9 @@ void AddSparsityRunFlags(Args& args) {
       .Flag("dense-fallback", "batched decode runs a block dense above this union fraction",
             "0.8")
       .Flag("selection-groups",
-            "top-k within this many unit groups (a multiple of the ranks; 0 = one per rank)", "0");
+            "top-k within this many unit groups (a multiple of the ranks; 0 = one per rank)", "0")
+      .Flag("async-predictors", "run the predictors on their own thread (on) or inline (off)",
+            "on");
 }
 
 StatusOr<std::optional<worker::SparsityOptions>> SparsityRunOptions(const Args& args) {
@@ -53,6 +55,9 @@ StatusOr<std::optional<worker::SparsityOptions>> SparsityRunOptions(const Args& 
   DEJA_ASSIGN_OR_RETURN(int64_t groups, args.Int("selection-groups"));
   if (groups < 0 || groups > 4096) return InvalidArgument("--selection-groups must be >= 0");
   o.selection_groups = static_cast<int32_t>(groups);
+  const std::string async = args.Str("async-predictors");
+  if (async != "on" && async != "off") return InvalidArgument("--async-predictors must be on or off");
+  o.async_predictors = async == "on";
   return std::optional<worker::SparsityOptions>(o);
 }
 

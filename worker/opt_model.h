@@ -71,6 +71,10 @@ struct SparsityOptions {
   // multiple of the world size; 0 = one group per rank, as the design's per-rank top-(k/N)).
   // Lets a single process reproduce exactly what N ranks select (tests).
   int32_t selection_groups = 0;
+  // Predictors on their own thread, overlapping the block compute (the design); false runs them
+  // inline on the forward thread (with the model's threads busy, fewer runnable threads than
+  // cores may be faster on small machines).
+  bool async_predictors = true;
 };
 
 class SparseRuntime;

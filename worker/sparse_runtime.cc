@@ -130,11 +130,12 @@ StatusOr<std::unique_ptr<SparseRuntime>> SparseRuntime::Create(const SparsityOpt
                           predictors::LoadPredictors(options.predictors, config, rank, world));
     rt->have_predictors_ = true;
   }
-  if (backend.kind() == kernels::BackendKind::kCpu) {
+  if (backend.kind() == kernels::BackendKind::kCpu && options.async_predictors) {
+    // Its own single thread: the model's pool is busy with the block it overlaps.
     rt->predictor_backend_ = kernels::MakeCpuBackend(1);
     rt->backend_ = rt->predictor_backend_.get();
   } else {
-    rt->backend_ = &backend;  // the reference backend is single-threaded and stateless
+    rt->backend_ = &backend;  // inline: the model's backend (all its threads)
   }
 
   // The schedule: whole-model top-k per block, then this rank's share per selection group.
@@ -248,13 +249,18 @@ void SparseRuntime::Start(Kind kind, int32_t layer, const TensorView& x) {
   }
   std::memcpy(p.input.data(), x.data, static_cast<size_t>(rows * d) * sizeof(float));
   p.pending = true;
-  runner_.Post([this, kind, layer, rows, &p] {
+  auto job = [this, kind, layer, rows, &p] {
     const auto t0 = std::chrono::steady_clock::now();
     p.status = Predict(kind, layer, rows, p);
     p.ran = true;
     predictor_seconds_ +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  });
+  };
+  if (options_.async_predictors) {
+    runner_.Post(std::move(job));
+  } else {
+    job();
+  }
 }
 
 Status SparseRuntime::Predict(Kind kind, int32_t layer, int64_t rows, Prediction& p) {
