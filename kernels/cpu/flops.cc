@@ -26,8 +26,13 @@ namespace hn = hwy::HWY_NAMESPACE;
 double FmaLoop(int64_t iters, float seed) {
   const hn::ScalableTag<float> df;
   auto a = hn::Set(df, 1.0f + 1e-7f * seed), b = hn::Set(df, 1e-7f);
-  auto c0 = hn::Set(df, seed), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
-  auto c8 = c0, c9 = c0, c10 = c0, c11 = c0, c12 = c0, c13 = c0, c14 = c0, c15 = c0;
+  // Distinct starting values: identical chains would be merged into one by the compiler.
+  auto c0 = hn::Set(df, seed), c1 = hn::Set(df, seed + 1), c2 = hn::Set(df, seed + 2);
+  auto c3 = hn::Set(df, seed + 3), c4 = hn::Set(df, seed + 4), c5 = hn::Set(df, seed + 5);
+  auto c6 = hn::Set(df, seed + 6), c7 = hn::Set(df, seed + 7), c8 = hn::Set(df, seed + 8);
+  auto c9 = hn::Set(df, seed + 9), c10 = hn::Set(df, seed + 10), c11 = hn::Set(df, seed + 11);
+  auto c12 = hn::Set(df, seed + 12), c13 = hn::Set(df, seed + 13), c14 = hn::Set(df, seed + 14);
+  auto c15 = hn::Set(df, seed + 15);
   for (int64_t i = 0; i < iters; ++i) {
     c0 = hn::MulAdd(c0, a, b); c1 = hn::MulAdd(c1, a, b); c2 = hn::MulAdd(c2, a, b);
     c3 = hn::MulAdd(c3, a, b); c4 = hn::MulAdd(c4, a, b); c5 = hn::MulAdd(c5, a, b);
