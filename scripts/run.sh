@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The main job: install dependencies, build, and serve the bundled models/opt-mini with two
-# tensor-parallel CPU workers (gRPC on :50051, Prometheus /metrics on :9090).
+# tensor-parallel CPU workers (gRPC on :50051, Prometheus /metrics on :9090). Its Deja Vu
+# predictors are loaded with sparsity off by default: on a model this small the dense step is
+# faster (docs/performance.md); requests opt in with Sparsity.mode = MODE_ON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
@@ -10,8 +12,10 @@ METRICS_PORT=${DEJA_METRICS_PORT:-9090}
 cat <<MSG
 Starting deja serve on models/opt-mini (tp=2). When it logs that it is ready, in another shell:
   ./build/release/cli/deja client stream --target 127.0.0.1:$PORT --prompt "And God said" --max-new-tokens 32
+  ./build/release/cli/deja client stream --target 127.0.0.1:$PORT --prompt "And God said" --max-new-tokens 32 --sparsity on
   ./build/release/cli/deja client health --target 127.0.0.1:$PORT --service deja.v1.TextGeneration
   curl -s 127.0.0.1:$METRICS_PORT/metrics | grep ^deja_
 MSG
 exec ./build/release/cli/deja serve --model models/opt-mini --tp 2 --port "$PORT" \
-  --metrics-port "$METRICS_PORT" "$@"
+  --metrics-port "$METRICS_PORT" --predictors models/opt-mini/predictors.safetensors \
+  --sparsity-default off "$@"

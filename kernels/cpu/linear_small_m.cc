@@ -55,7 +55,7 @@ HWY_INLINE float Finish(float dot, int64_t n, const LinearEpilogue& e, const flo
 template <int R, int C, typename WT>
 HWY_INLINE void Tile(const WT* const* w, const float* HWY_RESTRICT x, int64_t k_dim, int64_t n,
                      const LinearEpilogue& e, float* HWY_RESTRICT out, int64_t ldo,
-                     const WT* const* prefetch) {
+                     const WT* const* prefetch, bool contiguous) {
   const DF df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   using V = hn::Vec<DF>;
@@ -67,12 +67,17 @@ HWY_INLINE void Tile(const WT* const* w, const float* HWY_RESTRICT x, int64_t k_
   for (int r = 0; r < R; ++r) wr[r] = w[r];
   for (; k + lanes <= k_dim; k += lanes) {
     if (prefetch != nullptr) {
-      // lanes weights of each next row per step: the next block is in cache by the walk's end.
-      for (int r = 0; r < R; ++r) {
-        const char* pf = reinterpret_cast<const char*>(prefetch[r] + k);
-        for (int line = 0; line < static_cast<int>(lanes * sizeof(WT)); line += 64) {
+      if (contiguous) {
+        // Dense Linear: the next block is R * k_dim consecutive weights; walk it as one
+        // sequential stream, R * lanes weights per step (interleaving R row streams instead
+        // measured ~15-30% slower at M = 1).
+        const char* pf = reinterpret_cast<const char*>(prefetch[0]) + k * R * sizeof(WT);
+        for (int line = 0; line < static_cast<int>(R * lanes * sizeof(WT)); line += 64) {
           hwy::Prefetch(pf + line);
         }
+      } else if (((k * static_cast<int64_t>(sizeof(WT))) & 63) == 0) {
+        // Gather: lanes weights of each next row per step, one prefetch per cache line.
+        for (int r = 0; r < R; ++r) hwy::Prefetch(prefetch[r] + k);
       }
     }
     V wv[R];
@@ -103,29 +108,30 @@ HWY_INLINE void Tile(const WT* const* w, const float* HWY_RESTRICT x, int64_t k_
 template <int R, typename WT>
 HWY_INLINE void RowBlock(const WT* const* w, const float* x, int64_t m_rows, int64_t k_dim,
                          int64_t n, const LinearEpilogue& e, float* out, int64_t ldo,
-                         const WT* const* next) {
+                         const WT* const* next, bool contiguous) {
   int64_t m = 0;
   for (; m + kCols <= m_rows; m += kCols) {
-    Tile<R, kCols>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo, m == 0 ? next : nullptr);
+    Tile<R, kCols>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo, m == 0 ? next : nullptr,
+                   contiguous);
   }
   const float* xm = x + m * k_dim;
   float* om = out + m * ldo;
   const WT* const* pf = m == 0 ? next : nullptr;
   switch (m_rows - m) {
     case 5:
-      Tile<R, 5>(w, xm, k_dim, n, e, om, ldo, pf);
+      Tile<R, 5>(w, xm, k_dim, n, e, om, ldo, pf, contiguous);
       break;
     case 4:
-      Tile<R, 4>(w, xm, k_dim, n, e, om, ldo, pf);
+      Tile<R, 4>(w, xm, k_dim, n, e, om, ldo, pf, contiguous);
       break;
     case 3:
-      Tile<R, 3>(w, xm, k_dim, n, e, om, ldo, pf);
+      Tile<R, 3>(w, xm, k_dim, n, e, om, ldo, pf, contiguous);
       break;
     case 2:
-      Tile<R, 2>(w, xm, k_dim, n, e, om, ldo, pf);
+      Tile<R, 2>(w, xm, k_dim, n, e, om, ldo, pf, contiguous);
       break;
     case 1:
-      Tile<R, 1>(w, xm, k_dim, n, e, om, ldo, pf);
+      Tile<R, 1>(w, xm, k_dim, n, e, om, ldo, pf, contiguous);
       break;
     default:
       break;
@@ -146,18 +152,19 @@ void LinearTyped(const float* x, int64_t m_rows, int64_t k_dim, const WT* w, con
       wn[r] = row(n + r);
       if (has_next) next[r] = row(n + kRows + r);
     }
-    RowBlock<kRows>(wn, x, m_rows, k_dim, n, e, out, ldo, has_next ? next : nullptr);
+    RowBlock<kRows>(wn, x, m_rows, k_dim, n, e, out, ldo, has_next ? next : nullptr,
+                    rows == nullptr);
   }
   for (int64_t r = 0; r < n_end - n; ++r) wn[r] = row(n + r);
   switch (n_end - n) {
     case 3:
-      RowBlock<3, WT>(wn, x, m_rows, k_dim, n, e, out, ldo, nullptr);
+      RowBlock<3, WT>(wn, x, m_rows, k_dim, n, e, out, ldo, nullptr, rows == nullptr);
       break;
     case 2:
-      RowBlock<2, WT>(wn, x, m_rows, k_dim, n, e, out, ldo, nullptr);
+      RowBlock<2, WT>(wn, x, m_rows, k_dim, n, e, out, ldo, nullptr, rows == nullptr);
       break;
     case 1:
-      RowBlock<1, WT>(wn, x, m_rows, k_dim, n, e, out, ldo, nullptr);
+      RowBlock<1, WT>(wn, x, m_rows, k_dim, n, e, out, ldo, nullptr, rows == nullptr);
       break;
     default:
       break;
