@@ -33,24 +33,8 @@ using testing::WeightDTypes;
 // differs from the reference's double sums: the shared f32 bound (kernel_test_util.h).
 constexpr double kTol = testing::kRelTol;
 
-uint32_t BaseSeed() {
-  static const uint32_t seed = [] {
-    const char* env = std::getenv("DEJA_TEST_SEED");
-    uint32_t s = env != nullptr ? static_cast<uint32_t>(std::strtoul(env, nullptr, 10))
-                                : std::random_device{}();
-    std::printf("compare_gather_test seed: %u (replay with DEJA_TEST_SEED=%u)\n", s, s);
-    return s;
-  }();
-  return seed;
-}
-
-// n_rows indices into [0, r): unsorted, with repeats whenever n_rows > r / 2 allows them.
-std::vector<int32_t> RandomRows(std::mt19937& rng, int64_t r, int64_t n_rows) {
-  std::vector<int32_t> rows(static_cast<size_t>(n_rows));
-  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(r - 1));
-  for (auto& v : rows) v = pick(rng);
-  return rows;
-}
+uint32_t BaseSeed() { return testing::BaseSeed("compare_gather_test"); }
+using testing::RandomRows;
 
 struct GatherCase {
   int64_t m, r, k, n_rows;  // x [m, k], w [r, k], n_rows selected rows

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -94,6 +95,27 @@ inline ::testing::AssertionResult Close(const float* got, const float* want, int
     << " (bound " << max_bound << ")";
   if (worst >= 0) f << " at " << worst << ": got " << got[worst] << ", want " << want[worst];
   return f;
+}
+
+// The base seed of a comparison test binary: DEJA_TEST_SEED when set (to replay a failure), else
+// a fresh random one; printed once with the binary's name.
+inline uint32_t BaseSeed(const char* binary) {
+  static const uint32_t seed = [binary] {
+    const char* env = std::getenv("DEJA_TEST_SEED");
+    uint32_t s = env != nullptr ? static_cast<uint32_t>(std::strtoul(env, nullptr, 10))
+                                : std::random_device{}();
+    std::printf("%s seed: %u (replay with DEJA_TEST_SEED=%u)\n", binary, s, s);
+    return s;
+  }();
+  return seed;
+}
+
+// n_rows indices into [0, r): unsorted, with repeats whenever n_rows > r / 2 allows them.
+inline std::vector<int32_t> RandomRows(std::mt19937& rng, int64_t r, int64_t n_rows) {
+  std::vector<int32_t> rows(static_cast<size_t>(n_rows));
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(r - 1));
+  for (auto& v : rows) v = pick(rng);
+  return rows;
 }
 
 }  // namespace deja::kernels::testing

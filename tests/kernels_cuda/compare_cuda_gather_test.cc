@@ -28,23 +28,8 @@ using testing::Device;
 using testing::RandomTensor;
 using testing::WeightDTypes;
 
-uint32_t BaseSeed() {
-  static const uint32_t seed = [] {
-    const char* env = std::getenv("DEJA_TEST_SEED");
-    uint32_t s = env != nullptr ? static_cast<uint32_t>(std::strtoul(env, nullptr, 10))
-                                : std::random_device{}();
-    std::printf("compare_cuda_gather_test seed: %u (replay with DEJA_TEST_SEED=%u)\n", s, s);
-    return s;
-  }();
-  return seed;
-}
-
-std::vector<int32_t> RandomRows(std::mt19937& rng, int64_t r, int64_t n_rows) {
-  std::vector<int32_t> rows(static_cast<size_t>(n_rows));
-  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(r - 1));
-  for (auto& v : rows) v = pick(rng);
-  return rows;
-}
+uint32_t BaseSeed() { return testing::BaseSeed("compare_cuda_gather_test"); }
+using testing::RandomRows;
 
 void CheckGatherLinear(int64_t m, int64_t r, int64_t k, int64_t n_rows, DType dt, bool has_bias,
                        bool relu, bool accumulate, uint32_t seed) {
