@@ -156,5 +156,57 @@ TEST_F(CollectTest, ShortTrainingLoadsForTheModel) {
   EXPECT_TRUE(set->layers[3].head_fc2.shape() == Shape({4, 16}));
 }
 
+// The committed opt-mini predictors on rows of held-out text (not the train split the trainer
+// validated on): top-k recall at the schedule's k is close to what predictors.json reports.
+TEST_F(CollectTest, CommittedPredictorsRecallOnHeldOutRowsMatchesTheReport) {
+  const std::string path = test_util::ModelDir("opt-mini") + "/predictors.safetensors";
+  auto config = LoadOptConfig(test_util::ModelDir("opt-mini"));
+  ASSERT_TRUE(config.ok());
+  auto set = LoadPredictors(path, *config, 0, 1);
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  auto meta = ReadDataMeta(dir_->path());
+  ASSERT_TRUE(meta.ok());
+  int checked = 0;
+  for (int32_t layer = 0; layer < config->num_hidden_layers; ++layer) {
+    for (BlockKind kind : {BlockKind::kMlp, BlockKind::kHeads}) {
+      const BlockSchedule& sched = kind == BlockKind::kMlp ? set->meta.layers[layer].mlp
+                                                           : set->meta.layers[layer].heads;
+      if (sched.top_k == 0) continue;
+      const LayerPredictors& lp = set->layers[layer];
+      const Tensor& fc1 = kind == BlockKind::kMlp ? lp.mlp_fc1 : lp.head_fc1;
+      const Tensor& fc2 = kind == BlockKind::kMlp ? lp.mlp_fc2 : lp.head_fc2;
+      auto data = ReadBlockData(dir_->path(), *meta, layer, kind);
+      ASSERT_TRUE(data.ok()) << data.status().ToString();
+      const int64_t r = fc1.shape()[0], d = fc1.shape()[1], units = fc2.shape()[0];
+      ASSERT_EQ(units, data->units);
+      std::vector<float> logits(static_cast<size_t>(data->rows * units));
+      std::vector<float> hidden(static_cast<size_t>(r));
+      for (int64_t row = 0; row < data->rows; ++row) {
+        for (int64_t i = 0; i < r; ++i) {
+          double acc = 0;
+          for (int64_t k = 0; k < d; ++k) {
+            acc += F(fc1.view(), i * d + k) *
+                   LoadAsFloat(data->x.data(), DType::kF16, row * d + k);
+          }
+          hidden[i] = static_cast<float>(acc);
+        }
+        for (int64_t u = 0; u < units; ++u) {
+          double acc = 0;
+          for (int64_t i = 0; i < r; ++i) acc += F(fc2.view(), u * r + i) * hidden[i];
+          logits[row * units + u] = static_cast<float>(acc);
+        }
+      }
+      std::vector<int64_t> rows(static_cast<size_t>(data->rows));
+      for (int64_t i = 0; i < data->rows; ++i) rows[i] = i;
+      TopKCurve curve = EvaluateTopK(logits.data(), *data, rows);
+      const double recall = curve.recall[sched.top_k - 1];
+      EXPECT_NEAR(recall, sched.recall, 0.05)
+          << "layer " << layer << " " << BlockKindName(kind) << " top-k " << sched.top_k;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 4);
+}
+
 }  // namespace
 }  // namespace deja::predictors
