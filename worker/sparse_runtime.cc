@@ -4,10 +4,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <numeric>
+#include <functional>
 #include <string>
 
 #include "kernels/ops.h"
+#include "worker/top_k.h"
 
 namespace deja::worker {
 namespace {
@@ -315,24 +316,11 @@ Status SparseRuntime::Predict(Kind kind, int32_t layer, int64_t rows, Prediction
     if (!row_sparse_[r]) continue;
     for (int32_t g = 0; g < groups_; ++g) {
       int32_t* out = p.selected.data() + r * k + g * k_group;
-      SelectTopK(s + r * units + g * group_units, group_units, k_group, out);
+      SelectTopKUnits(s + r * units + g * group_units, group_units, k_group, out);
       for (int32_t i = 0; i < k_group; ++i) out[i] += static_cast<int32_t>(g * group_units);
     }
   }
   return Status::Ok();
-}
-
-void SparseRuntime::SelectTopK(const float* scores, int64_t units, int32_t k, int32_t* out) const {
-  thread_local std::vector<int32_t> idx;
-  idx.resize(units);
-  std::iota(idx.begin(), idx.end(), 0);
-  auto better = [scores](int32_t a, int32_t b) {
-    const float sa = scores[a], sb = scores[b];
-    if (sa != sb) return sa > sb;
-    return a < b;
-  };
-  std::nth_element(idx.begin(), idx.begin() + (k - 1), idx.end(), better);
-  std::copy(idx.begin(), idx.begin() + k, out);
 }
 
 Status SparseRuntime::Finish(Kind kind, int32_t layer, BlockPlan* plan) {

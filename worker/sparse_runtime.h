@@ -118,7 +118,6 @@ class SparseRuntime {
   Status Finish(Kind kind, int32_t layer, BlockPlan* plan);
   // On the predictor thread: fills p.selected for `rows` rows.
   Status Predict(Kind kind, int32_t layer, int64_t rows, Prediction& p);
-  void SelectTopK(const float* scores, int64_t units, int32_t k, int32_t* out) const;
 
   SparsityOptions options_;
   OptConfig config_;
