@@ -29,8 +29,10 @@ void AddSparsityRunFlags(Args& args) {
             "0.8")
       .Flag("selection-groups",
             "top-k within this many unit groups (a multiple of the ranks; 0 = one per rank)", "0")
-      .Flag("async-predictors", "run the predictors on their own thread (on) or inline (off)",
-            "on");
+      .Flag("async-predictors",
+            "predictors on their own thread (on), inline on the forward thread (off), or on "
+            "their own thread only when a core is left free by the model's threads (auto)",
+            "auto");
 }
 
 StatusOr<std::optional<worker::SparsityOptions>> SparsityRunOptions(const Args& args) {
@@ -56,8 +58,16 @@ StatusOr<std::optional<worker::SparsityOptions>> SparsityRunOptions(const Args& 
   if (groups < 0 || groups > 4096) return InvalidArgument("--selection-groups must be >= 0");
   o.selection_groups = static_cast<int32_t>(groups);
   const std::string async = args.Str("async-predictors");
-  if (async != "on" && async != "off") return InvalidArgument("--async-predictors must be on or off");
-  o.async_predictors = async == "on";
+  using PredictorThread = worker::SparsityOptions::PredictorThread;
+  if (async == "on") {
+    o.predictor_thread = PredictorThread::kOwnThread;
+  } else if (async == "off") {
+    o.predictor_thread = PredictorThread::kInline;
+  } else if (async == "auto") {
+    o.predictor_thread = PredictorThread::kAuto;
+  } else {
+    return InvalidArgument("--async-predictors must be on, off or auto");
+  }
   return std::optional<worker::SparsityOptions>(o);
 }
 

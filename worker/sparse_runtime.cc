@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "common/thread_pool.h"
 #include "kernels/ops.h"
 #include "worker/top_k.h"
 
@@ -131,7 +132,12 @@ StatusOr<std::unique_ptr<SparseRuntime>> SparseRuntime::Create(const SparsityOpt
                           predictors::LoadPredictors(options.predictors, config, rank, world));
     rt->have_predictors_ = true;
   }
-  if (backend.kind() == kernels::BackendKind::kCpu && options.async_predictors) {
+  using PredictorThread = SparsityOptions::PredictorThread;
+  const int pool_threads = backend.pool() != nullptr ? backend.pool()->num_threads() : 1;
+  rt->async_ = options.predictor_thread == PredictorThread::kOwnThread ||
+               (options.predictor_thread == PredictorThread::kAuto &&
+                static_cast<int>(std::thread::hardware_concurrency()) > pool_threads);
+  if (backend.kind() == kernels::BackendKind::kCpu && rt->async_) {
     // Its own single thread: the model's pool is busy with the block it overlaps.
     rt->predictor_backend_ = kernels::MakeCpuBackend(1);
     rt->backend_ = rt->predictor_backend_.get();
@@ -257,7 +263,7 @@ void SparseRuntime::Start(Kind kind, int32_t layer, const TensorView& x) {
     predictor_seconds_ +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  if (options_.async_predictors) {
+  if (async_) {
     runner_.Post(std::move(job));
   } else {
     job();

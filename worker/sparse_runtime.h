@@ -126,6 +126,7 @@ class SparseRuntime {
   int32_t groups_ = 1;  // selection groups on this rank (top-k taken within each)
   predictors::PredictorSet set_;
   bool have_predictors_ = false;
+  bool async_ = false;  // predictors on their own thread (resolved from predictor_thread)
   std::vector<int32_t> mlp_k_, head_k_;
   std::vector<Tensor> fc2_t_, out_t_;
   std::unique_ptr<kernels::Backend> predictor_backend_;  // single-threaded CPU or reference

@@ -238,39 +238,45 @@ TEST(SparseModelTest, PredictorsDecodeEqualsWholeWindow) {
   if (!std::filesystem::exists(predictors)) {
     GTEST_SKIP() << "no " << predictors << " (trained by deja train-predictors)";
   }
-  // The reference backend computes each row independently of the batch, so the predictors see
-  // bit-identical inputs in both runs and select the same units.
-  auto backend = kernels::MakeReferenceBackend();
-  auto model = LoadMini(backend.get());
-  ASSERT_NE(model, nullptr);
-  SparsityOptions o;
-  o.predictors = predictors;
-  ASSERT_TRUE(model->EnableSparsity(o).ok());
-  auto seqs = RandomSequences(1, static_cast<int32_t>(model->config().vocab_size), 15);
-  std::vector<int32_t> window(seqs[0].begin(), seqs[0].begin() + 24);
-  // Whole window at once: masked per-token sparsity, logits for every position.
-  auto kv = model->NewSequence(24);
-  ASSERT_TRUE(kv.ok());
-  StepResult whole;
-  ASSERT_TRUE(model->Forward({{kv->get(), window.data(), 24, true, true}}, &whole).ok());
-  // Token by token: batch-1 decode steps through the gather kernels.
-  auto kv2 = model->NewSequence(24);
-  ASSERT_TRUE(kv2.ok());
-  const int64_t vocab = model->config().vocab_size;
-  double diff = 0, scale = 0;
-  int sparse_steps = 0;
-  for (int32_t i = 0; i < 24; ++i) {
-    StepResult one;
-    ASSERT_TRUE(model->Forward({{kv2->get(), &window[i], 1, false, true}}, &one).ok());
-    sparse_steps += one.active_neuron_fraction < 1.0f;
-    for (int64_t v = 0; v < vocab; ++v) {
-      const double a = one.logits.as<float>()[v], b = whole.logits.as<float>()[i * vocab + v];
-      diff = std::max(diff, std::fabs(a - b));
-      scale = std::max(scale, std::fabs(b));
+  // Both places the predictors can run: their own thread and inline on the forward thread.
+  for (auto where : {SparsityOptions::PredictorThread::kOwnThread,
+                     SparsityOptions::PredictorThread::kInline}) {
+    SCOPED_TRACE(where == SparsityOptions::PredictorThread::kInline ? "inline" : "own thread");
+    // The reference backend computes each row independently of the batch, so the predictors see
+    // bit-identical inputs in both runs and select the same units.
+    auto backend = kernels::MakeReferenceBackend();
+    auto model = LoadMini(backend.get());
+    ASSERT_NE(model, nullptr);
+    SparsityOptions o;
+    o.predictors = predictors;
+    o.predictor_thread = where;
+    ASSERT_TRUE(model->EnableSparsity(o).ok());
+    auto seqs = RandomSequences(1, static_cast<int32_t>(model->config().vocab_size), 15);
+    std::vector<int32_t> window(seqs[0].begin(), seqs[0].begin() + 24);
+    // Whole window at once: masked per-token sparsity, logits for every position.
+    auto kv = model->NewSequence(24);
+    ASSERT_TRUE(kv.ok());
+    StepResult whole;
+    ASSERT_TRUE(model->Forward({{kv->get(), window.data(), 24, true, true}}, &whole).ok());
+    // Token by token: batch-1 decode steps through the gather kernels.
+    auto kv2 = model->NewSequence(24);
+    ASSERT_TRUE(kv2.ok());
+    const int64_t vocab = model->config().vocab_size;
+    double diff = 0, scale = 0;
+    int sparse_steps = 0;
+    for (int32_t i = 0; i < 24; ++i) {
+      StepResult one;
+      ASSERT_TRUE(model->Forward({{kv2->get(), &window[i], 1, false, true}}, &one).ok());
+      sparse_steps += one.active_neuron_fraction < 1.0f;
+      for (int64_t v = 0; v < vocab; ++v) {
+        const double a = one.logits.as<float>()[v], b = whole.logits.as<float>()[i * vocab + v];
+        diff = std::max(diff, std::fabs(a - b));
+        scale = std::max(scale, std::fabs(b));
+      }
     }
+    EXPECT_GT(sparse_steps, 0) << "the predictors' schedule kept every neuron";
+    EXPECT_LE(diff / scale, kRelTol);
   }
-  EXPECT_GT(sparse_steps, 0) << "the predictors' schedule kept every neuron";
-  EXPECT_LE(diff / scale, kRelTol);
 }
 
 TEST(SparseModelTest, BadOptionsAreInvalidArgument) {
