@@ -12,6 +12,11 @@
 // prefetch of the next row block during the current block's first walk raised one thread's
 // cold-weight streaming rate at M = 1 from ~20 to ~26-29 GB/s (M = 16: 4.3 -> 3.7 ms for an
 // 8192 x 2048 f16 matrix); prefetching two blocks ahead measured the same.
+// Other register blocks, measured in one process alternating with 4 x 6 (one thread, best of 10,
+// f16): 6 x 4 reached 176 vs 182 GFLOP/s at M = 16 with hot weights and 133 vs 152 streaming an
+// 8192 x 2048 matrix from DRAM; 5 x 5 159 vs 177 hot, 128 vs 147 streaming. In a standalone
+// intrinsics loop without prefetch or epilogue 6 x 4 measured ~200 hot against ~165 for 4 x 6;
+// why that does not carry over here is not understood yet.
 // The same kernel serves the gather-GEMV (Deja Vu fc1 over selected neurons): a block is R row
 // pointers, consecutive rows for Linear, rows[n] of the index list for the gather; the prefetch
 // likewise follows the next block's R row pointers.
