@@ -19,7 +19,11 @@ int RunPerplexity(int argc, char** argv, int first) {
   args.Flag("text", "UTF-8 text file", "", true)
       .Flag("context", "window length in tokens, BOS included", "1024")
       .Flag("prompt-tokens", "with --kv-policy: prompt length per window; the rest is decoded "
-            "token by token and only those tokens are scored", "256");
+            "token by token and only those tokens are scored", "256")
+      .Flag("h2o-score",
+            "with --kv-policy h2o: rank heavy hitters by accumulated attention (sum, the "
+            "reference) or by it divided by the queries that saw the token (mean, an alternative)",
+            "sum");
   AddCachePolicyFlags(args, "");
   AddSparsityRunFlags(args);
   args.Bool("json", "print one JSON object (perplexity, tokens, ...) as the last line");
@@ -43,6 +47,11 @@ int RunPerplexity(int argc, char** argv, int first) {
     nlohmann::json j;
     if (args.Has("kv-policy")) {
       DEJA_ASSIGN_OR_RETURN(worker::CachePolicyConfig cache, CachePolicyFromFlags(args));
+      const std::string score = args.Str("h2o-score");
+      if (score != "sum" && score != "mean") {
+        return InvalidArgument("--h2o-score must be sum or mean");
+      }
+      cache.h2o_mean_score = score == "mean";
       DEJA_ASSIGN_OR_RETURN(int64_t prompt, args.Int("prompt-tokens"));
       DEJA_ASSIGN_OR_RETURN(
           worker::PolicyPerplexityResult pr,
@@ -51,6 +60,7 @@ int RunPerplexity(int argc, char** argv, int first) {
                                    sparsity.has_value()));
       r = pr.result;
       j["kv_policy"] = args.Str("kv-policy");
+      if (cache.kind == worker::CachePolicyKind::kH2O) j["h2o_score"] = score;
       j["prompt_tokens"] = prompt;
       j["kv_bytes_per_sequence"] = pr.kv_bytes_per_sequence;
       j["evictions"] = pr.evictions;

@@ -58,7 +58,7 @@ StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(const CachePolicyCo
   // The window baseline gets the same total budget, all of it recent.
   if (c.kind == CachePolicyKind::kWindow) return MakeWindowPolicy(heavy + recent);
   if (recent == 0) recent = 1;  // the token being decoded always stays
-  return MakeH2OPolicy(heavy, recent);
+  return MakeH2OPolicy(heavy, recent, c.h2o_mean_score);
 }
 
 }  // namespace deja::worker

@@ -24,6 +24,10 @@ struct CachePolicyConfig {
   float recent_ratio = 0.1f;
   int32_t heavy_tokens = -1;
   int32_t recent_tokens = -1;
+  // h2o only, an alternative measured apart from the reference (DESIGN.md §6.1): rank heavy
+  // hitters by accumulated score divided by the number of queries that have seen the token
+  // (its mean attention) instead of by the sum, which favours early tokens. Off in serving.
+  bool h2o_mean_score = false;
 
   // InvalidArgument naming the field.
   Status Validate() const;
@@ -59,6 +63,8 @@ StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(const CachePolicyCo
 
 std::unique_ptr<EvictionPolicy> MakeFullPolicy();
 std::unique_ptr<EvictionPolicy> MakeWindowPolicy(int32_t recent);
-std::unique_ptr<EvictionPolicy> MakeH2OPolicy(int32_t heavy, int32_t recent);
+// mean_score: rank by score / (length - position), see CachePolicyConfig::h2o_mean_score.
+std::unique_ptr<EvictionPolicy> MakeH2OPolicy(int32_t heavy, int32_t recent,
+                                              bool mean_score = false);
 
 }  // namespace deja::worker

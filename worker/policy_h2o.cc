@@ -2,6 +2,8 @@
 // with the largest accumulated attention among the others. Scores are not normalised by age, as
 // in the reference (early tokens are favoured). Ties go to the older token's eviction, so the
 // plan is deterministic. Cost: O(slots) per head per step (one selection pass).
+// With mean_score (an alternative, not the reference) a token ranks by its score divided by the
+// number of queries that have attended to it so far (length - position), its mean attention.
 #include <algorithm>
 
 #include "worker/eviction_policy.h"
@@ -11,7 +13,8 @@ namespace {
 
 class H2OPolicy final : public EvictionPolicy {
  public:
-  H2OPolicy(int32_t heavy, int32_t recent) : heavy_(heavy), recent_(recent) {}
+  H2OPolicy(int32_t heavy, int32_t recent, bool mean_score)
+      : heavy_(heavy), recent_(recent), mean_score_(mean_score) {}
   CachePolicyKind kind() const override { return CachePolicyKind::kH2O; }
   int32_t budget() const override { return heavy_ + recent_; }
   bool needs_scores() const override { return true; }
@@ -32,8 +35,12 @@ class H2OPolicy final : public EvictionPolicy {
       return;
     }
     // The `excess` lowest-scoring candidates go; lower position breaks ties (evicted first).
+    auto rank = [&](int32_t s) {
+      return mean_score_ ? head.score[s] / static_cast<float>(head.length - head.slot_pos[s])
+                         : head.score[s];
+    };
     auto lower = [&](int32_t a, int32_t b) {
-      float sa = head.score[a], sb = head.score[b];
+      float sa = rank(a), sb = rank(b);
       return sa < sb || (sa == sb && head.slot_pos[a] < head.slot_pos[b]);
     };
     std::nth_element(cand.begin(), cand.begin() + excess, cand.end(), lower);
@@ -42,12 +49,13 @@ class H2OPolicy final : public EvictionPolicy {
 
  private:
   int32_t heavy_, recent_;
+  bool mean_score_;
 };
 
 }  // namespace
 
-std::unique_ptr<EvictionPolicy> MakeH2OPolicy(int32_t heavy, int32_t recent) {
-  return std::make_unique<H2OPolicy>(heavy, recent);
+std::unique_ptr<EvictionPolicy> MakeH2OPolicy(int32_t heavy, int32_t recent, bool mean_score) {
+  return std::make_unique<H2OPolicy>(heavy, recent, mean_score);
 }
 
 }  // namespace deja::worker

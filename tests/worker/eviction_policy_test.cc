@@ -44,6 +44,33 @@ TEST(EvictionPolicyTest, H2OKeepsRecentAndHeavyHitters) {
   EXPECT_EQ(std::set<int32_t>(evict.begin(), evict.end()), (std::set<int32_t>{1, 3, 4}));
 }
 
+TEST(EvictionPolicyTest, H2OMeanScoreRanksByAttentionPerQuery) {
+  // Length 10, recent window = position 9. Position 0 has the largest sum (4.5 over 10 queries:
+  // 0.45 each), position 7 a smaller sum over only 3 queries (1.5: 0.5 each), position 4 2.0 over
+  // 6 queries (0.33 each).
+  std::vector<int32_t> pos = {0, 4, 7, 9};
+  std::vector<float> score = {4.5f, 2.0f, 1.5f, 0.0f};
+  std::vector<int32_t> evict;
+  // Sum (the reference): keep 0 and 4, evict 7.
+  MakeH2OPolicy(/*heavy=*/2, /*recent=*/1)->Plan(Head(pos, score, 10), &evict);
+  EXPECT_EQ(evict, (std::vector<int32_t>{2}));
+  // Mean: keep 7 and 0, evict 4.
+  evict.clear();
+  MakeH2OPolicy(2, 1, /*mean_score=*/true)->Plan(Head(pos, score, 10), &evict);
+  EXPECT_EQ(evict, (std::vector<int32_t>{1}));
+  // Through the config: only h2o reads the flag.
+  CachePolicyConfig c;
+  c.kind = CachePolicyKind::kH2O;
+  c.heavy_tokens = 2;
+  c.recent_tokens = 1;
+  c.h2o_mean_score = true;
+  auto p = MakeEvictionPolicy(c, 10);
+  ASSERT_TRUE(p.ok());
+  evict.clear();
+  (*p)->Plan(Head(pos, score, 10), &evict);
+  EXPECT_EQ(evict, (std::vector<int32_t>{1}));
+}
+
 TEST(EvictionPolicyTest, H2OTiesEvictTheOlderToken) {
   auto p = MakeH2OPolicy(1, 1);
   std::vector<int32_t> pos = {3, 1, 2};  // slot order differs from position order
