@@ -11,7 +11,12 @@
 // while the f16 -> f32 conversion is nearly free; 4x6 tiles add ~10% at M >= 8. Software
 // prefetch of the next row block during the current block's first walk raised one thread's
 // cold-weight streaming rate at M = 1 from ~20 to ~26-29 GB/s (M = 16: 4.3 -> 3.7 ms for an
-// 8192 x 2048 f16 matrix); prefetching two blocks ahead measured the same.
+// 8192 x 2048 f16 matrix); prefetching two blocks ahead measured the same. For M > kCols the
+// block is walked ceil(M / kCols) times and each walk prefetches its share of the next block:
+// when the first walk alone prefetched the whole next block, DRAM had to deliver it in a third
+// of the block's time at M = 16 and the next block's first walk stalled. Spreading it measured
+// (one thread, best of 10, alternating in one process) 143.9 vs 127.9 GFLOP/s on 8192 x 2048,
+// 178 vs 160 on 2048 x 8192, and no change at M = 1.
 // Other register blocks, measured in one process alternating with 4 x 6 (one thread, best of 10,
 // f16): 6 x 4 reached 176 vs 182 GFLOP/s at M = 16 with hot weights and 133 vs 152 streaming an
 // 8192 x 2048 matrix from DRAM; 5 x 5 159 vs 177 hot, 128 vs 147 streaming. In a standalone
@@ -55,12 +60,14 @@ HWY_INLINE float Finish(float dot, int64_t n, const LinearEpilogue& e, const flo
 
 // R weight rows (w[r] points at row r, k_dim weights) against C rows of x (row stride k_dim);
 // stores epilogue'd results to out[c * ldo + n + r].
-// When prefetch is non-null, also pulls the next block's R rows (prefetch[r]) into cache,
-// spread over this walk so DRAM streams while the FMAs run.
+// When prefetch is non-null, also pulls the next block's R rows (prefetch[r]) into cache: this
+// walk's share of them (walk pf_phase of pf_walks takes every pf_walks-th step's lines), so the
+// next block streams from DRAM evenly while all walks of this block run.
 template <int R, int C, typename WT>
 HWY_INLINE void Tile(const WT* const* w, const float* HWY_RESTRICT x, int64_t k_dim, int64_t n,
                      const LinearEpilogue& e, float* HWY_RESTRICT out, int64_t ldo,
-                     const WT* const* prefetch, bool contiguous) {
+                     const WT* const* prefetch, bool contiguous, int64_t pf_phase = 0,
+                     int64_t pf_walks = 1) {
   const DF df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   using V = hn::Vec<DF>;
@@ -70,18 +77,23 @@ HWY_INLINE void Tile(const WT* const* w, const float* HWY_RESTRICT x, int64_t k_
   int64_t k = 0;
   const WT* wr[R];
   for (int r = 0; r < R; ++r) wr[r] = w[r];
-  for (; k + lanes <= k_dim; k += lanes) {
+  int64_t step = 0, pf_step = pf_phase;
+  for (; k + lanes <= k_dim; k += lanes, ++step) {
     if (prefetch != nullptr) {
       if (contiguous) {
         // Dense Linear: the next block is R * k_dim consecutive weights; walk it as one
-        // sequential stream, R * lanes weights per step (interleaving R row streams instead
-        // measured ~15-30% slower at M = 1).
-        const char* pf = reinterpret_cast<const char*>(prefetch[0]) + k * R * sizeof(WT);
-        for (int line = 0; line < static_cast<int>(R * lanes * sizeof(WT)); line += 64) {
-          hwy::Prefetch(pf + line);
+        // sequential stream, R * lanes weights per step of its share (interleaving R row
+        // streams instead measured ~15-30% slower at M = 1).
+        if (step == pf_step) {
+          pf_step += pf_walks;
+          const char* pf = reinterpret_cast<const char*>(prefetch[0]) + k * R * sizeof(WT);
+          for (int line = 0; line < static_cast<int>(R * lanes * sizeof(WT)); line += 64) {
+            hwy::Prefetch(pf + line);
+          }
         }
-      } else if (((k * static_cast<int64_t>(sizeof(WT))) & 63) == 0) {
-        // Gather: lanes weights of each next row per step, one prefetch per cache line.
+      } else if (const int64_t byte = k * static_cast<int64_t>(sizeof(WT));
+                 (byte & 63) == 0 && (byte >> 6) % pf_walks == pf_phase) {
+        // Gather: one prefetch per cache line of each next row, the walk's share of the lines.
         for (int r = 0; r < R; ++r) hwy::Prefetch(prefetch[r] + k);
       }
     }
@@ -109,34 +121,35 @@ HWY_INLINE void Tile(const WT* const* w, const float* HWY_RESTRICT x, int64_t k_
   }
 }
 
-// All rows of x against R weight rows; the first walk also prefetches the next block.
+// All rows of x against R weight rows; the walks share the prefetch of the next block.
 template <int R, typename WT>
 HWY_INLINE void RowBlock(const WT* const* w, const float* x, int64_t m_rows, int64_t k_dim,
                          int64_t n, const LinearEpilogue& e, float* out, int64_t ldo,
                          const WT* const* next, bool contiguous) {
-  int64_t m = 0;
-  for (; m + kCols <= m_rows; m += kCols) {
-    Tile<R, kCols>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo, m == 0 ? next : nullptr,
-                   contiguous);
+  const int64_t walks = (m_rows + kCols - 1) / kCols;
+  int64_t m = 0, walk = 0;
+  for (; m + kCols <= m_rows; m += kCols, ++walk) {
+    Tile<R, kCols>(w, x + m * k_dim, k_dim, n, e, out + m * ldo, ldo,
+                   walk < walks ? next : nullptr, contiguous, walk, walks);
   }
   const float* xm = x + m * k_dim;
   float* om = out + m * ldo;
-  const WT* const* pf = m == 0 ? next : nullptr;
+  const WT* const* pf = walk < walks ? next : nullptr;
   switch (m_rows - m) {
     case 5:
-      Tile<R, 5>(w, xm, k_dim, n, e, om, ldo, pf, contiguous);
+      Tile<R, 5>(w, xm, k_dim, n, e, om, ldo, pf, contiguous, walk, walks);
       break;
     case 4:
-      Tile<R, 4>(w, xm, k_dim, n, e, om, ldo, pf, contiguous);
+      Tile<R, 4>(w, xm, k_dim, n, e, om, ldo, pf, contiguous, walk, walks);
       break;
     case 3:
-      Tile<R, 3>(w, xm, k_dim, n, e, om, ldo, pf, contiguous);
+      Tile<R, 3>(w, xm, k_dim, n, e, om, ldo, pf, contiguous, walk, walks);
       break;
     case 2:
-      Tile<R, 2>(w, xm, k_dim, n, e, om, ldo, pf, contiguous);
+      Tile<R, 2>(w, xm, k_dim, n, e, om, ldo, pf, contiguous, walk, walks);
       break;
     case 1:
-      Tile<R, 1>(w, xm, k_dim, n, e, om, ldo, pf, contiguous);
+      Tile<R, 1>(w, xm, k_dim, n, e, om, ldo, pf, contiguous, walk, walks);
       break;
     default:
       break;
