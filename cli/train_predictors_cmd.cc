@@ -20,6 +20,8 @@ int RunTrainPredictors(int argc, char** argv, int first) {
       .Flag("weight-decay", "AdamW decoupled weight decay", "0.01")
       .Flag("target-recall", "top-k schedule: smallest k whose validation recall reaches this",
             "0.95")
+      .Flag("head-target-recall", "the heads' schedule target instead (0 = --target-recall; 1 "
+            "keeps as many heads as the most demanding validation row needs)", "0")
       .Flag("patience", "early stop after this many epochs without a better validation recall",
             "5")
       .Flag("stop-recall", "stop as soon as the validation recall (sigmoid > 0.5) exceeds this "
@@ -36,6 +38,7 @@ int RunTrainPredictors(int argc, char** argv, int first) {
     DEJA_ASSIGN_OR_RETURN(double lr, args.Double("lr"));
     DEJA_ASSIGN_OR_RETURN(double wd, args.Double("weight-decay"));
     DEJA_ASSIGN_OR_RETURN(double target, args.Double("target-recall"));
+    DEJA_ASSIGN_OR_RETURN(double head_target, args.Double("head-target-recall"));
     DEJA_ASSIGN_OR_RETURN(int64_t patience, args.Int("patience"));
     DEJA_ASSIGN_OR_RETURN(double stop, args.Double("stop-recall"));
     DEJA_ASSIGN_OR_RETURN(int64_t threads, args.Int("threads"));
@@ -46,6 +49,9 @@ int RunTrainPredictors(int argc, char** argv, int first) {
     if (!(lr > 0)) return InvalidArgument("--lr must be > 0");
     if (!(wd >= 0)) return InvalidArgument("--weight-decay must be >= 0");
     if (!(target > 0 && target <= 1)) return InvalidArgument("--target-recall must be in (0, 1]");
+    if (!(head_target >= 0 && head_target <= 1)) {
+      return InvalidArgument("--head-target-recall must be in [0, 1]");
+    }
     if (patience < 1 || patience > 10000) return InvalidArgument("--patience must be >= 1");
     if (threads < 1 || threads > 1024) return InvalidArgument("--threads must be >= 1");
     o.rank = static_cast<int32_t>(rank);
@@ -54,6 +60,7 @@ int RunTrainPredictors(int argc, char** argv, int first) {
     o.lr = static_cast<float>(lr);
     o.weight_decay = static_cast<float>(wd);
     o.target_recall = static_cast<float>(target);
+    o.head_target_recall = static_cast<float>(head_target);
     o.patience = static_cast<int32_t>(patience);
     o.threads = static_cast<int32_t>(threads);
     o.stop_recall = static_cast<float>(stop);

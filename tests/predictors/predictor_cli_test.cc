@@ -99,6 +99,9 @@ TEST(PredictorCli, TrainBadInput) {
   ExpectCleanFailure(RunDeja("train-predictors --data " + dir.path() + " --out " +
                              dir.File("p.safetensors") + " --target-recall 2"),
                      "--target-recall");
+  ExpectCleanFailure(RunDeja("train-predictors --data " + dir.path() + " --out " +
+                             dir.File("p.safetensors") + " --head-target-recall 1.5"),
+                     "--head-target-recall");
   std::ofstream(dir.File("meta.json")) << R"({"format": "deja-predictor-data-v1",
     "hidden_size": 4, "ffn_dim": 8, "num_heads": 2, "num_layers": 1, "rows": 100})";
   ExpectCleanFailure(RunDeja("train-predictors --data " + dir.path() + " --out " +

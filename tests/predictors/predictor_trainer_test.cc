@@ -194,6 +194,45 @@ TEST(PredictorTrainer, ReportedRecallMatchesTheSavedFile) {
   EXPECT_LT(set->meta.layers[0].mlp.top_k, kFfn);
 }
 
+// --head-target-recall 1: the heads' schedule keeps as many heads as hold every validation row's
+// important heads (top-k recall exactly 1, or dense), while the MLP schedule still follows
+// --target-recall; the JSON records both targets.
+TEST(PredictorTrainer, HeadTargetRecallOfOneHoldsEveryImportantHead) {
+  test_util::TempDir dir;
+  WriteData(dir.path());
+  const std::string out = dir.File("pred.safetensors");
+  TrainOptions o = Options();
+  o.epochs = 6;
+  o.head_target_recall = 1.0f;
+  ASSERT_TRUE(TrainPredictors(dir.path(), out, o, nullptr).ok());
+  OptConfig c;
+  c.hidden_size = kD;
+  c.ffn_dim = kFfn;
+  c.num_attention_heads = kHeads;
+  c.num_hidden_layers = kLayers;
+  auto set = LoadPredictors(out, c, 0, 1);
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  std::ifstream in(MetaPathFor(out));
+  nlohmann::json j = nlohmann::json::parse(in);
+  // The same data with the heads at the MLP's target (0.95) keeps fewer heads on this data.
+  const std::string out95 = dir.File("pred95.safetensors");
+  TrainOptions o95 = o;
+  o95.head_target_recall = 0.f;
+  ASSERT_TRUE(TrainPredictors(dir.path(), out95, o95, nullptr).ok());
+  auto set95 = LoadPredictors(out95, c, 0, 1);
+  ASSERT_TRUE(set95.ok()) << set95.status().ToString();
+  auto kept = [](const BlockSchedule& h) { return h.top_k > 0 ? h.top_k : kHeads; };
+  for (int32_t l = 1; l < kLayers; ++l) {
+    const BlockSchedule& h = set->meta.layers[l].heads;
+    if (h.top_k > 0) EXPECT_FLOAT_EQ(h.recall, 1.0f) << l;
+    EXPECT_GT(kept(h), kept(set95->meta.layers[l].heads)) << l;
+  }
+  EXPECT_GT(set->meta.layers[0].mlp.top_k, 0);
+  EXPECT_LT(set->meta.layers[0].mlp.top_k, kFfn);
+  EXPECT_DOUBLE_EQ(j["training"]["head_target_recall"].get<double>(), 1.0);
+  EXPECT_NEAR(j["training"]["target_recall"].get<double>(), o.target_recall, 1e-6);
+}
+
 TEST(PredictorTrainer, RejectsADirectoryThatIsNotCollectOutput) {
   test_util::TempDir dir;
   Status s = TrainPredictors(dir.path(), dir.File("p.safetensors"), Options(), nullptr);

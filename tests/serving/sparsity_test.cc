@@ -7,6 +7,9 @@
 // serve` and `deja worker` at once with exit code 2. With the committed opt-mini predictors,
 // requests run sparse by default.
 #include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "serving_util.h"
 
@@ -214,10 +217,22 @@ TEST(SparsityServingTest, PredictorServerIsSparseByDefault) {
   const SparsityCounts c1 = Counts(server.metrics_port());
   EXPECT_EQ(c1.sparse - c0.sparse, kNewTokens);
   EXPECT_EQ(c1.head_count - c0.head_count, kNewTokens);
-  // The schedule keeps 514/226/219/252 of 1024 neurons and dense/7/5/5 of 8 heads: each decode
-  // step (one row) computes well under all of them.
+  // The committed schedule keeps 468/152/161/211 of 1024 neurons: each decode step (one row)
+  // computes well under all of them. Its heads follow the JSON: a schedule with a head-sparse
+  // layer computes fewer than all heads at every decode step, an all-dense one (the committed
+  // file: predicting heads cost the retrained fixture 2%) never does.
   EXPECT_GE(c1.neuron_below_one - c0.neuron_below_one, kNewTokens - 1);
-  EXPECT_GE(c1.head_below_one - c0.head_below_one, kNewTokens - 1);
+  std::ifstream schedule_file(ModelDir() + "/predictors.json");
+  const nlohmann::json schedule = nlohmann::json::parse(schedule_file);
+  bool head_sparse = false;
+  for (const nlohmann::json& layer : schedule["layers"]) {
+    head_sparse = head_sparse || layer["heads"]["top_k"].get<int>() > 0;
+  }
+  if (head_sparse) {
+    EXPECT_GE(c1.head_below_one - c0.head_below_one, kNewTokens - 1);
+  } else {
+    EXPECT_EQ(c1.head_below_one, c0.head_below_one);
+  }
   const std::string m = Scrape(server.metrics_port());
   EXPECT_EQ(Metric(m, "deja_worker_predictor_duration_seconds_count{rank=\"1\"}"), kNewTokens);
   EXPECT_GT(Metric(m, "deja_worker_predictor_duration_seconds_sum{rank=\"0\"}"), 0);
