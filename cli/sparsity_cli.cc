@@ -21,10 +21,16 @@ void AddSparsityRunFlags(Args& args) {
       .Flag("sparsity-oracle",
             "speed runs without predictors: keep this fraction of heads and neurons, chosen "
             "pseudo-randomly per token, in every layer")
-      .Flag("mlp-fraction", "override the schedule: fraction of MLP neurons kept (0 = schedule)",
+      .Flag("mlp-fraction",
+            "override the schedule: fraction of MLP neurons kept in its sparse blocks (0 = "
+            "schedule; with --dense-layers given, in every block past those layers)", "0")
+      .Flag("head-fraction",
+            "override the schedule: fraction of heads kept in its head-sparse blocks (0 = "
+            "schedule; with --dense-layers given, in every block past those layers and layer 0)",
             "0")
-      .Flag("head-fraction", "override the schedule: fraction of heads kept (0 = schedule)", "0")
-      .Flag("dense-layers", "override the schedule: first layers kept dense (-1 = schedule)", "-1")
+      .Flag("dense-layers",
+            "override the schedule: first layers kept dense; blocks the schedule keeps dense "
+            "then follow the fractions too (-1 = schedule)", "-1")
       .Flag("dense-fallback", "batched decode runs a block dense above this union fraction",
             "0.8")
       .Flag("selection-groups",
