@@ -147,19 +147,26 @@ Recomputed Recompute(const BlockData& data, const std::vector<int64_t>& rows, co
   return out;
 }
 
+// Trains predictors on the data in data_dir with o, writes them to out and loads them back
+// (one rank) for the test model's shape.
+StatusOr<PredictorSet> TrainAndLoad(const std::string& data_dir, const std::string& out,
+                                    const TrainOptions& o) {
+  DEJA_RETURN_IF_ERROR(TrainPredictors(data_dir, out, o, nullptr));
+  OptConfig c;
+  c.hidden_size = kD;
+  c.ffn_dim = kFfn;
+  c.num_attention_heads = kHeads;
+  c.num_hidden_layers = kLayers;
+  return LoadPredictors(out, c, 0, 1);
+}
+
 TEST(PredictorTrainer, ReportedRecallMatchesTheSavedFile) {
   test_util::TempDir dir;
   WriteData(dir.path());
   const std::string out = dir.File("pred.safetensors");
   TrainOptions o = Options();
   o.epochs = 6;
-  ASSERT_TRUE(TrainPredictors(dir.path(), out, o, nullptr).ok());
-  OptConfig c;
-  c.hidden_size = kD;
-  c.ffn_dim = kFfn;
-  c.num_attention_heads = kHeads;
-  c.num_hidden_layers = kLayers;
-  auto set = LoadPredictors(out, c, 0, 1);
+  auto set = TrainAndLoad(dir.path(), out, o);
   ASSERT_TRUE(set.ok()) << set.status().ToString();
   std::ifstream in(MetaPathFor(out));
   nlohmann::json j = nlohmann::json::parse(in);
@@ -204,13 +211,7 @@ TEST(PredictorTrainer, HeadTargetRecallOfOneHoldsEveryImportantHead) {
   TrainOptions o = Options();
   o.epochs = 6;
   o.head_target_recall = 1.0f;
-  ASSERT_TRUE(TrainPredictors(dir.path(), out, o, nullptr).ok());
-  OptConfig c;
-  c.hidden_size = kD;
-  c.ffn_dim = kFfn;
-  c.num_attention_heads = kHeads;
-  c.num_hidden_layers = kLayers;
-  auto set = LoadPredictors(out, c, 0, 1);
+  auto set = TrainAndLoad(dir.path(), out, o);
   ASSERT_TRUE(set.ok()) << set.status().ToString();
   std::ifstream in(MetaPathFor(out));
   nlohmann::json j = nlohmann::json::parse(in);
@@ -218,8 +219,7 @@ TEST(PredictorTrainer, HeadTargetRecallOfOneHoldsEveryImportantHead) {
   const std::string out95 = dir.File("pred95.safetensors");
   TrainOptions o95 = o;
   o95.head_target_recall = 0.f;
-  ASSERT_TRUE(TrainPredictors(dir.path(), out95, o95, nullptr).ok());
-  auto set95 = LoadPredictors(out95, c, 0, 1);
+  auto set95 = TrainAndLoad(dir.path(), out95, o95);
   ASSERT_TRUE(set95.ok()) << set95.status().ToString();
   auto kept = [](const BlockSchedule& h) { return h.top_k > 0 ? h.top_k : kHeads; };
   for (int32_t l = 1; l < kLayers; ++l) {
