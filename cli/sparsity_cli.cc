@@ -23,16 +23,17 @@ void AddSparsityRunFlags(Args& args) {
             "pseudo-randomly per token, in every layer")
       .Flag("mlp-fraction",
             "override the schedule: fraction of MLP neurons kept in its sparse blocks (0 = "
-            "schedule; with --dense-layers given, in every block past those layers)", "0")
+            "schedule; with --dense-layers given, in every block past those layers)",
+            "0")
       .Flag("head-fraction",
             "override the schedule: fraction of heads kept in its head-sparse blocks (0 = "
             "schedule; with --dense-layers given, in every block past those layers and layer 0)",
             "0")
       .Flag("dense-layers",
             "override the schedule: first layers kept dense; blocks the schedule keeps dense "
-            "then follow the fractions too (-1 = schedule)", "-1")
-      .Flag("dense-fallback", "batched decode runs a block dense above this union fraction",
-            "0.8")
+            "then follow the fractions too (-1 = schedule)",
+            "-1")
+      .Flag("dense-fallback", "batched decode runs a block dense above this union fraction", "0.8")
       .Flag("selection-groups",
             "top-k within this many unit groups (a multiple of the ranks; 0 = one per rank)", "0")
       .Flag("async-predictors",

@@ -32,18 +32,21 @@ void AttendOne(const AttentionArgs& a, int64_t t, int64_t h, std::vector<float>&
   for (int64_t s = 0; s < kv.used; ++s) {
     const int32_t pos = kv.slot_pos[base + s];
     if (pos < 0 || pos > q_pos) continue;
-    slots[count] = static_cast<int32_t>(s);
-    probs[count] = a.scale * Dot(q, kv.k + (base + s) * d, d);
-    ++count;
+    slots[count++] = static_cast<int32_t>(s);
   }
-  std::memset(out, 0, static_cast<size_t>(d) * sizeof(float));
-  if (count == 0) return;
+  if (count == 0) {
+    std::memset(out, 0, static_cast<size_t>(d) * sizeof(float));
+    return;
+  }
+  const float* k_head = kv.k + base * d;
+  const float* v_head = kv.v + base * d;
+  DotRows(q, k_head, slots.data(), count, d, a.scale, probs.data());
   const float max_score = MaxOf(probs.data(), count);
   const float inv_sum = 1.f / ExpShiftInPlace(probs.data(), count, max_score);
-  for (int64_t j = 0; j < count; ++j) {
-    const float p = probs[j] * inv_sum;
-    Axpy(p, kv.v + (base + slots[j]) * d, out, d);
-    if (kv.score != nullptr) kv.score[base + slots[j]] += p;
+  for (int64_t j = 0; j < count; ++j) probs[j] *= inv_sum;
+  WeightedSumRows(probs.data(), v_head, slots.data(), count, d, out);
+  if (kv.score != nullptr) {
+    for (int64_t j = 0; j < count; ++j) kv.score[base + slots[j]] += probs[j];
   }
 }
 

@@ -1,5 +1,7 @@
 // Vector building blocks (conversion, dot, axpy, exp sums, LayerNorm rows), compiled once per
 // x86 target by Highway's foreach_target and dispatched at run time.
+#include <algorithm>
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/simd.cc"
 // foreach_target must precede highway.h and the -inl headers.
@@ -58,6 +60,42 @@ float DotImpl(const float* a, const float* b, int64_t n) {
   float sum = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
+}
+
+// DotImpl's arithmetic inlined per row, so each score is bit-identical to Dot's.
+void DotRowsImpl(const float* q, const float* k, const int32_t* rows, int64_t count, int64_t d,
+                 float scale, float* scores) {
+  for (int64_t j = 0; j < count; ++j) {
+    scores[j] = scale * DotImpl(q, k + static_cast<int64_t>(rows[j]) * d, d);
+  }
+}
+
+// Accumulates sum_j p[j] * v_row(j) in registers, kChunk vectors of out at a time, adding the
+// rows in order with the same fused multiply-add as AxpyImpl: bit-identical to zeroing out and
+// calling Axpy per row, without a load and store of out per row.
+void WeightedSumRowsImpl(const float* p, const float* v, const int32_t* rows, int64_t count,
+                         int64_t d, float* out) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  constexpr int64_t kChunk = 8;
+  const int64_t full = d / lanes * lanes;
+  for (int64_t c0 = 0; c0 < full; c0 += kChunk * lanes) {
+    const int64_t nv = std::min<int64_t>(kChunk, (full - c0) / lanes);
+    hn::Vec<DF> acc[kChunk];
+    for (int64_t i = 0; i < kChunk; ++i) acc[i] = hn::Zero(df);
+    for (int64_t j = 0; j < count; ++j) {
+      const auto pj = hn::Set(df, p[j]);
+      const float* row = v + static_cast<int64_t>(rows[j]) * d + c0;
+      for (int64_t i = 0; i < nv; ++i)
+        acc[i] = hn::MulAdd(pj, hn::LoadU(df, row + i * lanes), acc[i]);
+    }
+    for (int64_t i = 0; i < nv; ++i) hn::StoreU(acc[i], df, out + c0 + i * lanes);
+  }
+  for (int64_t e = full; e < d; ++e) out[e] = 0.f;
+  for (int64_t j = 0; j < count && full < d; ++j) {
+    const float* row = v + static_cast<int64_t>(rows[j]) * d;
+    for (int64_t e = full; e < d; ++e) out[e] += p[j] * row[e];
+  }
 }
 
 void AxpyImpl(float a, const float* x, float* y, int64_t n) {
@@ -191,6 +229,8 @@ namespace deja::kernels::cpu {
 HWY_EXPORT(ConvertToF32Impl);
 HWY_EXPORT(DotImpl);
 HWY_EXPORT(AxpyImpl);
+HWY_EXPORT(DotRowsImpl);
+HWY_EXPORT(WeightedSumRowsImpl);
 HWY_EXPORT(AddIntoImpl);
 HWY_EXPORT(AddBiasedIntoImpl);
 HWY_EXPORT(MaxOfImpl);
@@ -208,6 +248,14 @@ float Dot(const float* a, const float* b, int64_t n) {
 }
 void Axpy(float a, const float* x, float* y, int64_t n) {
   HWY_DYNAMIC_DISPATCH(AxpyImpl)(a, x, y, n);
+}
+void DotRows(const float* q, const float* k, const int32_t* rows, int64_t count, int64_t d,
+             float scale, float* scores) {
+  HWY_DYNAMIC_DISPATCH(DotRowsImpl)(q, k, rows, count, d, scale, scores);
+}
+void WeightedSumRows(const float* p, const float* v, const int32_t* rows, int64_t count, int64_t d,
+                     float* out) {
+  HWY_DYNAMIC_DISPATCH(WeightedSumRowsImpl)(p, v, rows, count, d, out);
 }
 void AddInto(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(AddIntoImpl)(x, y, n); }
 void AddBiasedInto(const float* x, const float* b, float* y, int64_t n) {
