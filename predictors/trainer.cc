@@ -358,9 +358,7 @@ Status TrainPredictors(const std::string& data_dir, const std::string& out_path,
                    static_cast<long long>(data->units)));
       }
       TrainOptions ko = o;
-      if (kind == BlockKind::kHeads && o.head_target_recall > 0) {
-        ko.target_recall = o.head_target_recall;
-      }
+      if (kind == BlockKind::kHeads) ko.target_recall = o.HeadTargetRecall();
       StatusOr<BlockResult> br = TrainBlock(*data, ko, BlockSeed(o.seed, l, kind), log);
       if (!br.ok()) {
         return br.status().WithContext("layer " + std::to_string(l) + " " + name);
@@ -410,9 +408,7 @@ Status TrainPredictors(const std::string& data_dir, const std::string& out_path,
                        {"lr", Decimal(o.lr)},
                        {"weight_decay", Decimal(o.weight_decay)},
                        {"target_recall", Decimal(o.target_recall)},
-                       {"head_target_recall", Decimal(o.head_target_recall > 0
-                                                          ? o.head_target_recall
-                                                          : o.target_recall)},
+                       {"head_target_recall", Decimal(o.HeadTargetRecall())},
                        {"patience", o.patience},
                        {"stop_recall", Decimal(o.stop_recall)},
                        {"seed", o.seed},

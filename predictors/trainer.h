@@ -32,6 +32,11 @@ struct TrainOptions {
   float stop_recall = 0.99f;    // stop as soon as the validation recall exceeds this
   int32_t threads = 2;          // OpenBLAS threads
   uint64_t seed = 0;
+
+  // The heads' schedule target in effect.
+  float HeadTargetRecall() const {
+    return head_target_recall > 0 ? head_target_recall : target_recall;
+  }
 };
 
 using LogFn = std::function<void(const std::string&)>;

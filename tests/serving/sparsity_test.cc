@@ -7,10 +7,8 @@
 // serve` and `deja worker` at once with exit code 2. With the committed opt-mini predictors,
 // requests run sparse by default.
 #include <cmath>
-#include <fstream>
 
-#include <nlohmann/json.hpp>
-
+#include "predictors/predictors.h"
 #include "serving_util.h"
 
 namespace deja::serving_test {
@@ -222,11 +220,12 @@ TEST(SparsityServingTest, PredictorServerIsSparseByDefault) {
   // layer computes fewer than all heads at every decode step, an all-dense one (the committed
   // file: predicting heads cost the retrained fixture 2%) never does.
   EXPECT_GE(c1.neuron_below_one - c0.neuron_below_one, kNewTokens - 1);
-  std::ifstream schedule_file(ModelDir() + "/predictors.json");
-  const nlohmann::json schedule = nlohmann::json::parse(schedule_file);
+  StatusOr<predictors::PredictorMeta> meta =
+      predictors::LoadPredictorMeta(predictors::MetaPathFor(predictors));
+  ASSERT_TRUE(meta.ok()) << meta.status().ToString();
   bool head_sparse = false;
-  for (const nlohmann::json& layer : schedule["layers"]) {
-    head_sparse = head_sparse || layer["heads"]["top_k"].get<int>() > 0;
+  for (const predictors::LayerSchedule& layer : meta->layers) {
+    head_sparse = head_sparse || layer.heads.top_k > 0;
   }
   if (head_sparse) {
     EXPECT_GE(c1.head_below_one - c0.head_below_one, kNewTokens - 1);
