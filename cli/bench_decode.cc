@@ -13,6 +13,7 @@
 
 #include "cli/commands.h"
 #include "cli/common_flags.h"
+#include "kernels/cpu/bf16_dot.h"
 #include "cli/sparsity_cli.h"
 #include "common/thread_pool.h"
 #include "kernels/cpu/bandwidth.h"
@@ -153,9 +154,17 @@ int RunBenchDecode(int argc, char** argv, int first) {
     const double floor_s = m.model->weight_bytes() / bw;
     j["floor_ms_per_token"] = floor_s * 1e3;
     // The compute roofline of batched decode: 2 FLOPs per weight per token at the measured peak
-    // fp32 FMA rate (weights are widened to fp32 in registers).
-    const double peak_flops = kernels::MeasurePeakFmaFlopsPerSec(m.backend->pool());
+    // of the instruction the kernels multiply with: fp32 FMA (weights widened in registers), or
+    // VDPBF16PS for bf16 weights where the CPU has it (kernels/cpu/bf16_dot.h).
+    double peak_flops = kernels::MeasurePeakFmaFlopsPerSec(m.backend->pool());
     j["peak_fma_gflop_per_s"] = peak_flops / 1e9;
+    j["weight_dtype"] = DTypeName(m.model->weight_dtype());
+    j["compute_peak"] = "fma_f32";
+    if (m.model->weight_dtype() == DType::kBF16 && kernels::cpu::Bf16DotEnabled()) {
+      peak_flops = kernels::MeasurePeakBf16DotFlopsPerSec(m.backend->pool());
+      j["peak_bf16_dot_gflop_per_s"] = peak_flops / 1e9;
+      j["compute_peak"] = "bf16_dot";
+    }
     const double weights = static_cast<double>(m.model->weight_bytes()) /
                            DTypeSize(m.model->weight_dtype());
     DEJA_ASSIGN_OR_RETURN(double prefill_s,

@@ -11,6 +11,25 @@ void AddModelFlags(Args& args) {
   args.Flag("model", "model directory (HF OPT checkpoint: config.json, safetensors, tokenizer)",
             "", true)
       .Flag("threads", "CPU threads (0 = one per core)", "0");
+  AddDtypeFlag(args);
+}
+
+void AddDtypeFlag(Args& args) {
+  args.Flag("dtype",
+            "weights in memory: checkpoint (as stored) or bf16 (converted at load; activations "
+            "meet them as bf16, with AVX512-BF16 dot products where the CPU has them)",
+            "checkpoint");
+}
+
+StatusOr<worker::LoadOptions> LoadOptionsFromFlags(const Args& args) {
+  worker::LoadOptions o;
+  const std::string dtype = args.Str("dtype");
+  if (dtype == "bf16") {
+    o.weight_dtype = DType::kBF16;
+  } else if (dtype != "checkpoint") {
+    return InvalidArgument("--dtype must be checkpoint or bf16, not '" + dtype + "'");
+  }
+  return o;
 }
 
 void AddSamplingFlags(Args& args) {
@@ -134,8 +153,10 @@ StatusOr<SparsityFlags> SparsityFromFlags(const Args& args) {
 StatusOr<LoadedModel> LoadModelFromFlags(const Args& args) {
   LoadedModel m;
   DEJA_ASSIGN_OR_RETURN(int64_t threads, args.Int("threads"));
+  DEJA_ASSIGN_OR_RETURN(worker::LoadOptions load, LoadOptionsFromFlags(args));
   m.backend = kernels::MakeCpuBackend(static_cast<int>(threads));
-  DEJA_ASSIGN_OR_RETURN(m.model, worker::OptModel::Load(args.Str("model"), m.backend.get()));
+  DEJA_ASSIGN_OR_RETURN(m.model,
+                        worker::OptModel::Load(args.Str("model"), m.backend.get(), nullptr, load));
   return m;
 }
 

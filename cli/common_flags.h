@@ -12,7 +12,11 @@
 
 namespace deja::cli {
 
+// --model, --threads and --dtype.
 void AddModelFlags(Args& args);
+// --dtype checkpoint|bf16 alone (the worker's flags), and its parse; InvalidArgument naming it.
+void AddDtypeFlag(Args& args);
+StatusOr<worker::LoadOptions> LoadOptionsFromFlags(const Args& args);
 void AddSamplingFlags(Args& args);
 StatusOr<worker::SamplingParams> SamplingFromFlags(const Args& args);
 

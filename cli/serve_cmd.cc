@@ -195,6 +195,7 @@ int RunServe(int argc, char** argv, int first) {
       .Flag("threads", "CPU threads per worker (0: this host's cores split evenly)", "0")
       .Flag("worker-host", "address the workers listen on", "127.0.0.1");
   AddSparsityFlags(args);
+  AddDtypeFlag(args);
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("serve", s);
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
   auto run = [&]() -> Status {
@@ -214,6 +215,8 @@ int RunServe(int argc, char** argv, int first) {
     lo.predictors = sparsity.predictors;
     lo.sparsity_oracle = sparsity.oracle;
     lo.sparsity_default = sparsity.default_flag;
+    DEJA_RETURN_IF_ERROR(LoadOptionsFromFlags(args).status());
+    lo.extra_worker_args = {"--dtype", args.Str("dtype")};
     return Serve(o, &lo, signals);
   };
   if (Status s = run(); !s.ok()) return Fail("serve", s);

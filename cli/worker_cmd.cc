@@ -77,6 +77,7 @@ int RunWorker(int argc, char** argv, int first) {
       .Flag("collective-timeout-ms", "bound on the Gloo rendezvous and every collective", "30000")
       .Flag("gloo-host", "address Gloo listens on for its peers", "127.0.0.1");
   AddSparsityFlags(args);
+  AddDtypeFlag(args);
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("worker", s);
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
 
@@ -108,6 +109,7 @@ int RunWorker(int argc, char** argv, int first) {
     DEJA_ASSIGN_OR_RETURN(SparsityFlags sparsity, SparsityFromFlags(args));
     o.sparsity = sparsity.options;
     o.sparsity_default = sparsity.default_on;
+    DEJA_ASSIGN_OR_RETURN(o.load, LoadOptionsFromFlags(args));
     return Status::Ok();
   };
   if (Status s = parse(); !s.ok()) return Fail("worker", s);

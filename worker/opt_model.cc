@@ -27,7 +27,8 @@ int64_t LinearBytes(const LinearWeights& l) { return ViewBytes(l.w) + ViewBytes(
 
 StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
                                                    kernels::Backend* backend,
-                                                   std::unique_ptr<Communicator> comm) {
+                                                   std::unique_ptr<Communicator> comm,
+                                                   const LoadOptions& options) {
   std::unique_ptr<OptModel> m(new OptModel());
   m->backend_ = backend;
   m->comm_ = comm ? std::move(comm) : MakeSoloCommunicator();
@@ -37,6 +38,9 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
   DEJA_RETURN_IF_ERROR(CheckOptTensorShapes(*m->ckpt_, m->config_, names));
   ShardSpec shard{m->comm_->rank(), m->comm_->world_size()};
   DEJA_ASSIGN_OR_RETURN(m->w_, LoadOptWeights(*m->ckpt_, m->config_, names, shard));
+  if (options.weight_dtype.has_value()) {
+    DEJA_RETURN_IF_ERROR(ConvertMatrices(&m->w_, *options.weight_dtype));
+  }
 
   int64_t bytes = 0;
   for (const OptLayerWeights& l : m->w_.layers) {
@@ -56,7 +60,7 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
   Checkpoint::Prefetch(m->w_.lm_head.w);
   LOG(INFO) << "loaded " << dir << " rank " << shard.rank << "/" << shard.world << ": "
             << m->config_.num_hidden_layers << " layers, " << bytes / (1 << 20)
-            << " MiB of weights on this rank";
+            << " MiB of " << DTypeName(m->weight_dtype()) << " weights on this rank";
   return m;
 }
 

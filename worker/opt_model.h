@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,13 @@ struct SparsityOptions {
   PredictorThread predictor_thread = PredictorThread::kAuto;
 };
 
+// How OptModel::Load holds the weights.
+struct LoadOptions {
+  // Converts the matrices to this dtype at load (ConvertMatrices; only bf16: the `--dtype bf16`
+  // of the CLI). Unset: they stay in the checkpoint's dtype, as views into the mmapped file.
+  std::optional<DType> weight_dtype;
+};
+
 class SparseRuntime;
 struct BlockPlan;
 
@@ -89,7 +97,8 @@ class OptModel {
   // Loads this rank's shard. `comm` may be null for a single process (world 1).
   static StatusOr<std::unique_ptr<OptModel>> Load(const std::string& dir,
                                                    kernels::Backend* backend,
-                                                   std::unique_ptr<Communicator> comm = nullptr);
+                                                   std::unique_ptr<Communicator> comm = nullptr,
+                                                   const LoadOptions& options = {});
 
   const OptConfig& config() const { return config_; }
   KvGeometry kv_geometry() const;

@@ -1,7 +1,11 @@
 #include "worker/opt_weights.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
+
+#include "kernels/cpu/bf16_dot.h"
+#include "kernels/cpu/simd.h"
 
 namespace deja::worker {
 namespace {
@@ -125,6 +129,58 @@ StatusOr<OptWeights> LoadOptWeights(const Checkpoint& ckpt, const OptConfig& c,
   DEJA_ASSIGN_OR_RETURN(TensorView head, ckpt.Get(names.lm_head, {c.vocab_size, p}));
   w.lm_head.w = head.RowSlice(w.vocab_begin, w.vocab_end);
   return w;
+}
+
+namespace {
+
+// v in `dtype`, in a tensor appended to `store`; chunked through f32 (SIMD on the host).
+TensorView Converted(const TensorView& v, DType dtype, std::vector<Tensor>* store) {
+  Tensor t = Tensor::Empty(dtype, v.shape);
+  constexpr int64_t kChunk = 1 << 16;
+  std::vector<float> f32(kChunk);
+  const int64_t n = v.numel();
+  const size_t es = DTypeSize(v.dtype);
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t len = std::min(kChunk, n - i);
+    kernels::cpu::ConvertToF32(static_cast<const char*>(v.data) + i * es, v.dtype, len, f32.data(),
+                               false);
+    kernels::cpu::RoundToBF16(f32.data(), len, t.as<uint16_t>() + i);
+  }
+  store->push_back(std::move(t));
+  return store->back().view();
+}
+
+}  // namespace
+
+Status ConvertMatrices(OptWeights* w, DType dtype) {
+  if (dtype != DType::kBF16) {
+    return InvalidArgument(std::string("weights can be converted to bf16 only, not ") +
+                           DTypeName(dtype));
+  }
+  auto convert = [&](TensorView* v) {
+    if (v->data != nullptr && v->dtype != dtype) *v = Converted(*v, dtype, &w->converted);
+  };
+  // The lm head is tied when it points into the embedding table: it becomes the same rows of the
+  // converted table.
+  const char* table = static_cast<const char*>(w->embed_tokens.data);
+  const char* head = static_cast<const char*>(w->lm_head.w.data);
+  const bool tied = head >= table && head < table + w->embed_tokens.bytes() &&
+                    w->lm_head.w.dtype == w->embed_tokens.dtype;
+  convert(&w->embed_tokens);
+  if (tied) {
+    w->lm_head.w = w->embed_tokens.RowSlice(w->vocab_begin, w->vocab_end);
+  } else {
+    convert(&w->lm_head.w);
+  }
+  convert(&w->embed_positions);
+  for (LinearWeights* lw : {&w->project_in, &w->project_out}) convert(&lw->w);
+  for (OptLayerWeights& l : w->layers) {
+    for (LinearWeights* lw : {&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2}) {
+      convert(&lw->w);
+      lw->owned = Tensor();  // a copied column slice, now converted
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace deja::worker

@@ -46,6 +46,7 @@ struct OptWeights {
   LinearWeights lm_head;       // this rank's vocab rows [vocab_end - vocab_begin, proj]
   int64_t vocab_begin = 0, vocab_end = 0;
   int64_t local_heads = 0, local_ffn = 0;
+  std::vector<Tensor> converted;  // backing storage of matrices converted at load
 };
 
 // The [begin, end) part of rank `rank` when `total` is split over `world` ranks as evenly as
@@ -55,5 +56,11 @@ void ShardRange(int64_t total, int rank, int world, int64_t* begin, int64_t* end
 // Fails with InvalidArgument when heads or ffn are not divisible by the world size.
 StatusOr<OptWeights> LoadOptWeights(const Checkpoint& ckpt, const OptConfig& config,
                                     const OptTensorNames& names, const ShardSpec& shard);
+
+// Converts every matrix this rank holds (the Linear weights, the lm head and the two embedding
+// tables) to `dtype` in memory it owns (a tied lm head stays a slice of the converted embedding
+// table); biases and LayerNorms keep their dtype. Matrices already in `dtype` are left as they
+// are. Only bf16 is accepted: converting f16/f32 to it cannot overflow.
+Status ConvertMatrices(OptWeights* w, DType dtype);
 
 }  // namespace deja::worker

@@ -19,5 +19,8 @@ namespace deja::kernels {
 // Fused multiply-add throughput in fp32 FLOP/s (2 per lane per FMA) of all threads of `pool`
 // (one chunk per thread), the best of a few runs of ~0.1 s: the compute roofline.
 double MeasurePeakFmaFlopsPerSec(ThreadPool* pool);
+// The same for VDPBF16PS (4 FLOPs per f32 lane and instruction: two bf16 products and their
+// sums), the compute roofline of bf16 weights on CPUs with AVX512-BF16; 0 without it.
+double MeasurePeakBf16DotFlopsPerSec(ThreadPool* pool);
 
 }  // namespace deja::kernels

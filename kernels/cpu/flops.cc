@@ -15,6 +15,7 @@
 
 #include "common/thread_pool.h"
 #include "kernels/cpu/bandwidth.h"
+#include "kernels/cpu/bf16_dot.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace deja::kernels::cpu {
@@ -59,8 +60,11 @@ namespace cpu {
 HWY_EXPORT(FmaLoop);
 }  // namespace cpu
 
-double MeasurePeakFmaFlopsPerSec(ThreadPool* pool) {
-  // Plain threads, one per pool thread, so each surely runs its own loop concurrently.
+namespace {
+
+// The best of 3 runs of `loop` (returning the FLOPs it did) on one plain thread per pool thread,
+// so each surely runs its own loop concurrently.
+double MeasurePeak(ThreadPool* pool, double (*loop)(int64_t, float)) {
   const int threads = pool ? pool->num_threads() : 1;
   constexpr int64_t kIters = int64_t{1} << 23;
   double best = 0;
@@ -69,8 +73,8 @@ double MeasurePeakFmaFlopsPerSec(ThreadPool* pool) {
     auto start = std::chrono::steady_clock::now();
     std::vector<std::thread> run;
     for (int t = 0; t < threads; ++t) {
-      run.emplace_back([&flops, t] {
-        flops[t] = HWY_DYNAMIC_DISPATCH(cpu::FmaLoop)(kIters, static_cast<float>(t + 1));
+      run.emplace_back([&flops, t, loop] {
+        flops[t] = loop(kIters, static_cast<float>(t + 1));
       });
     }
     for (std::thread& th : run) th.join();
@@ -80,6 +84,18 @@ double MeasurePeakFmaFlopsPerSec(ThreadPool* pool) {
     best = std::max(best, total / secs);
   }
   return best;
+}
+
+double FmaLoopDispatched(int64_t iters, float seed) {
+  return HWY_DYNAMIC_DISPATCH(cpu::FmaLoop)(iters, seed);
+}
+
+}  // namespace
+
+double MeasurePeakFmaFlopsPerSec(ThreadPool* pool) { return MeasurePeak(pool, FmaLoopDispatched); }
+
+double MeasurePeakBf16DotFlopsPerSec(ThreadPool* pool) {
+  return cpu::Bf16DotAvailable() ? MeasurePeak(pool, cpu::Bf16DotLoop) : 0.0;
 }
 
 }  // namespace deja::kernels

@@ -14,6 +14,7 @@
 
 #include "common/thread_pool.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/simd.h"
 
@@ -94,6 +95,24 @@ void BlasSlice(const float* x, int64_t m_rows, int64_t k_dim, const TensorView& 
   }
 }
 
+// x as a bf16 weight sees it (kernels/cpu/bf16_dot.h), rounded once per call on the calling
+// thread: bf16 bits for LinearBf16Dot (when `bits`), else widened back to f32 for the other
+// kernels. Returns what the kernels read; valid until this thread's next call.
+struct Bf16Input {
+  const uint16_t* bits = nullptr;
+  const float* widened = nullptr;
+};
+Bf16Input RoundForBf16(const float* x, int64_t n, bool bits) {
+  thread_local std::vector<uint16_t> b;
+  thread_local std::vector<float> f;
+  b.resize(static_cast<size_t>(n));
+  RoundToBF16(x, n, b.data());
+  if (bits) return {b.data(), nullptr};
+  f.resize(static_cast<size_t>(n));
+  ConvertToF32(b.data(), DType::kBF16, n, f.data(), false);
+  return {nullptr, f.data()};
+}
+
 }  // namespace
 
 Status CpuLinear(Backend& backend, TensorView x, TensorView w, TensorView bias, Activation act,
@@ -109,8 +128,14 @@ Status CpuLinear(Backend& backend, TensorView x, TensorView w, TensorView bias, 
                    accumulate};
   const float* xs = x.as<float>();
   float* o = out.as<float>();
+  const bool small = m_rows <= kLinearSmallMMax;
+  Bf16Input xb;
+  if (w.dtype == DType::kBF16) {
+    xb = RoundForBf16(xs, m_rows * k_dim, small && Bf16DotEnabled());
+    if (xb.widened != nullptr) xs = xb.widened;
+  }
 
-  if (m_rows <= kLinearSmallMMax) {
+  if (small) {
     // Split N in blocks of 4 rows (the kernel's register block); keep at least ~64K MACs per
     // chunk so small layers do not pay a thread hand-off that costs more than the work.
     const int64_t blocks = (n_dim + 3) / 4;
@@ -118,6 +143,11 @@ Status CpuLinear(Backend& backend, TensorView x, TensorView w, TensorView bias, 
     pool->ParallelFor(
         blocks,
         [&](int64_t b0, int64_t b1) {
+          if (xb.bits != nullptr) {
+            LinearBf16Dot(xb.bits, m_rows, k_dim, w.as<uint16_t>(), nullptr, b0 * 4,
+                          std::min(n_dim, b1 * 4), e, o, n_dim);
+            return;
+          }
           LinearSmallM(xs, m_rows, k_dim, w.data, w.dtype, b0 * 4, std::min(n_dim, b1 * 4), e, o,
                        n_dim);
         },
@@ -152,13 +182,24 @@ Status CpuGatherLinear(Backend& backend, TensorView x, TensorView w, TensorView 
                    accumulate};
   const float* xs = x.as<float>();
   float* o = out.as<float>();
-  if (m_rows <= kLinearSmallMMax) {
+  const bool small = m_rows <= kLinearSmallMMax;
+  Bf16Input xb;
+  if (w.dtype == DType::kBF16) {
+    xb = RoundForBf16(xs, m_rows * k_dim, small && Bf16DotEnabled());
+    if (xb.widened != nullptr) xs = xb.widened;
+  }
+  if (small) {
     // As CpuLinear: blocks of 4 selected rows, at least ~64K MACs per chunk.
     const int64_t blocks = (n_rows + 3) / 4;
     const int64_t min_chunk = std::max<int64_t>(1, (int64_t{1} << 16) / (4 * k_dim * m_rows));
     pool->ParallelFor(
         blocks,
         [&](int64_t b0, int64_t b1) {
+          if (xb.bits != nullptr) {
+            LinearBf16Dot(xb.bits, m_rows, k_dim, w.as<uint16_t>(), rows, b0 * 4,
+                          std::min(n_rows, b1 * 4), e, o, n_rows);
+            return;
+          }
           GatherLinearSmallM(xs, m_rows, k_dim, w.data, w.dtype, rows, b0 * 4,
                              std::min(n_rows, b1 * 4), e, o, n_rows);
         },
@@ -206,6 +247,7 @@ Status CpuGatherLinearT(Backend& backend, TensorView x, TensorView wt, const int
   const int64_t m_rows = x.rows(), n_dim = wt.cols();
   const float* xs = x.as<float>();
   float* o = out.as<float>();
+  if (wt.dtype == DType::kBF16) xs = RoundForBf16(xs, m_rows * n_rows, false).widened;
   // Threads own column ranges of out, in blocks of 64 columns (whole register blocks and cache
   // lines, so no two threads write one line).
   constexpr int64_t kBlock = 64;

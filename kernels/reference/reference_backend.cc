@@ -17,6 +17,12 @@ float At(const TensorView& v, int64_t i) {
   return LoadAsFloat(v.data, v.dtype, static_cast<size_t>(i));
 }
 
+// An activation as a weight of dtype w sees it: bf16 weights multiply x rounded to bf16 (the
+// contract of every backend, kernels/op_table.h); other dtypes multiply x itself.
+double XFor(float x, DType w) {
+  return w == DType::kBF16 ? BF16ToFloat(FloatToBF16(x)) : static_cast<double>(x);
+}
+
 Status RefEmbedding(Backend&, TensorView table, const int32_t* ids, int64_t n, bool accumulate,
                     TensorView out) {
   int64_t dim = table.cols();
@@ -59,7 +65,7 @@ Status RefLinear(Backend&, TensorView x, TensorView w, TensorView bias, Activati
     for (int64_t n = 0; n < n_rows; ++n) {
       double acc = bias.data != nullptr ? At(bias, n) : 0.0;
       for (int64_t k = 0; k < k_dim; ++k) {
-        acc += static_cast<double>(xs[m * k_dim + k]) * At(w, n * k_dim + k);
+        acc += XFor(xs[m * k_dim + k], w.dtype) * At(w, n * k_dim + k);
       }
       if (act == Activation::kRelu) acc = std::max(acc, 0.0);
       if (accumulate) acc += o[m * n_rows + n];
@@ -120,7 +126,7 @@ Status RefGatherLinear(Backend&, TensorView x, TensorView w, TensorView bias, co
       const int64_t n = rows[j];
       double acc = bias.data != nullptr ? At(bias, n) : 0.0;
       for (int64_t k = 0; k < k_dim; ++k) {
-        acc += static_cast<double>(xs[m * k_dim + k]) * At(w, n * k_dim + k);
+        acc += XFor(xs[m * k_dim + k], w.dtype) * At(w, n * k_dim + k);
       }
       if (act == Activation::kRelu) acc = std::max(acc, 0.0);
       if (accumulate) acc += o[m * n_rows + j];
@@ -139,7 +145,7 @@ Status RefGatherLinearT(Backend&, TensorView x, TensorView wt, const int32_t* ro
     for (int64_t n = 0; n < n_dim; ++n) {
       double acc = 0.0;
       for (int64_t j = 0; j < n_rows; ++j) {
-        acc += static_cast<double>(xs[m * n_rows + j]) * At(wt, rows[j] * n_dim + n);
+        acc += XFor(xs[m * n_rows + j], wt.dtype) * At(wt, rows[j] * n_dim + n);
       }
       if (accumulate) acc += o[m * n_dim + n];
       o[m * n_dim + n] = static_cast<float>(acc);

@@ -62,8 +62,9 @@ inline Tensor CopyOf(const Tensor& t) {
   return c;
 }
 
-// Per-dtype tolerances (STYLE.md rule 3). Activations are f32 in every op, and f16/bf16 weights
-// are widened exactly, so all weight dtypes share the f32 bound: only summation order differs.
+// Per-dtype tolerances (STYLE.md rule 3). f16/bf16 weights are widened exactly and bf16 weights
+// see x rounded to bf16 in the reference as in the backends (kernels/op_table.h), so all weight
+// dtypes share the f32 bound: only summation order differs.
 constexpr double kRelTol = 1e-5;
 
 // ||got - want|| / ||want|| <= rel_tol and max |got - want| <= 10 * rel_tol * max |want|:

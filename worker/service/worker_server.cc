@@ -207,7 +207,8 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
   }
   backend_ = kernels::MakeCpuBackend(options_.threads);
   DEJA_ASSIGN_OR_RETURN(
-      model_, worker::OptModel::Load(options_.model_dir, backend_.get(), std::move(comm)));
+      model_, worker::OptModel::Load(options_.model_dir, backend_.get(), std::move(comm),
+                                                 options_.load));
   if (options_.sparsity_requested()) {
     const worker::SparsityOptions& so = options_.sparsity;
     DEJA_RETURN_IF_ERROR(model_->EnableSparsity(so).WithContext(

@@ -42,6 +42,7 @@ struct WorkerOptions {
   // coordinator in WorkerStatus).
   worker::SparsityOptions sparsity;
   bool sparsity_default = false;
+  worker::LoadOptions load;  // --dtype
   bool sparsity_requested() const {
     return !sparsity.predictors.empty() || sparsity.oracle_fraction > 0.0f;
   }

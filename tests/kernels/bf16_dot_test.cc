@@ -1,0 +1,147 @@
+// bf16 weights meet bf16 activations (kernels/cpu/bf16_dot.h): the vectorised rounding against
+// FloatToBF16 bit for bit; the CPU's portable path (x rounded, widened back, f32 kernels) and its
+// AVX512-BF16 path against the reference, which rounds x the same way; and a check that the
+// rounding is really there (the f32-x product is outside the tolerance).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/bf16_dot.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ops.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace deja::kernels {
+namespace {
+
+using testing::BackendsUnderTest;
+using testing::BaseSeed;
+using testing::Close;
+using testing::CopyOf;
+using testing::RandomRows;
+using testing::RandomTensor;
+
+// Restores the CPU's choice of kernel when a test leaves.
+class Bf16DotTest : public ::testing::Test {
+ protected:
+  void TearDown() override { cpu::SetBf16DotEnabled(cpu::Bf16DotAvailable()); }
+};
+
+TEST_F(Bf16DotTest, RoundingMatchesScalarBitForBit) {
+  std::mt19937 rng(BaseSeed("deja_bf16_dot_test"));
+  std::vector<float> x;
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int i = 0; i < 100000; ++i) {
+    uint32_t u = bits(rng);
+    float f;
+    std::memcpy(&f, &u, 4);
+    x.push_back(f);  // every class: normals, subnormals, inf, NaN payloads
+  }
+  for (uint32_t u : {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x00008000u, 0x80018000u, 0x7f7fffffu,
+                     0x7f800000u, 0xff800001u, 0x7fc00000u, 0x80000000u}) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    x.push_back(f);  // ties to even both ways, a subnormal tie, overflow to inf, NaNs, -0
+  }
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{17},
+                    static_cast<int64_t>(x.size())}) {
+    std::vector<uint16_t> got(static_cast<size_t>(n) + 1, 0xabcd);
+    cpu::RoundToBF16(x.data(), n, got.data());
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(got[i], FloatToBF16(x[i])) << "n=" << n << " i=" << i;
+    }
+    EXPECT_EQ(got[n], 0xabcd) << "wrote past n=" << n;
+  }
+}
+
+struct Case {
+  int64_t m, n, k;
+};
+
+// Linear, GatherLinear and GatherLinearT on bf16 weights against the reference at the f32
+// tolerance, over shapes that hit the K tail (masked loads), every register-block remainder and
+// both the small-M kernels and the sgemm path.
+void CheckAllOps(uint32_t seed) {
+  const Case cases[] = {{1, 1, 1},   {1, 5, 31},    {3, 4, 32},   {6, 7, 33},  {7, 9, 64},
+                        {13, 3, 95}, {16, 64, 257}, {32, 17, 1000}, {33, 9, 70}, {40, 130, 129}};
+  auto ref = MakeReferenceBackend();
+  for (const Case& c : cases) {
+    SCOPED_TRACE("M=" + std::to_string(c.m) + " N=" + std::to_string(c.n) +
+                 " K=" + std::to_string(c.k));
+    std::mt19937 rng(seed++);
+    Tensor x = RandomTensor(rng, DType::kF32, {c.m, c.k});
+    Tensor w = RandomTensor(rng, DType::kBF16, {c.n, c.k});
+    Tensor bias = RandomTensor(rng, DType::kBF16, {c.n});
+    Tensor init = RandomTensor(rng, DType::kF32, {c.m, c.n});
+    std::vector<int32_t> rows = RandomRows(rng, c.n, c.n + 2);
+    const int64_t nr = static_cast<int64_t>(rows.size());
+    Tensor init_g = RandomTensor(rng, DType::kF32, {c.m, nr});
+    Tensor xt = RandomTensor(rng, DType::kF32, {c.m, nr});
+    Tensor wt = RandomTensor(rng, DType::kBF16, {c.n, c.k});
+    Tensor init_t = RandomTensor(rng, DType::kF32, {c.m, c.k});
+
+    Tensor want = CopyOf(init), want_g = CopyOf(init_g), want_t = CopyOf(init_t);
+    ASSERT_TRUE(Linear(*ref, x.view(), w.view(), bias.view(), Activation::kRelu, true,
+                       want.view()).ok());
+    ASSERT_TRUE(GatherLinear(*ref, x.view(), w.view(), bias.view(), rows.data(), nr,
+                             Activation::kNone, false, want_g.view()).ok());
+    ASSERT_TRUE(GatherLinearT(*ref, xt.view(), wt.view(), rows.data(), nr, true,
+                              want_t.view()).ok());
+    for (auto& bc : BackendsUnderTest()) {
+      SCOPED_TRACE(bc.label);
+      Tensor got = CopyOf(init), got_g = CopyOf(init_g), got_t = CopyOf(init_t);
+      ASSERT_TRUE(Linear(*bc.backend, x.view(), w.view(), bias.view(), Activation::kRelu, true,
+                         got.view()).ok());
+      ASSERT_TRUE(GatherLinear(*bc.backend, x.view(), w.view(), bias.view(), rows.data(), nr,
+                               Activation::kNone, false, got_g.view()).ok());
+      ASSERT_TRUE(GatherLinearT(*bc.backend, xt.view(), wt.view(), rows.data(), nr, true,
+                                got_t.view()).ok());
+      EXPECT_TRUE(Close(got.as<float>(), want.as<float>(), got.numel())) << "Linear";
+      EXPECT_TRUE(Close(got_g.as<float>(), want_g.as<float>(), got_g.numel())) << "GatherLinear";
+      EXPECT_TRUE(Close(got_t.as<float>(), want_t.as<float>(), got_t.numel())) << "GatherLinearT";
+    }
+  }
+}
+
+TEST_F(Bf16DotTest, PortablePathMatchesReference) {
+  cpu::SetBf16DotEnabled(false);
+  ASSERT_FALSE(cpu::Bf16DotEnabled());
+  CheckAllOps(BaseSeed("deja_bf16_dot_test") + 1000);
+}
+
+TEST_F(Bf16DotTest, Avx512Bf16PathMatchesReference) {
+  if (!cpu::Bf16DotAvailable()) {
+    GTEST_SKIP() << "this CPU has no AVX512-BF16 (or DEJA_CPU_BF16_DOT=0): dot path not run";
+  }
+  cpu::SetBf16DotEnabled(true);
+  CheckAllOps(BaseSeed("deja_bf16_dot_test") + 2000);
+}
+
+// The same bf16 weights widened to f32 multiply x unrounded: for K in the hundreds the two
+// differ far beyond the f32 tolerance, so the comparisons above would catch a path that forgot
+// to round x.
+TEST_F(Bf16DotTest, RoundingIsVisibleAboveTolerance) {
+  std::mt19937 rng(BaseSeed("deja_bf16_dot_test") + 3000);
+  const int64_t m = 4, n = 64, k = 512;
+  Tensor x = RandomTensor(rng, DType::kF32, {m, k});
+  Tensor w = RandomTensor(rng, DType::kBF16, {n, k});
+  Tensor w32 = Tensor::Empty(DType::kF32, {n, k});
+  for (int64_t i = 0; i < w.numel(); ++i) {
+    w32.as<float>()[i] = LoadAsFloat(w.data(), DType::kBF16, static_cast<size_t>(i));
+  }
+  auto& cpu_backend = *BackendsUnderTest().front().backend;
+  Tensor bf = Tensor::Empty(DType::kF32, {m, n}), f32 = Tensor::Empty(DType::kF32, {m, n});
+  ASSERT_TRUE(Linear(cpu_backend, x.view(), w.view(), TensorView{}, Activation::kNone, false,
+                     bf.view()).ok());
+  ASSERT_TRUE(Linear(cpu_backend, x.view(), w32.view(), TensorView{}, Activation::kNone, false,
+                     f32.view()).ok());
+  EXPECT_FALSE(Close(bf.as<float>(), f32.as<float>(), bf.numel()));
+  EXPECT_TRUE(Close(bf.as<float>(), f32.as<float>(), bf.numel(), 2e-2));  // bf16's roundoff
+}
+
+}  // namespace
+}  // namespace deja::kernels
