@@ -139,6 +139,8 @@ TEST(CliTest, BadFlagsNameTheFlag) {
                      "--max-new-tokens");
   ExpectCleanFailure(RunDeja("generate --prompt hi"), "--model");
   ExpectCleanFailure(RunDeja("frobnicate"), "unknown command");
+  ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi --dtype f8"), "--dtype");
+  ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --dtype half"), "--dtype");
   ExpectCleanFailure(RunDeja("ppl --model " + Mini() + " --text /nonexistent.txt"),
                      "/nonexistent.txt");
 }
