@@ -18,7 +18,8 @@ void AddDtypeFlag(Args& args) {
   args.Flag("dtype",
             "weights in memory: checkpoint (as stored) or bf16 (converted at load; activations "
             "meet them as bf16, with AVX512-BF16 dot products where the CPU has them)",
-            "checkpoint");
+            "checkpoint")
+      .Flag("kv-dtype", "KV cache storage: f32 or f16 (half the bytes per cached token)", "f32");
 }
 
 StatusOr<worker::LoadOptions> LoadOptionsFromFlags(const Args& args) {
@@ -28,6 +29,12 @@ StatusOr<worker::LoadOptions> LoadOptionsFromFlags(const Args& args) {
     o.weight_dtype = DType::kBF16;
   } else if (dtype != "checkpoint") {
     return InvalidArgument("--dtype must be checkpoint or bf16, not '" + dtype + "'");
+  }
+  const std::string kv = args.Str("kv-dtype");
+  if (kv == "f16") {
+    o.kv_dtype = DType::kF16;
+  } else if (kv != "f32") {
+    return InvalidArgument("--kv-dtype must be f32 or f16, not '" + kv + "'");
   }
   return o;
 }

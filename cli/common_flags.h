@@ -14,7 +14,8 @@ namespace deja::cli {
 
 // --model, --threads and --dtype.
 void AddModelFlags(Args& args);
-// --dtype checkpoint|bf16 alone (the worker's flags), and its parse; InvalidArgument naming it.
+// --dtype checkpoint|bf16 and --kv-dtype f32|f16 (also the worker's and serve's flags), and their
+// parse; InvalidArgument naming the flag.
 void AddDtypeFlag(Args& args);
 StatusOr<worker::LoadOptions> LoadOptionsFromFlags(const Args& args);
 void AddSamplingFlags(Args& args);

@@ -216,7 +216,7 @@ int RunServe(int argc, char** argv, int first) {
     lo.sparsity_oracle = sparsity.oracle;
     lo.sparsity_default = sparsity.default_flag;
     DEJA_RETURN_IF_ERROR(LoadOptionsFromFlags(args).status());
-    lo.extra_worker_args = {"--dtype", args.Str("dtype")};
+    lo.extra_worker_args = {"--dtype", args.Str("dtype"), "--kv-dtype", args.Str("kv-dtype")};
     return Serve(o, &lo, signals);
   };
   if (Status s = run(); !s.ok()) return Fail("serve", s);

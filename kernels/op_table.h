@@ -30,24 +30,27 @@ enum class OpId {
 const char* OpName(OpId op);
 
 // The (op, dtype) pairs a backend implementing the whole table supports: weight-consuming ops
-// for f32, f16 and bf16 weights; attention, log-softmax and top-k on f32 only.
+// for f32, f16 and bf16 weights; attention for f32 and f16 KV caches; log-softmax and top-k on f32
+// only.
 bool SupportedByFullBackend(OpId op, DType dtype);
 
 enum class Activation { kNone, kRelu };
 
 // One sequence's cache of one layer, for the heads this rank holds. Slot-mapped: slot s of head
 // h holds the key/value of position slot_pos[h * capacity + s] (-1 = empty). Keys and values are
-// f32, laid out [head][slot][head_dim]. Policies (full, window, h2o) decide which slots hold
-// what; attention only reads slots whose position is <= the query's position (and >= 0).
+// `dtype` (f32, or f16 where the backend supports it: half the bytes), laid out
+// [head][slot][head_dim]. Policies (full, window, h2o) decide which slots hold what; attention
+// only reads slots whose position is <= the query's position (and >= 0).
 struct KvView {
-  float* k = nullptr;
-  float* v = nullptr;
+  void* k = nullptr;
+  void* v = nullptr;
   const int32_t* slot_pos = nullptr;
   int32_t capacity = 0;  // slots per head
   int32_t used = 0;      // slots [0, used) may be occupied (others are not read)
   // When non-null, attention adds each softmax probability it computes into
   // score[h * capacity + s] (H2O heavy-hitter accumulation).
   float* score = nullptr;
+  DType dtype = DType::kF32;  // of k and v
 };
 
 struct AttentionArgs {

@@ -15,7 +15,8 @@ bool SupportedByFullBackend(OpId op, DType dtype) {
     case OpId::kGatherLinear:
     case OpId::kGatherLinearT:
       return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
-    case OpId::kAttention:
+    case OpId::kAttention:  // the KV cache's dtype
+      return dtype == DType::kF32 || dtype == DType::kF16;
     case OpId::kLogSoftmax:
     case OpId::kTopK:
       return dtype == DType::kF32;
@@ -108,7 +109,8 @@ Status CheckNoOverlap(const char* op, const char* out_arg, const TensorView& out
 Status CheckSupport(Backend& backend, OpId op, DType dtype, const void* fn) {
   if (fn == nullptr || !backend.Supports(op, dtype)) {
     return Unimplemented(std::string(OpName(op)) + ": backend " + backend.name() +
-                         " does not support weight dtype " + DTypeName(dtype));
+                         " does not support " + (op == OpId::kAttention ? "KV cache" : "weight") +
+                         " dtype " + DTypeName(dtype));
   }
   return Status::Ok();
 }
@@ -336,12 +338,12 @@ Status Attention(Backend& backend, const AttentionArgs& args) {
                  "holds " + std::to_string(args.q_pos[t]) + " at " + std::to_string(t));
     }
   }
-  TensorView cache{nullptr, DType::kF32, Shape{cache_heads * kv.capacity, args.head_dim}};
+  TensorView cache{nullptr, kv.dtype, Shape{cache_heads * kv.capacity, args.head_dim}};
   cache.data = kv.k;
   DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", args.out, "kv.k", cache));
   cache.data = kv.v;
   DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", args.out, "kv.v", cache));
-  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kAttention, DType::kF32,
+  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kAttention, kv.dtype,
                                     reinterpret_cast<const void*>(backend.ops().attention)));
   if (tokens == 0) return Status::Ok();
   return backend.ops().attention(backend, args);

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <new>
 
+#include "kernels/cpu/simd.h"
+
 namespace deja::worker {
 
 SequenceKv::SequenceKv(const KvGeometry& g, int32_t capacity,
@@ -14,6 +16,10 @@ StatusOr<std::unique_ptr<SequenceKv>> SequenceKv::Create(const KvGeometry& g, in
                                                          std::unique_ptr<EvictionPolicy> policy) {
   if (g.layers <= 0 || g.heads <= 0 || g.head_dim <= 0 || capacity <= 0) {
     return InvalidArgument("kv cache geometry and capacity must be positive");
+  }
+  if (g.kv_dtype != DType::kF32 && g.kv_dtype != DType::kF16) {
+    return InvalidArgument(std::string("kv cache dtype must be f32 or f16, not ") +
+                           DTypeName(g.kv_dtype));
   }
   if (policy == nullptr) return InvalidArgument("kv cache needs an eviction policy");
   std::unique_ptr<SequenceKv> kv(new SequenceKv(g, capacity, std::move(policy)));
@@ -37,8 +43,8 @@ Status SequenceKv::Allocate() {
     v_.clear();
     score_.clear();
     for (int32_t l = 0; l < g.layers; ++l) {
-      k_.push_back(Tensor::Empty(DType::kF32, {g.heads, capacity_, g.head_dim}));
-      v_.push_back(Tensor::Empty(DType::kF32, {g.heads, capacity_, g.head_dim}));
+      k_.push_back(Tensor::Empty(g.kv_dtype, {g.heads, capacity_, g.head_dim}));
+      v_.push_back(Tensor::Empty(g.kv_dtype, {g.heads, capacity_, g.head_dim}));
       score_.push_back(Tensor::Zeros(DType::kF32, {g.heads, capacity_}));
     }
   } catch (const std::bad_alloc&) {
@@ -90,22 +96,25 @@ Status SequenceKv::AppendPositions(int32_t n) {
 void SequenceKv::WriteLayer(int32_t layer, int32_t n, const float* k, const float* v) {
   const int32_t hd = geometry_.head_dim;
   const int64_t row = static_cast<int64_t>(geometry_.heads) * hd;
-  float* kc = k_[layer].as<float>();
-  float* vc = v_[layer].as<float>();
+  const DType dt = geometry_.kv_dtype;
+  const size_t es = DTypeSize(dt);
+  char* kc = static_cast<char*>(k_[layer].data());
+  char* vc = static_cast<char*>(v_[layer].data());
   for (int32_t h = 0; h < geometry_.heads; ++h) {
     const int32_t* slots = new_slots_.data() + HeadIndex(layer, h) * last_n_;
     for (int32_t i = 0; i < n; ++i) {
-      int64_t dst = (static_cast<int64_t>(h) * capacity_ + slots[i]) * hd;
-      std::memcpy(kc + dst, k + i * row + h * hd, hd * sizeof(float));
-      std::memcpy(vc + dst, v + i * row + h * hd, hd * sizeof(float));
+      const int64_t dst = (static_cast<int64_t>(h) * capacity_ + slots[i]) * hd;
+      kernels::cpu::ConvertFromF32(k + i * row + h * hd, hd, dt, kc + dst * es);
+      kernels::cpu::ConvertFromF32(v + i * row + h * hd, hd, dt, vc + dst * es);
     }
   }
 }
 
 kernels::KvView SequenceKv::View(int32_t layer) {
   kernels::KvView view;
-  view.k = k_[layer].as<float>();
-  view.v = v_[layer].as<float>();
+  view.k = k_[layer].data();
+  view.v = v_[layer].data();
+  view.dtype = geometry_.kv_dtype;
   view.slot_pos = slot_pos_.data() + HeadIndex(layer, 0) * capacity_;
   view.capacity = capacity_;
   view.used = used_[layer];
@@ -153,7 +162,7 @@ Status SequenceKv::Resize(int32_t capacity) {
   capacity_ = capacity;
   DEJA_RETURN_IF_ERROR(Allocate());
   slot_pos_.assign(static_cast<size_t>(g.layers) * g.heads * capacity, -1);
-  const size_t row = g.head_dim * sizeof(float);
+  const size_t row = g.head_dim * DTypeSize(g.kv_dtype);
   for (int32_t l = 0; l < g.layers; ++l) {
     int32_t used = 0;
     for (int32_t h = 0; h < g.heads; ++h) {
@@ -164,10 +173,10 @@ Status SequenceKv::Resize(int32_t capacity) {
         if (pos < 0) continue;
         const size_t from = static_cast<size_t>(h) * old_cap + s;
         const size_t to = static_cast<size_t>(h) * capacity + dst;
-        std::memcpy(k_[l].as<float>() + to * g.head_dim, old_k[l].as<float>() + from * g.head_dim,
-                    row);
-        std::memcpy(v_[l].as<float>() + to * g.head_dim, old_v[l].as<float>() + from * g.head_dim,
-                    row);
+        std::memcpy(static_cast<char*>(k_[l].data()) + to * row,
+                    static_cast<const char*>(old_k[l].data()) + from * row, row);
+        std::memcpy(static_cast<char*>(v_[l].data()) + to * row,
+                    static_cast<const char*>(old_v[l].data()) + from * row, row);
         score_[l].as<float>()[to] = old_score[l].as<float>()[from];
         slot_pos_[hi * capacity + dst] = pos;
         ++dst;

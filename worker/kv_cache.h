@@ -1,5 +1,5 @@
 // Per-sequence KV cache storage (DESIGN §6.1): for each layer and each local head, `capacity`
-// slots of key and value (f32), a slot -> position table and an accumulated attention score per
+// slots of key and value (f32, or f16 for half the bytes), a slot -> position table and an accumulated attention score per
 // slot. Slots are reused in place (a free list per head), never compacted during a step. The
 // eviction policy plans which slots go; this class applies the plan. With the full policy,
 // slot == position.
@@ -20,10 +20,12 @@ struct KvGeometry {
   int32_t layers = 0;
   int32_t heads = 0;  // heads held by this rank
   int32_t head_dim = 0;
+  DType kv_dtype = DType::kF32;  // how K and V are stored: f32 or f16
 
   // Bytes one slot of one head costs across all layers (K, V, score, position).
   size_t SlotBytes() const {
-    return static_cast<size_t>(layers) * heads * ((2 * head_dim + 1) * sizeof(float) + 4);
+    return static_cast<size_t>(layers) * heads *
+           (2 * head_dim * DTypeSize(kv_dtype) + sizeof(float) + 4);
   }
 };
 
@@ -48,8 +50,8 @@ class SequenceKv {
   // Positions [length, length + n) take a free slot in every (layer, head). OutOfRange when a
   // head has fewer than n free slots.
   Status AppendPositions(int32_t n);
-  // Writes the keys/values of the last-appended `n` tokens of one layer. k and v are f32
-  // [n, heads * head_dim] (the projection's layout).
+  // Writes the keys/values of the last-appended `n` tokens of one layer, rounded to the cache's
+  // dtype. k and v are f32 [n, heads * head_dim] (the projection's layout).
   void WriteLayer(int32_t layer, int32_t n, const float* k, const float* v);
   // The attention view of one layer (scores only when the policy uses them).
   kernels::KvView View(int32_t layer);

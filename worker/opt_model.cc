@@ -38,6 +38,12 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
   DEJA_RETURN_IF_ERROR(CheckOptTensorShapes(*m->ckpt_, m->config_, names));
   ShardSpec shard{m->comm_->rank(), m->comm_->world_size()};
   DEJA_ASSIGN_OR_RETURN(m->w_, LoadOptWeights(*m->ckpt_, m->config_, names, shard));
+  if (!backend->Supports(kernels::OpId::kAttention, options.kv_dtype)) {
+    return InvalidArgument(std::string("backend ") + backend->name() +
+                           " has no attention over a " + DTypeName(options.kv_dtype) +
+                           " KV cache");
+  }
+  m->kv_dtype_ = options.kv_dtype;
   if (options.weight_dtype.has_value()) {
     DEJA_RETURN_IF_ERROR(ConvertMatrices(&m->w_, *options.weight_dtype));
   }
@@ -78,7 +84,7 @@ bool OptModel::sparsity_enabled() const { return sparse_ != nullptr; }
 
 KvGeometry OptModel::kv_geometry() const {
   return {static_cast<int32_t>(config_.num_hidden_layers), static_cast<int32_t>(w_.local_heads),
-          static_cast<int32_t>(config_.head_dim())};
+          static_cast<int32_t>(config_.head_dim()), kv_dtype_};
 }
 
 StatusOr<std::unique_ptr<SequenceKv>> OptModel::NewSequence(int32_t max_tokens) const {

@@ -86,6 +86,9 @@ struct LoadOptions {
   // Converts the matrices to this dtype at load (ConvertMatrices; only bf16: the `--dtype bf16`
   // of the CLI). Unset: they stay in the checkpoint's dtype, as views into the mmapped file.
   std::optional<DType> weight_dtype;
+  // How every sequence's KV cache stores K and V: f32, or f16 (half the bytes per cached token,
+  // so twice the sequences in the same memory; attention widens in registers). `--kv-dtype`.
+  DType kv_dtype = DType::kF32;
 };
 
 class SparseRuntime;
@@ -141,6 +144,7 @@ class OptModel {
   kernels::Backend* backend_ = nullptr;
   std::unique_ptr<Communicator> comm_;
   int64_t weight_bytes_ = 0;
+  DType kv_dtype_ = DType::kF32;
   LayerObserver* observer_ = nullptr;
   std::unique_ptr<SparseRuntime> sparse_;
   bool step_sparse_ = false;  // this step has sparse rows (sparse_ plans the blocks)

@@ -38,13 +38,14 @@ void AttendOne(const AttentionArgs& a, int64_t t, int64_t h, std::vector<float>&
     std::memset(out, 0, static_cast<size_t>(d) * sizeof(float));
     return;
   }
-  const float* k_head = kv.k + base * d;
-  const float* v_head = kv.v + base * d;
-  DotRows(q, k_head, slots.data(), count, d, a.scale, probs.data());
+  const size_t es = DTypeSize(kv.dtype);
+  const char* k_head = static_cast<const char*>(kv.k) + base * d * es;
+  const char* v_head = static_cast<const char*>(kv.v) + base * d * es;
+  DotRows(q, k_head, kv.dtype, slots.data(), count, d, a.scale, probs.data());
   const float max_score = MaxOf(probs.data(), count);
   const float inv_sum = 1.f / ExpShiftInPlace(probs.data(), count, max_score);
   for (int64_t j = 0; j < count; ++j) probs[j] *= inv_sum;
-  WeightedSumRows(probs.data(), v_head, slots.data(), count, d, out);
+  WeightedSumRows(probs.data(), v_head, kv.dtype, slots.data(), count, d, out);
   if (kv.score != nullptr) {
     for (int64_t j = 0; j < count; ++j) kv.score[base + slots[j]] += probs[j];
   }

@@ -1,6 +1,7 @@
 // Vector building blocks (conversion, dot, axpy, exp sums, LayerNorm rows), compiled once per
 // x86 target by Highway's foreach_target and dispatched at run time.
 #include <algorithm>
+#include <cstring>
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/simd.cc"
@@ -46,35 +47,49 @@ void ConvertToF32Impl(const void* src, DType dtype, int64_t n, float* dst, bool 
   }
 }
 
-float DotImpl(const float* a, const float* b, int64_t n) {
+// dot(a, b) with b's elements widened to f32 (bit-identical to the f32 loop for KT = float).
+template <typename KT>
+float DotTyped(const float* a, const KT* b, int64_t n) {
   const DF df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
   int64_t i = 0;
   for (; i + 2 * lanes <= n; i += 2 * lanes) {
-    acc0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc0);
-    acc1 = hn::MulAdd(hn::LoadU(df, a + i + lanes), hn::LoadU(df, b + i + lanes), acc1);
+    acc0 = hn::MulAdd(hn::LoadU(df, a + i), LoadWidened(df, b + i), acc0);
+    acc1 = hn::MulAdd(hn::LoadU(df, a + i + lanes), LoadWidened(df, b + i + lanes), acc1);
   }
   for (; i + lanes <= n; i += lanes)
-    acc0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc0);
+    acc0 = hn::MulAdd(hn::LoadU(df, a + i), LoadWidened(df, b + i), acc0);
   float sum = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
-  for (; i < n; ++i) sum += a[i] * b[i];
+  for (; i < n; ++i) sum += a[i] * ScalarToFloat(b[i]);
   return sum;
 }
 
-// DotImpl's arithmetic inlined per row, so each score is bit-identical to Dot's.
-void DotRowsImpl(const float* q, const float* k, const int32_t* rows, int64_t count, int64_t d,
-                 float scale, float* scores) {
+float DotImpl(const float* a, const float* b, int64_t n) { return DotTyped(a, b, n); }
+
+// DotImpl's arithmetic per row, so each score is bit-identical to Dot's (f32 rows).
+template <typename KT>
+void DotRowsTyped(const float* q, const KT* k, const int32_t* rows, int64_t count, int64_t d,
+                  float scale, float* scores) {
   for (int64_t j = 0; j < count; ++j) {
-    scores[j] = scale * DotImpl(q, k + static_cast<int64_t>(rows[j]) * d, d);
+    scores[j] = scale * DotTyped(q, k + static_cast<int64_t>(rows[j]) * d, d);
   }
+}
+
+void DotRowsImpl(const float* q, const void* k, DType k_dtype, const int32_t* rows, int64_t count,
+                 int64_t d, float scale, float* scores) {
+  if (k_dtype == DType::kF16) {
+    return DotRowsTyped(q, static_cast<const hwy::float16_t*>(k), rows, count, d, scale, scores);
+  }
+  DotRowsTyped(q, static_cast<const float*>(k), rows, count, d, scale, scores);
 }
 
 // Accumulates sum_j p[j] * v_row(j) in registers, kChunk vectors of out at a time, adding the
 // rows in order with the same fused multiply-add as AxpyImpl: bit-identical to zeroing out and
-// calling Axpy per row, without a load and store of out per row.
-void WeightedSumRowsImpl(const float* p, const float* v, const int32_t* rows, int64_t count,
-                         int64_t d, float* out) {
+// calling Axpy per row (f32 rows), without a load and store of out per row.
+template <typename VT>
+void WeightedSumRowsTyped(const float* p, const VT* v, const int32_t* rows, int64_t count,
+                          int64_t d, float* out) {
   const DF df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   constexpr int64_t kChunk = 8;
@@ -85,16 +100,42 @@ void WeightedSumRowsImpl(const float* p, const float* v, const int32_t* rows, in
     for (int64_t i = 0; i < kChunk; ++i) acc[i] = hn::Zero(df);
     for (int64_t j = 0; j < count; ++j) {
       const auto pj = hn::Set(df, p[j]);
-      const float* row = v + static_cast<int64_t>(rows[j]) * d + c0;
+      const VT* row = v + static_cast<int64_t>(rows[j]) * d + c0;
       for (int64_t i = 0; i < nv; ++i)
-        acc[i] = hn::MulAdd(pj, hn::LoadU(df, row + i * lanes), acc[i]);
+        acc[i] = hn::MulAdd(pj, LoadWidened(df, row + i * lanes), acc[i]);
     }
     for (int64_t i = 0; i < nv; ++i) hn::StoreU(acc[i], df, out + c0 + i * lanes);
   }
   for (int64_t e = full; e < d; ++e) out[e] = 0.f;
   for (int64_t j = 0; j < count && full < d; ++j) {
-    const float* row = v + static_cast<int64_t>(rows[j]) * d;
-    for (int64_t e = full; e < d; ++e) out[e] += p[j] * row[e];
+    const VT* row = v + static_cast<int64_t>(rows[j]) * d;
+    for (int64_t e = full; e < d; ++e) out[e] += p[j] * ScalarToFloat(row[e]);
+  }
+}
+
+void WeightedSumRowsImpl(const float* p, const void* v, DType v_dtype, const int32_t* rows,
+                         int64_t count, int64_t d, float* out) {
+  if (v_dtype == DType::kF16) {
+    return WeightedSumRowsTyped(p, static_cast<const hwy::float16_t*>(v), rows, count, d, out);
+  }
+  WeightedSumRowsTyped(p, static_cast<const float*>(v), rows, count, d, out);
+}
+
+// f32 -> f16 with the target's conversion (F16C / AVX-512: round to nearest even).
+void ConvertFromF32Impl(const float* src, int64_t n, DType dtype, void* dst) {
+  if (dtype != DType::kF16) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  const DF df;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  auto* out = static_cast<hwy::float16_t*>(dst);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(hn::DemoteTo(dh, hn::LoadU(df, src + i)), dh, out + i);
+  for (; i < n; ++i) {
+    const uint16_t h = FloatToHalf(src[i]);
+    std::memcpy(out + i, &h, 2);
   }
 }
 
@@ -230,6 +271,7 @@ HWY_EXPORT(ConvertToF32Impl);
 HWY_EXPORT(DotImpl);
 HWY_EXPORT(AxpyImpl);
 HWY_EXPORT(DotRowsImpl);
+HWY_EXPORT(ConvertFromF32Impl);
 HWY_EXPORT(WeightedSumRowsImpl);
 HWY_EXPORT(AddIntoImpl);
 HWY_EXPORT(AddBiasedIntoImpl);
@@ -249,13 +291,16 @@ float Dot(const float* a, const float* b, int64_t n) {
 void Axpy(float a, const float* x, float* y, int64_t n) {
   HWY_DYNAMIC_DISPATCH(AxpyImpl)(a, x, y, n);
 }
-void DotRows(const float* q, const float* k, const int32_t* rows, int64_t count, int64_t d,
-             float scale, float* scores) {
-  HWY_DYNAMIC_DISPATCH(DotRowsImpl)(q, k, rows, count, d, scale, scores);
+void DotRows(const float* q, const void* k, DType k_dtype, const int32_t* rows, int64_t count,
+             int64_t d, float scale, float* scores) {
+  HWY_DYNAMIC_DISPATCH(DotRowsImpl)(q, k, k_dtype, rows, count, d, scale, scores);
 }
-void WeightedSumRows(const float* p, const float* v, const int32_t* rows, int64_t count, int64_t d,
-                     float* out) {
-  HWY_DYNAMIC_DISPATCH(WeightedSumRowsImpl)(p, v, rows, count, d, out);
+void WeightedSumRows(const float* p, const void* v, DType v_dtype, const int32_t* rows,
+                     int64_t count, int64_t d, float* out) {
+  HWY_DYNAMIC_DISPATCH(WeightedSumRowsImpl)(p, v, v_dtype, rows, count, d, out);
+}
+void ConvertFromF32(const float* src, int64_t n, DType dtype, void* dst) {
+  HWY_DYNAMIC_DISPATCH(ConvertFromF32Impl)(src, n, dtype, dst);
 }
 void AddInto(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(AddIntoImpl)(x, y, n); }
 void AddBiasedInto(const float* x, const float* b, float* y, int64_t n) {

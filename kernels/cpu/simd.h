@@ -15,13 +15,17 @@ void ConvertToF32(const void* src, DType dtype, int64_t n, float* dst, bool accu
 float Dot(const float* a, const float* b, int64_t n);
 // y += a * x
 void Axpy(float a, const float* x, float* y, int64_t n);
-// The attention inner loops in one dispatched call each (rows index d-float rows of k / v):
-// scores[j] = scale * Dot(q, k + rows[j] * d, d), and out[0, d) = sum_j p[j] * v[rows[j] * d ..],
-// each bit-identical to the per-row Dot / Axpy loop it replaces.
-void DotRows(const float* q, const float* k, const int32_t* rows, int64_t count, int64_t d,
-             float scale, float* scores);
-void WeightedSumRows(const float* p, const float* v, const int32_t* rows, int64_t count, int64_t d,
-                     float* out);
+// The attention inner loops in one dispatched call each (rows index d-element rows of k / v,
+// stored f32 or f16 and widened in registers): scores[j] = scale * Dot(q, k + rows[j] * d, d),
+// and out[0, d) = sum_j p[j] * v[rows[j] * d ..]; for f32 rows each bit-identical to the per-row
+// Dot / Axpy loop it replaces.
+void DotRows(const float* q, const void* k, DType k_dtype, const int32_t* rows, int64_t count,
+             int64_t d, float scale, float* scores);
+void WeightedSumRows(const float* p, const void* v, DType v_dtype, const int32_t* rows,
+                     int64_t count, int64_t d, float* out);
+// dst[i] = src[i] stored as dtype: f32 (a copy) or f16 (nearest even on every x86 target with
+// F16C; plain SSE4 targets truncate).
+void ConvertFromF32(const float* src, int64_t n, DType dtype, void* dst);
 // y += x
 void AddInto(const float* x, float* y, int64_t n);
 // y += x + b

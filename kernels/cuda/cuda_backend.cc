@@ -36,6 +36,8 @@ class CudaBackendImpl final : public CudaBackend {
   std::string name() const override { return name_; }
   const OpTable& ops() const override { return table_; }
   bool Supports(OpId op, DType dtype) const override {
+    // The attention kernel reads an f32 KV cache only (an f16 cache is CPU-only so far).
+    if (op == OpId::kAttention) return dtype == DType::kF32;
     return SupportedByFullBackend(op, dtype);
   }
 

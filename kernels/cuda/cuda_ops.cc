@@ -83,8 +83,8 @@ Status CudaAttention(Backend& b, const AttentionArgs& args) {
   a.q = args.q.as<float>();
   a.q_pos = dev_ids;
   a.head_ids = n_heads_ids > 0 ? dev_ids + tokens : nullptr;
-  a.k = args.kv.k;
-  a.v = args.kv.v;
+  a.k = static_cast<float*>(args.kv.k);  // f32: CudaBackend::Supports
+  a.v = static_cast<float*>(args.kv.v);
   a.slot_pos = args.kv.slot_pos;
   a.score = args.kv.score;
   a.out = args.out.as<float>();

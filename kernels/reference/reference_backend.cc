@@ -92,7 +92,7 @@ Status RefAttention(Backend&, const AttentionArgs& a) {
         if (pos < 0 || pos > a.q_pos[t]) continue;
         visible[s] = true;
         double dot = 0;
-        for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * kv.k[(base + s) * d + i];
+        for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * LoadAsFloat(kv.k, kv.dtype, (base + s) * d + i);
         dot *= a.scale;
         p[s] = dot;
         max_score = std::max(max_score, dot);
@@ -107,7 +107,7 @@ Status RefAttention(Backend&, const AttentionArgs& a) {
       for (int64_t s = 0; s < kv.used; ++s) {
         if (!visible[s]) continue;
         double prob = p[s] / sum;
-        for (int64_t i = 0; i < d; ++i) acc[i] += prob * kv.v[(base + s) * d + i];
+        for (int64_t i = 0; i < d; ++i) acc[i] += prob * LoadAsFloat(kv.v, kv.dtype, (base + s) * d + i);
         if (kv.score != nullptr) kv.score[base + s] += static_cast<float>(prob);
       }
       for (int64_t i = 0; i < d; ++i) out[i] = static_cast<float>(acc[i]);

@@ -141,6 +141,7 @@ TEST(CliTest, BadFlagsNameTheFlag) {
   ExpectCleanFailure(RunDeja("frobnicate"), "unknown command");
   ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi --dtype f8"), "--dtype");
   ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --dtype half"), "--dtype");
+  ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi --kv-dtype bf16"), "--kv-dtype");
   ExpectCleanFailure(RunDeja("ppl --model " + Mini() + " --text /nonexistent.txt"),
                      "/nonexistent.txt");
 }

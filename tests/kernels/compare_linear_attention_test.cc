@@ -125,14 +125,15 @@ struct AttentionCase {
   }
 };
 
-void CheckAttention(const AttentionCase& c, uint32_t seed) {
-  SCOPED_TRACE(c.Label());
+// kv: the cache's dtype (f16 values are drawn rounded, so every backend reads the same cache).
+void CheckAttention(const AttentionCase& c, uint32_t seed, DType kv = DType::kF32) {
+  SCOPED_TRACE(c.Label() + " kv " + DTypeName(kv));
   std::mt19937 rng(seed);
   const int64_t width = static_cast<int64_t>(c.heads) * c.head_dim;
   const int64_t cache = static_cast<int64_t>(c.heads) * c.capacity;
   Tensor q = RandomTensor(rng, DType::kF32, {c.tokens, width}, -2.f, 2.f);
-  Tensor k = RandomTensor(rng, DType::kF32, {cache, c.head_dim}, -2.f, 2.f);
-  Tensor v = RandomTensor(rng, DType::kF32, {cache, c.head_dim});
+  Tensor k = RandomTensor(rng, kv, {cache, c.head_dim}, -2.f, 2.f);
+  Tensor v = RandomTensor(rng, kv, {cache, c.head_dim});
   Tensor score0 = RandomTensor(rng, DType::kF32, {cache}, 0.f, 3.f);
   // Slots hold a shuffled set of positions with holes (-1), like a cache after evictions; the
   // queries sit at increasing positions, so later tokens see more slots and the first may see
@@ -159,8 +160,8 @@ void CheckAttention(const AttentionCase& c, uint32_t seed) {
     a.q = q.view();
     a.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
     a.q_pos = q_pos.data();
-    a.kv = {k.as<float>(), v.as<float>(), slot_pos.data(),
-            c.capacity,    c.used,        c.score ? score.as<float>() : nullptr};
+    a.kv = {k.data(), v.data(), slot_pos.data(),
+            c.capacity, c.used, c.score ? score.as<float>() : nullptr, kv};
     a.heads = c.heads;
     a.head_dim = c.head_dim;
     a.out = out.view();
@@ -190,7 +191,9 @@ TEST(CompareAttention, ShapeGrid) {
       {32, 64, 64, 0, 2, true},    {16, 64, 2048, 1500, 1, true},
   };
   uint32_t seed = 3000;
-  for (const auto& c : cases) CheckAttention(c, seed++);
+  for (DType kv : {DType::kF32, DType::kF16}) {
+    for (const auto& c : cases) CheckAttention(c, seed++, kv);
+  }
 }
 
 TEST(CompareAttention, ScoresAreAccumulatedProbabilities) {

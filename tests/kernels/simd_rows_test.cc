@@ -49,9 +49,9 @@ TEST(SimdRows, MatchReferenceAndPerRowLoops) {
       SCOPED_TRACE("d " + std::to_string(d) + " count " + std::to_string(count));
       const Rows r = MakeRows(d, std::max<int64_t>(count, 1) + 3, count, rng);
       std::vector<float> scores(count + 1, -1.f);
-      DotRows(r.q.data(), r.k.data(), r.rows.data(), count, d, scale, scores.data());
+      DotRows(r.q.data(), r.k.data(), DType::kF32, r.rows.data(), count, d, scale, scores.data());
       std::vector<float> out(d + 1, 7.f);  // garbage in, one guard element
-      WeightedSumRows(r.p.data(), r.v.data(), r.rows.data(), count, d, out.data());
+      WeightedSumRows(r.p.data(), r.v.data(), DType::kF32, r.rows.data(), count, d, out.data());
       EXPECT_EQ(scores[count], -1.f) << "wrote past count";
       EXPECT_EQ(out[d], 7.f) << "wrote past d";
       for (int64_t j = 0; j < count; ++j) {
@@ -75,6 +75,37 @@ TEST(SimdRows, MatchReferenceAndPerRowLoops) {
         EXPECT_NEAR(out[e], ref, 1e-5 * std::max(1.0, mag)) << "element " << e;
         EXPECT_EQ(out[e], axpy[e]) << "element " << e;
       }
+    }
+  }
+}
+
+// f16 rows (the f16 KV cache): the same calls on rows rounded to f16 match the f32 calls on the
+// widened rows (to 1e-6: the scalar tail may contract differently into an FMA), and
+// ConvertFromF32 rounds exactly as FloatToHalf.
+TEST(SimdRows, F16RowsMatchWidenedF32Rows) {
+  std::mt19937 rng(11);
+  for (int64_t d : {1, 15, 16, 64, 130}) {
+    Rows r = MakeRows(d, 40, 23, rng);
+    std::vector<uint16_t> k16(r.k.size()), v16(r.v.size());
+    ConvertFromF32(r.k.data(), static_cast<int64_t>(r.k.size()), DType::kF16, k16.data());
+    ConvertFromF32(r.v.data(), static_cast<int64_t>(r.v.size()), DType::kF16, v16.data());
+    std::vector<float> kw(r.k.size()), vw(r.v.size());
+    for (size_t i = 0; i < k16.size(); ++i) {
+      ASSERT_EQ(k16[i], FloatToHalf(r.k[i])) << i;
+      kw[i] = HalfToFloat(k16[i]);
+      vw[i] = HalfToFloat(v16[i]);
+    }
+    const int64_t count = static_cast<int64_t>(r.rows.size());
+    std::vector<float> s16(count), s32(count), o16(d), o32(d);
+    DotRows(r.q.data(), k16.data(), DType::kF16, r.rows.data(), count, d, 0.5f, s16.data());
+    DotRows(r.q.data(), kw.data(), DType::kF32, r.rows.data(), count, d, 0.5f, s32.data());
+    WeightedSumRows(r.p.data(), v16.data(), DType::kF16, r.rows.data(), count, d, o16.data());
+    WeightedSumRows(r.p.data(), vw.data(), DType::kF32, r.rows.data(), count, d, o32.data());
+    for (int64_t j = 0; j < count; ++j) {
+      EXPECT_NEAR(s16[j], s32[j], 1e-6 * std::max(1.f, std::fabs(s32[j]))) << "d=" << d;
+    }
+    for (int64_t e = 0; e < d; ++e) {
+      EXPECT_NEAR(o16[e], o32[e], 1e-6 * std::max(1.f, std::fabs(o32[e]))) << "d=" << d;
     }
   }
 }

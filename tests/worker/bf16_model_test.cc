@@ -1,6 +1,7 @@
-// `--dtype bf16` (LoadOptions::weight_dtype): the matrices converted at load, activations meeting
-// them as bf16. Against the HF fp32 goldens at bf16's tolerance; the AVX512-BF16 and portable
-// CPU paths against each other at the f32 tolerance (summation order only); batching unchanged.
+// Reduced-precision modes of the model. `--dtype bf16` (LoadOptions::weight_dtype): the matrices
+// converted at load, activations meeting them as bf16. Against the HF fp32 goldens at bf16's tolerance; the AVX512-BF16 and portable
+// CPU paths against each other; batching unchanged. `--kv-dtype f16`: at the f32 golden
+// tolerances.
 #include <cmath>
 #include <fstream>
 #include <memory>
@@ -138,6 +139,55 @@ TEST_P(Bf16ModelTest, BatchedDecodeEqualsSingle) {
     std::vector<float> alone = DecodeLogits(prompts[i], 1);
     std::vector<double> want(alone.begin(), alone.end());
     EXPECT_LE(RelError(r.logits.as<float>() + i * vocab, want), 1e-5) << i;
+  }
+}
+
+// `--kv-dtype f16`: K and V stored in f16 (10-bit mantissa) keep the f32 engine's answers at the
+// golden tolerances: logits within 1e-3 of HF, the greedy continuations identical, perplexity
+// within 0.1%.
+TEST(F16KvCacheTest, MatchesHfGoldens) {
+  for (const char* name : {"opt-mini", "opt-tiny-postln"}) {
+    SCOPED_TRACE(name);
+    auto backend = kernels::MakeCpuBackend(2);
+    LoadOptions load;
+    load.kv_dtype = DType::kF16;
+    auto m = OptModel::Load(ModelDir(name), backend.get(), nullptr, load);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    OptModel& model = **m;
+    EXPECT_EQ(model.kv_geometry().kv_dtype, DType::kF16);
+    nlohmann::json golden = LoadGolden(name);
+    GenerationOptions opt;
+    opt.stop_at_eos = false;
+    opt.prefill_chunk = 100;  // decode steps and chunked prefill both read the f16 cache
+    for (const auto& c : golden["cases"]) {
+      auto ids = c["input_ids"].get<std::vector<int32_t>>();
+      auto kv = model.NewSequence(static_cast<int32_t>(ids.size()));
+      StepResult r;
+      ASSERT_TRUE(
+          model.Forward({{kv->get(), ids.data(), static_cast<int32_t>(ids.size())}}, &r).ok());
+      EXPECT_LE(RelError(r.logits.as<float>(), c["last_logits"].get<std::vector<double>>()), 1e-3)
+          << c["name"];
+      auto want = c["greedy_ids"].get<std::vector<int32_t>>();
+      opt.max_new_tokens = static_cast<int32_t>(want.size());
+      auto g = Generate(model, ids, opt);
+      ASSERT_TRUE(g.ok()) << g.status().ToString();
+      std::vector<int32_t> got;
+      for (const TokenChoice& t : g->tokens) got.push_back(t.id);
+      EXPECT_EQ(got, want) << c["name"];
+    }
+    auto tok = Tokenizer::Load(ModelDir(name));
+    ASSERT_TRUE(tok.ok());
+    for (const auto& p : golden["ppl"]) {
+      std::ifstream in(test_util::SourceDir() + "/" + p["file"].get<std::string>());
+      std::stringstream ss;
+      ss << in.rdbuf();
+      auto ids = (*tok)->Encode(ss.str(), false);
+      ASSERT_TRUE(ids.ok());
+      auto r = Perplexity(model, *ids, p["context"].get<int32_t>());
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      const double want = p["perplexity"].get<double>();
+      EXPECT_LE(std::abs(r->perplexity - want) / want, 1e-3) << p["file"];
+    }
   }
 }
 

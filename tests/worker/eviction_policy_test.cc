@@ -2,6 +2,7 @@
 // exceeded, the kept set is the recent window plus the top scorers (checked against a brute-force
 // oracle), evicted tokens never return, and memory stays bounded however long a sequence runs.
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <set>
 #include <vector>
@@ -178,37 +179,66 @@ TEST(SequenceKvTest, H2OMatchesOracleOnRandomScoreTraces) {
   EXPECT_EQ(kv.bytes(), g.SlotBytes() * (budget + 8));
 }
 
+// For both cache dtypes (the test's values 0..59 are exact in f16 too).
 TEST(SequenceKvTest, ResizeKeepsContentsAndShrinksMemory) {
-  KvGeometry g{1, 2, 3};
-  auto kv = std::move(*SequenceKv::Create(g, 12, MakeWindowPolicy(4)));
-  ASSERT_TRUE(kv->AppendPositions(10).ok());
-  std::vector<float> k(10 * 2 * 3), v(10 * 2 * 3);
-  for (size_t i = 0; i < k.size(); ++i) {
-    k[i] = static_cast<float>(i);
-    v[i] = -static_cast<float>(i);
-  }
-  kv->WriteLayer(0, 10, k.data(), v.data());
-  kv->EvictLayer(0);
-  EXPECT_EQ(kv->cached_slots(), 8);
-  ASSERT_TRUE(kv->Resize(5).ok());
-  EXPECT_EQ(kv->bytes(), g.SlotBytes() * 5);
-  kernels::KvView view = kv->View(0);
-  for (int32_t h = 0; h < 2; ++h) {
-    std::set<int32_t> positions;
-    for (int32_t s = 0; s < view.used; ++s) {
-      int32_t p = view.slot_pos[h * view.capacity + s];
-      if (p < 0) continue;
-      positions.insert(p);
-      for (int32_t d = 0; d < 3; ++d) {
-        EXPECT_EQ(view.k[(h * view.capacity + s) * 3 + d], k[p * 6 + h * 3 + d]);
-        EXPECT_EQ(view.v[(h * view.capacity + s) * 3 + d], v[p * 6 + h * 3 + d]);
-      }
+  for (DType dt : {DType::kF32, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(dt));
+    KvGeometry g{1, 2, 3, dt};
+    auto kv = std::move(*SequenceKv::Create(g, 12, MakeWindowPolicy(4)));
+    ASSERT_TRUE(kv->AppendPositions(10).ok());
+    std::vector<float> k(10 * 2 * 3), v(10 * 2 * 3);
+    for (size_t i = 0; i < k.size(); ++i) {
+      k[i] = static_cast<float>(i);
+      v[i] = -static_cast<float>(i);
     }
-    EXPECT_EQ(positions, (std::set<int32_t>{6, 7, 8, 9}));
+    kv->WriteLayer(0, 10, k.data(), v.data());
+    kv->EvictLayer(0);
+    EXPECT_EQ(kv->cached_slots(), 8);
+    ASSERT_TRUE(kv->Resize(5).ok());
+    EXPECT_EQ(kv->bytes(), g.SlotBytes() * 5);
+    kernels::KvView view = kv->View(0);
+    EXPECT_EQ(view.dtype, dt);
+    for (int32_t h = 0; h < 2; ++h) {
+      std::set<int32_t> positions;
+      for (int32_t s = 0; s < view.used; ++s) {
+        int32_t p = view.slot_pos[h * view.capacity + s];
+        if (p < 0) continue;
+        positions.insert(p);
+        for (int32_t d = 0; d < 3; ++d) {
+          const size_t at = static_cast<size_t>((h * view.capacity + s) * 3 + d);
+          EXPECT_EQ(LoadAsFloat(view.k, dt, at), k[p * 6 + h * 3 + d]);
+          EXPECT_EQ(LoadAsFloat(view.v, dt, at), v[p * 6 + h * 3 + d]);
+        }
+      }
+      EXPECT_EQ(positions, (std::set<int32_t>{6, 7, 8, 9}));
+    }
+    EXPECT_EQ(kv->Resize(3).code(), StatusCode::kOutOfRange);
+    ASSERT_TRUE(kv->AppendPositions(1).ok());  // one free slot after the resize
+    EXPECT_EQ(kv->AppendPositions(1).code(), StatusCode::kOutOfRange);
   }
-  EXPECT_EQ(kv->Resize(3).code(), StatusCode::kOutOfRange);
-  ASSERT_TRUE(kv->AppendPositions(1).ok());  // one free slot after the resize
-  EXPECT_EQ(kv->AppendPositions(1).code(), StatusCode::kOutOfRange);
+}
+
+// An f16 cache costs 2 bytes per K/V element instead of 4 (score and position unchanged), and
+// WriteLayer rounds to nearest even; any other dtype is refused.
+TEST(SequenceKvTest, F16CacheHalvesKvBytesAndRounds) {
+  KvGeometry f32{2, 4, 64, DType::kF32}, f16{2, 4, 64, DType::kF16};
+  EXPECT_EQ(f32.SlotBytes(), 2u * 4 * (2 * 64 * 4 + 8));
+  EXPECT_EQ(f16.SlotBytes(), 2u * 4 * (2 * 64 * 2 + 8));
+  auto kv = std::move(*SequenceKv::Create(KvGeometry{1, 1, 20, DType::kF16}, 2));
+  ASSERT_TRUE(kv->AppendPositions(1).ok());
+  std::vector<float> k(20), v(20);
+  for (int i = 0; i < 20; ++i) {
+    k[i] = 1.0f + std::ldexp(1.0f, -11) * (i % 4);  // ties and off-ties around 1 + 2^-10 steps
+    v[i] = 3.14159f * (i - 10);
+  }
+  kv->WriteLayer(0, 1, k.data(), v.data());
+  kernels::KvView view = kv->View(0);
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(LoadAsFloat(view.k, DType::kF16, i), HalfToFloat(FloatToHalf(k[i]))) << i;
+    EXPECT_EQ(LoadAsFloat(view.v, DType::kF16, i), HalfToFloat(FloatToHalf(v[i]))) << i;
+  }
+  EXPECT_EQ(SequenceKv::Create(KvGeometry{1, 1, 4, DType::kBF16}, 2).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace
