@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Quality of the reduced-precision modes on the fixture, one run: held-out perplexity at
+1024-token windows and the 32-token greedy agreement with the default mode (checkpoint-dtype
+weights, f32 activations, f32 KV cache) on prompts cut from the held-out text, for `--dtype bf16`,
+`--kv-dtype f16` and both. Prints JSON lines and a Markdown table.
+
+    python3 bench/precision_quality.py --deja build/release/cli/deja"""
+import argparse
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from dejavu_quality import ROOT, prompts_from, run_json  # noqa: E402
+
+MODES = [("default", []), ("bf16 weights", ["--dtype", "bf16"]),
+         ("f16 KV cache", ["--kv-dtype", "f16"]),
+         ("bf16 + f16 KV", ["--dtype", "bf16", "--kv-dtype", "f16"])]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--deja", default=str(ROOT / "build/release/cli/deja"))
+    ap.add_argument("--model", default=str(ROOT / "models/opt-mini"))
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    a = ap.parse_args()
+    texts = [ROOT / "tests/data/heldout/tinyshakespeare.txt", ROOT / "tests/data/heldout/kjv.txt"]
+    prompts = [p for t in texts for p in prompts_from(t, a.prompts // len(texts), 300)]
+    outputs, rows = {}, []
+    for name, flags in MODES:
+        row = {"mode": name, "flags": " ".join(flags)}
+        for t in texts:
+            row["ppl_" + t.stem] = run_json([a.deja, "ppl", "--model", a.model, "--text", str(t),
+                                             "--context", "1024", "--json"] + flags)["perplexity"]
+        outputs[name] = [run_json([a.deja, "generate", "--model", a.model, "--prompt", p,
+                                   "--max-new-tokens", str(a.new_tokens), "--ignore-eos",
+                                   "--json"] + flags)["token_ids"] for p in prompts]
+        agree = [sum(x == y for x, y in zip(d, s)) / len(d)
+                 for d, s in zip(outputs["default"], outputs[name])]
+        row["greedy_agreement"] = sum(agree) / len(agree)
+        row["greedy_prompts"] = len(agree)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    base = rows[0]
+    print("\n| mode | flags | " + " | ".join(f"ppl {t.stem} (vs default)" for t in texts) +
+          " | greedy agreement |")
+    print("| --- | --- | " + " | ".join("---" for _ in texts) + " | --- |")
+    for r in rows:
+        cells = [f"{r['ppl_' + t.stem]:.3f} ({100 * (r['ppl_' + t.stem] / base['ppl_' + t.stem] - 1):+.3f}%)"
+                 for t in texts]
+        print(f"| {r['mode']} | {r['flags']} | " + " | ".join(cells) +
+              f" | {r['greedy_agreement']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
