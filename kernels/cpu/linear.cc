@@ -95,19 +95,21 @@ void BlasSlice(const float* x, int64_t m_rows, int64_t k_dim, const TensorView& 
   }
 }
 
-// x as a bf16 weight sees it (kernels/cpu/bf16_dot.h), rounded once per call on the calling
-// thread: bf16 bits for LinearBf16Dot (when `bits`), else widened back to f32 for the other
-// kernels. Returns what the kernels read; valid until this thread's next call.
-struct Bf16Input {
-  const uint16_t* bits = nullptr;
-  const float* widened = nullptr;
+// What the kernels read for the n activations x against weights of w_dtype: x itself, or for
+// bf16 weights x as they see it (kernels/cpu/bf16_dot.h), rounded once per call on the calling
+// thread: bf16 bits for LinearBf16Dot (small-M kernels on a CPU with AVX512-BF16), else widened
+// back to f32 for the other kernels. Valid until this thread's next call.
+struct KernelInput {
+  const uint16_t* bits = nullptr;  // set: LinearBf16Dot reads these
+  const float* f32 = nullptr;      // otherwise
 };
-Bf16Input RoundForBf16(const float* x, int64_t n, bool bits) {
+KernelInput InputFor(DType w_dtype, const float* x, int64_t n, bool small_m) {
+  if (w_dtype != DType::kBF16) return {nullptr, x};
   thread_local std::vector<uint16_t> b;
   thread_local std::vector<float> f;
   b.resize(static_cast<size_t>(n));
   RoundToBF16(x, n, b.data());
-  if (bits) return {b.data(), nullptr};
+  if (small_m && Bf16DotEnabled()) return {b.data(), nullptr};
   f.resize(static_cast<size_t>(n));
   ConvertToF32(b.data(), DType::kBF16, n, f.data(), false);
   return {nullptr, f.data()};
@@ -126,14 +128,10 @@ Status CpuLinear(Backend& backend, TensorView x, TensorView w, TensorView bias, 
   }
   LinearEpilogue e{bias_f32.empty() ? nullptr : bias_f32.data(), act == Activation::kRelu,
                    accumulate};
-  const float* xs = x.as<float>();
   float* o = out.as<float>();
   const bool small = m_rows <= kLinearSmallMMax;
-  Bf16Input xb;
-  if (w.dtype == DType::kBF16) {
-    xb = RoundForBf16(xs, m_rows * k_dim, small && Bf16DotEnabled());
-    if (xb.widened != nullptr) xs = xb.widened;
-  }
+  const KernelInput xb = InputFor(w.dtype, x.as<float>(), m_rows * k_dim, small);
+  const float* xs = xb.f32;
 
   if (small) {
     // Split N in blocks of 4 rows (the kernel's register block); keep at least ~64K MACs per
@@ -180,14 +178,10 @@ Status CpuGatherLinear(Backend& backend, TensorView x, TensorView w, TensorView 
   }
   LinearEpilogue e{bias_f32.empty() ? nullptr : bias_f32.data(), act == Activation::kRelu,
                    accumulate};
-  const float* xs = x.as<float>();
   float* o = out.as<float>();
   const bool small = m_rows <= kLinearSmallMMax;
-  Bf16Input xb;
-  if (w.dtype == DType::kBF16) {
-    xb = RoundForBf16(xs, m_rows * k_dim, small && Bf16DotEnabled());
-    if (xb.widened != nullptr) xs = xb.widened;
-  }
+  const KernelInput xb = InputFor(w.dtype, x.as<float>(), m_rows * k_dim, small);
+  const float* xs = xb.f32;
   if (small) {
     // As CpuLinear: blocks of 4 selected rows, at least ~64K MACs per chunk.
     const int64_t blocks = (n_rows + 3) / 4;
@@ -247,7 +241,7 @@ Status CpuGatherLinearT(Backend& backend, TensorView x, TensorView wt, const int
   const int64_t m_rows = x.rows(), n_dim = wt.cols();
   const float* xs = x.as<float>();
   float* o = out.as<float>();
-  if (wt.dtype == DType::kBF16) xs = RoundForBf16(xs, m_rows * n_rows, false).widened;
+  xs = InputFor(wt.dtype, xs, m_rows * n_rows, false).f32;
   // Threads own column ranges of out, in blocks of 64 columns (whole register blocks and cache
   // lines, so no two threads write one line).
   constexpr int64_t kBlock = 64;
