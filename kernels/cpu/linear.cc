@@ -1,5 +1,6 @@
 // CPU Linear and the Deja Vu gather variants: picks the weight-streaming kernel for decode-sized
-// M and OpenBLAS sgemm for prefill-sized M, and splits either over the thread pool by output
+// M and, for prefill-sized M, OpenBLAS sgemm or the streaming kernel, whichever is faster on this
+// CPU and BLAS (UseStreamingKernel), and splits either over the thread pool by output
 // columns (so no two threads write the same element). The gathers widen the selected rows into
 // an f32 panel for sgemm.
 //
@@ -8,8 +9,10 @@
 // only reads f32), and doing it inside the pool keeps that parallel; letting OpenBLAS start its
 // own threads as well would put two busy threads on each core (our workers spin between jobs).
 #include <cblas.h>
+#include <strings.h>
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "common/thread_pool.h"
@@ -95,6 +98,33 @@ void BlasSlice(const float* x, int64_t m_rows, int64_t k_dim, const TensorView& 
   }
 }
 
+// OpenBLAS runs AVX-512 sgemm kernels (its core is SkylakeX, Cooperlake or SapphireRapids), or
+// the CPU lacks AVX-512 (the streaming kernels then have 8 lanes too).
+bool BlasOutrunsStreaming() {
+  static const bool yes = [] {
+    const std::string core = openblas_get_corename();
+    for (const char* avx512 : {"skylakex", "cooperlake", "sapphirerapids"}) {
+      if (strcasecmp(core.c_str(), avx512) == 0) return true;
+    }
+    return std::string(SimdTargetName()).find("AVX3") == std::string::npos;
+  }();
+  return yes;
+}
+
+// The weight-streaming kernels rather than sgemm: decode-sized M; any M for bf16 weights on a
+// CPU with AVX512-BF16; and any M for f16/bf16 weights when OpenBLAS runs AVX2 kernels on an
+// AVX-512 CPU (this environment sets OPENBLAS_CORETYPE=Haswell, older OpenBLAS builds having
+// miscomputed on it). Measured with `deja bench decode --model <1.3B> --prefill-tokens 512`,
+// alternating: bf16 69.4 / 73.8 tokens/s through sgemm (weights widened to f32) against 169.3 /
+// 166.6 through the bf16 kernel; f16 70.4 against 98.2 through the f16 kernel (2048-token
+// prefill: 47.0 against 47.3, attention-bound). Unforced, OpenBLAS picks its Cooperlake kernels
+// here and f16 sgemm prefill reached 112-115 tokens/s, so AVX-512 sgemm keeps f16 prefill.
+bool UseStreamingKernel(int64_t m_rows, DType w_dtype) {
+  if (m_rows <= kLinearSmallMMax) return true;
+  if (w_dtype == DType::kBF16 && Bf16DotEnabled()) return true;
+  return w_dtype != DType::kF32 && !BlasOutrunsStreaming();
+}
+
 // What the kernels read for the n activations x against weights of w_dtype: x itself, or for
 // bf16 weights x as they see it (kernels/cpu/bf16_dot.h), rounded once per call on the calling
 // thread: bf16 bits for LinearBf16Dot (small-M kernels on a CPU with AVX512-BF16), else widened
@@ -129,7 +159,7 @@ Status CpuLinear(Backend& backend, TensorView x, TensorView w, TensorView bias, 
   LinearEpilogue e{bias_f32.empty() ? nullptr : bias_f32.data(), act == Activation::kRelu,
                    accumulate};
   float* o = out.as<float>();
-  const bool small = m_rows <= kLinearSmallMMax;
+  const bool small = UseStreamingKernel(m_rows, w.dtype);
   const KernelInput xb = InputFor(w.dtype, x.as<float>(), m_rows * k_dim, small);
   const float* xs = xb.f32;
 
@@ -179,7 +209,7 @@ Status CpuGatherLinear(Backend& backend, TensorView x, TensorView w, TensorView 
   LinearEpilogue e{bias_f32.empty() ? nullptr : bias_f32.data(), act == Activation::kRelu,
                    accumulate};
   float* o = out.as<float>();
-  const bool small = m_rows <= kLinearSmallMMax;
+  const bool small = UseStreamingKernel(m_rows, w.dtype);
   const KernelInput xb = InputFor(w.dtype, x.as<float>(), m_rows * k_dim, small);
   const float* xs = xb.f32;
   if (small) {
