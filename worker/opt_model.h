@@ -150,6 +150,7 @@ class OptModel {
   bool step_sparse_ = false;  // this step has sparse rows (sparse_ plans the blocks)
   std::unique_ptr<BlockPlan> heads_plan_, mlp_plan_;
   std::vector<int32_t> sel_rows_;
+  std::vector<int64_t> seq_row_;  // first row of each sequence in the step
 
   // Workspace, grown to the largest step seen and reused (no per-step allocation).
   int64_t ws_rows_ = 0;
