@@ -158,7 +158,9 @@ Status ConvertMatrices(OptWeights* w, DType dtype) {
                            DTypeName(dtype));
   }
   auto convert = [&](TensorView* v) {
-    if (v->data != nullptr && v->dtype != dtype) *v = Converted(*v, dtype, &w->converted);
+    if (v->data == nullptr || v->dtype == dtype) return false;
+    *v = Converted(*v, dtype, &w->converted);
+    return true;
   };
   // The lm head is tied when it points into the embedding table: it becomes the same rows of the
   // converted table.
@@ -176,8 +178,7 @@ Status ConvertMatrices(OptWeights* w, DType dtype) {
   for (LinearWeights* lw : {&w->project_in, &w->project_out}) convert(&lw->w);
   for (OptLayerWeights& l : w->layers) {
     for (LinearWeights* lw : {&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2}) {
-      convert(&lw->w);
-      lw->owned = Tensor();  // a copied column slice, now converted
+      if (convert(&lw->w)) lw->owned = Tensor();  // a copied column slice, now converted
     }
   }
   return Status::Ok();

@@ -146,6 +146,29 @@ TEST_P(Bf16ModelTest, BatchedDecodeEqualsSingle) {
   }
 }
 
+// Converting keeps what is already bf16 as it is: a row-parallel shard copied out of a bf16
+// checkpoint (LinearWeights::owned) keeps backing its view; f16 matrices get their own bf16 copy.
+TEST(ConvertMatricesTest, KeepsBf16ShardsAndConvertsTheRest) {
+  OptWeights w;
+  w.layers.resize(1);
+  LinearWeights& out = w.layers[0].out;
+  out.owned = Tensor::Zeros(DType::kBF16, {4, 8});
+  out.w = out.owned.view();
+  Tensor f16 = Tensor::Empty(DType::kF16, {4, 8});
+  for (int64_t i = 0; i < f16.numel(); ++i) StoreFromFloat(f16.data(), DType::kF16, i, 0.25f * i);
+  w.layers[0].fc1.w = f16.view();
+  ASSERT_TRUE(ConvertMatrices(&w, DType::kBF16).ok());
+  EXPECT_EQ(out.w.data, out.owned.data());
+  EXPECT_EQ(out.w.dtype, DType::kBF16);
+  const TensorView& fc1 = w.layers[0].fc1.w;
+  ASSERT_EQ(fc1.dtype, DType::kBF16);
+  EXPECT_NE(fc1.data, f16.data());
+  for (int64_t i = 0; i < f16.numel(); ++i) {
+    EXPECT_EQ(LoadAsFloat(fc1.data, DType::kBF16, i), 0.25f * i) << i;  // exact in bf16
+  }
+  EXPECT_EQ(ConvertMatrices(&w, DType::kF16).code(), StatusCode::kInvalidArgument);
+}
+
 // `--kv-dtype f16`: K and V stored in f16 (10-bit mantissa) keep the f32 engine's answers at the
 // golden tolerances: logits within 1e-3 of HF, the greedy continuations identical, perplexity
 // within 0.1%.
