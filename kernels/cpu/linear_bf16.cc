@@ -52,6 +52,10 @@ DEJA_BF16_TARGET void Tile(const uint16_t* const* w, const uint16_t* x, int64_t 
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  // The modulo compiles to an integer division per step (perf annotate: ~9% of the M = 16
+  // kernel's samples right after it), yet replacing it with a counter (as the f16 kernel does)
+  // made the 1.3B batch-16 step slower: 120.2 / 121.1 ms against 108.3 / 106.6 (binaries
+  // alternating). Not understood; kept as measured.
   int64_t k = 0, step = 0;
   for (; k + kStep <= k_dim; k += kStep, ++step) {
     if (prefetch != nullptr && step % pf_walks == pf_phase) {
