@@ -5,6 +5,8 @@
 # coordinator + RPC overhead as a fraction of the step, and the all-reduce share of rank 0's
 # step (both from the server's /metrics over the same interval).
 #   bash bench/serve_bench.sh [build/release/cli/deja] [model dir] [max new tokens]
+# Environment: TPS (default "1 2"), SERVE_FLAGS (extra `deja serve` flags, e.g.
+# "--dtype bf16 --kv-dtype f16").
 # For the 1.3B shape: python3 tools/checkpoints/make_random_opt.py --shape 1.3b --out DIR first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,9 +15,11 @@ MODEL=${2:-models/opt-mini}
 MAX_NEW=${3:-64}
 PORT=${DEJA_BENCH_PORT:-50071}
 METRICS_PORT=${DEJA_BENCH_METRICS_PORT:-9171}
-for tp in 1 2; do
+for tp in ${TPS:-1 2}; do
+  # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
   "$DEJA" serve --model "$MODEL" --tp $tp --port $PORT --metrics-port $METRICS_PORT \
-    --max-batch-sequences 32 --step-timeout-ms 60000 2>/tmp/deja_serve_bench_$tp.log &
+    --max-batch-sequences 32 --step-timeout-ms 60000 ${SERVE_FLAGS:-} \
+    2>/tmp/deja_serve_bench_$tp.log &
   SERVE=$!
   trap 'kill $SERVE 2>/dev/null || true' EXIT
   for _ in $(seq 600); do
@@ -23,7 +27,7 @@ for tp in 1 2; do
       >/dev/null 2>&1 && break
     sleep 0.5
   done
-  echo "# tp=$tp model=$MODEL"
+  echo "# tp=$tp model=$MODEL flags=${SERVE_FLAGS:-}"
   "$DEJA" client bench --target 127.0.0.1:$PORT --metrics-target 127.0.0.1:$METRICS_PORT \
     --streams 1,8,32 --max-new-tokens "$MAX_NEW" | sed "s/^{/{\"tp\":$tp,/"
   kill -TERM $SERVE
