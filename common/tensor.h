@@ -24,13 +24,31 @@ struct Shape {
   std::string ToString() const;
 };
 
+// How a view's elements are laid out. kTiled16 is for 2-D bf16 weights [N, K] that Linear reads
+// on CPUs with AVX512-BF16 (kernels/cpu/linear_bf16.cc; the model tiles its layers' matrices at
+// load when the backend prefers it): rows in tiles of 16, and within a tile K in pairs, 16 rows x
+// 2 values = one 64-byte line per pair, so a tile streams as one sequential run and a register
+// holds a K pair of 16 rows. Element (n, k) is at TiledIndex(n, k, K); rows are padded with zeros
+// to a multiple of 16 and K to a multiple of 2.
+enum class Layout : uint8_t { kRowMajor, kTiled16 };
+
+constexpr int64_t kTileRows = 16;
+inline int64_t TiledCols(int64_t cols) { return (cols + 1) & ~int64_t{1}; }
+inline int64_t TiledRows(int64_t rows) { return (rows + kTileRows - 1) / kTileRows * kTileRows; }
+inline int64_t TiledIndex(int64_t n, int64_t k, int64_t cols) {
+  return (n / kTileRows) * TiledCols(cols) * kTileRows + (k / 2) * (2 * kTileRows) +
+         (n % kTileRows) * 2 + (k & 1);
+}
+
 struct TensorView {
   void* data = nullptr;
   DType dtype = DType::kF32;
   Shape shape;
+  Layout layout = Layout::kRowMajor;
 
   int64_t numel() const { return shape.numel(); }
-  size_t bytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype); }
+  // Bytes of storage (for kTiled16 with the padding).
+  size_t bytes() const;
   // Size of the last dimension and the product of the others (a 2-D reading of the view).
   int64_t cols() const { return shape.rank == 0 ? 1 : shape[shape.rank - 1]; }
   int64_t rows() const { return shape.rank == 0 ? 1 : numel() / cols(); }
@@ -38,7 +56,7 @@ struct TensorView {
   T* as() const {
     return static_cast<T*>(data);
   }
-  // Rows [begin, end) of the 2-D reading, as a view of shape {end - begin, cols}.
+  // Rows [begin, end) of the 2-D reading, as a view of shape {end - begin, cols}. Row-major only.
   TensorView RowSlice(int64_t begin, int64_t end) const;
 };
 
@@ -68,5 +86,11 @@ class Tensor {
   DType dtype_ = DType::kF32;
   Shape shape_;
 };
+
+// Tiles the 2-D row-major view v of a 2-byte dtype (kTiled16): returns the storage and sets
+// *tiled to the view of it (v's dtype and shape, layout kTiled16).
+Tensor Tile16(const TensorView& v, TensorView* tiled);
+// The kTiled16 view back in row-major order (a tensor of its shape).
+Tensor Untile16(const TensorView& tiled);
 
 }  // namespace deja

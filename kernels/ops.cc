@@ -85,12 +85,25 @@ Status CheckActivation(const char* op, const char* arg, const TensorView& v) {
   return Status::Ok();
 }
 
-Status CheckWeight(const char* op, const char* arg, const TensorView& v, int rank) {
+// A weight: row-major, or for Linear's w also kTiled16 (bf16, on a backend that reads it).
+Status CheckWeight(const char* op, const char* arg, const TensorView& v, int rank,
+                   const Backend* tiled_ok = nullptr) {
   DEJA_RETURN_IF_ERROR(CheckView(op, arg, v, rank, rank));
   if (!IsFloat(v.dtype)) {
     return Bad(op, arg, std::string("must be f32, f16 or bf16, is ") + DTypeName(v.dtype));
   }
   if (v.numel() == 0) return Bad(op, arg, "is empty");
+  if (v.layout == Layout::kTiled16) {
+    if (tiled_ok == nullptr || !tiled_ok->SupportsTiled(OpId::kLinear)) {
+      return Bad(op, arg, "is tiled (kTiled16), which this op on this backend does not read");
+    }
+    if (v.dtype != DType::kBF16 || rank != 2) {
+      return Bad(op, arg, std::string("is tiled, which needs a 2-D bf16 matrix, is ") +
+                              DTypeName(v.dtype));
+    }
+  } else if (v.layout != Layout::kRowMajor) {
+    return Bad(op, arg, "has an unknown layout");
+  }
   return Status::Ok();
 }
 
@@ -189,7 +202,7 @@ Status Linear(Backend& backend, TensorView x, TensorView w, TensorView bias, Act
   constexpr const char* kOp = "linear";
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "x", x));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", out));
-  DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "w", w, 2));
+  DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "w", w, 2, &backend));
   int64_t n = w.shape[0], k = w.shape[1];
   if (x.cols() != k) {
     return Bad(kOp, "x",

@@ -48,6 +48,9 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
   if (options.weight_dtype.has_value()) {
     DEJA_RETURN_IF_ERROR(ConvertMatrices(&m->w_, *options.weight_dtype));
   }
+  if (backend->PrefersTiled(m->w_.layers.empty() ? DType::kF32 : m->w_.layers[0].fc1.w.dtype)) {
+    TileMatrices(&m->w_);
+  }
 
   int64_t bytes = 0;
   for (const OptLayerWeights& l : m->w_.layers) {
@@ -74,6 +77,7 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
 OptModel::~OptModel() = default;
 
 Status OptModel::EnableSparsity(const SparsityOptions& options) {
+  UntileMatrices(&w_);
   DEJA_ASSIGN_OR_RETURN(sparse_, SparseRuntime::Create(options, config_, w_, *backend_,
                                                        comm_->rank(), comm_->world_size()));
   heads_plan_ = std::make_unique<BlockPlan>();

@@ -184,4 +184,29 @@ Status ConvertMatrices(OptWeights* w, DType dtype) {
   return Status::Ok();
 }
 
+void TileMatrices(OptWeights* w) {
+  for (OptLayerWeights& l : w->layers) {
+    for (LinearWeights* lw : {&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2}) {
+      if (lw->w.dtype != DType::kBF16 || lw->w.layout != Layout::kRowMajor) continue;
+      const void* old = lw->w.data;
+      Tensor tiles = Tile16(lw->w, &lw->w);
+      lw->owned = std::move(tiles);
+      for (Tensor& t : w->converted) {
+        if (t.data() == old) t = Tensor();
+      }
+    }
+  }
+}
+
+void UntileMatrices(OptWeights* w) {
+  for (OptLayerWeights& l : w->layers) {
+    for (LinearWeights* lw : {&l.q, &l.out, &l.fc1, &l.fc2}) {  // k and v stay dense
+      if (lw->w.layout != Layout::kTiled16) continue;
+      Tensor rows = Untile16(lw->w);
+      lw->w = rows.view();
+      lw->owned = std::move(rows);
+    }
+  }
+}
+
 }  // namespace deja::worker

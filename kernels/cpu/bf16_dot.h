@@ -30,6 +30,18 @@ void LinearBf16Dot(const uint16_t* x, int64_t m_rows, int64_t k_dim, const uint1
                    const int32_t* rows, int64_t n_begin, int64_t n_end,
                    const LinearEpilogue& epilogue, float* out, int64_t ldo);
 
+// Linear over kTiled16 bf16 weights (common/tensor.h), only when Bf16DotAvailable(). x is bf16
+// [M, K] packed by PackBf16Pairs into `out` (M * TiledCols(K) values): blocks of kTiledXBlock
+// rows, each [K/2][block rows][2]. LinearBf16Tiled computes the output columns of tiles
+// [t_begin, t_end) (tile t = rows [16 t, 16 t + 16) of w, N = n_dim); callers split the tiles in
+// multiples of TiledGroup(M).
+constexpr int64_t kTiledXBlock = 8;
+void PackBf16Pairs(const uint16_t* x, int64_t m_rows, int64_t k_dim, uint16_t* out);
+int64_t TiledGroup(int64_t m_rows);
+void LinearBf16Tiled(const uint16_t* xp, int64_t m_rows, int64_t k_dim, const uint16_t* w,
+                     int64_t n_dim, int64_t t_begin, int64_t t_end, const LinearEpilogue& epilogue,
+                     float* out, int64_t ldo);
+
 // The peak-throughput probe's loop: 16 independent VDPBF16PS chains for `iters` rounds; returns
 // the FLOPs done. Only when Bf16DotAvailable().
 double Bf16DotLoop(int64_t iters, float seed);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "common/thread_pool.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/simd.h"
 
@@ -147,6 +149,15 @@ class CpuBackend final : public Backend {
   const OpTable& ops() const override { return table_; }
   bool Supports(OpId op, DType dtype) const override {
     return SupportedByFullBackend(op, dtype);
+  }
+  bool SupportsTiled(OpId op) const override { return op == OpId::kLinear; }
+  // DEJA_CPU_TILED=0 keeps bf16 weights row-major (for A/B runs against the row-major kernel).
+  bool PrefersTiled(DType dtype) const override {
+    static const bool off = [] {
+      const char* env = std::getenv("DEJA_CPU_TILED");
+      return env != nullptr && std::string(env) == "0";
+    }();
+    return dtype == DType::kBF16 && Bf16DotEnabled() && !off;
   }
   ThreadPool* pool() const override { return pool_.get(); }
 

@@ -145,6 +145,67 @@ KernelInput InputFor(DType w_dtype, const float* x, int64_t n, bool small_m) {
   return {nullptr, f.data()};
 }
 
+// Output columns of tiles [t_begin, t_end) of kTiled16 weights without AVX512-BF16 (tests turn it
+// off after load; a model only tiles when it is on): the same arithmetic in plain loops over the
+// widened x and tile pairs.
+void LinearTiledPortable(const float* x, int64_t m_rows, int64_t k_dim, const uint16_t* w,
+                         int64_t n_dim, int64_t t_begin, int64_t t_end, const LinearEpilogue& e,
+                         float* out) {
+  const int64_t kp = TiledCols(k_dim);
+  for (int64_t t = t_begin; t < t_end; ++t) {
+    const uint16_t* tile = w + t * kp * kTileRows;
+    for (int64_t m = 0; m < m_rows; ++m) {
+      float acc[kTileRows] = {};
+      const float* xm = x + m * k_dim;
+      for (int64_t k = 0; k < k_dim; ++k) {
+        const uint16_t* pair = tile + (k / 2) * 2 * kTileRows + (k & 1);
+        for (int64_t r = 0; r < kTileRows; ++r) acc[r] += xm[k] * BF16ToFloat(pair[r * 2]);
+      }
+      for (int64_t r = 0; r < kTileRows && t * kTileRows + r < n_dim; ++r) {
+        const int64_t n = t * kTileRows + r;
+        float v = acc[r] + (e.bias != nullptr ? e.bias[n] : 0.f);
+        if (e.relu) v = std::max(v, 0.f);
+        float* o = out + m * n_dim + n;
+        *o = e.accumulate ? *o + v : v;
+      }
+    }
+  }
+}
+
+// Linear over kTiled16 bf16 weights: x rounded to bf16 and packed in pairs, the tiles split
+// among the threads in whole groups of the kernel's blocking.
+Status TiledLinear(ThreadPool* pool, const TensorView& x, const TensorView& w,
+                   const LinearEpilogue& e, float* o) {
+  const int64_t m_rows = x.rows(), k_dim = x.cols(), n_dim = w.rows();
+  const int64_t tiles = (n_dim + kTileRows - 1) / kTileRows;
+  const auto* wt = w.as<uint16_t>();
+  if (!Bf16DotEnabled()) {
+    const KernelInput xb = InputFor(DType::kBF16, x.as<float>(), m_rows * k_dim, false);
+    pool->ParallelFor(tiles, [&](int64_t t0, int64_t t1) {
+      LinearTiledPortable(xb.f32, m_rows, k_dim, wt, n_dim, t0, t1, e, o);
+    });
+    return Status::Ok();
+  }
+  const KernelInput xb = InputFor(DType::kBF16, x.as<float>(), m_rows * k_dim, true);
+  thread_local std::vector<uint16_t> packed_storage;  // this thread's: the pool reads xp
+  packed_storage.resize(static_cast<size_t>(m_rows * TiledCols(k_dim)));
+  const uint16_t* xp = packed_storage.data();
+  PackBf16Pairs(xb.bits, m_rows, k_dim, packed_storage.data());
+  const int64_t group = TiledGroup(m_rows);
+  const int64_t groups = (tiles + group - 1) / group;
+  // At least ~64K MACs per chunk, as CpuLinear's row-major path.
+  const int64_t min_chunk =
+      std::max<int64_t>(1, (int64_t{1} << 16) / (group * kTileRows * k_dim * m_rows));
+  pool->ParallelFor(
+      groups,
+      [&](int64_t g0, int64_t g1) {
+        LinearBf16Tiled(xp, m_rows, k_dim, wt, n_dim, g0 * group,
+                        std::min(tiles, g1 * group), e, o, n_dim);
+      },
+      min_chunk);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status CpuLinear(Backend& backend, TensorView x, TensorView w, TensorView bias, Activation act,
@@ -159,6 +220,7 @@ Status CpuLinear(Backend& backend, TensorView x, TensorView w, TensorView bias, 
   LinearEpilogue e{bias_f32.empty() ? nullptr : bias_f32.data(), act == Activation::kRelu,
                    accumulate};
   float* o = out.as<float>();
+  if (w.layout == Layout::kTiled16) return TiledLinear(pool, x, w, e, o);
   const bool small = UseStreamingKernel(m_rows, w.dtype);
   const KernelInput xb = InputFor(w.dtype, x.as<float>(), m_rows * k_dim, small);
   const float* xs = xb.f32;

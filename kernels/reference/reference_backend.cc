@@ -65,7 +65,8 @@ Status RefLinear(Backend&, TensorView x, TensorView w, TensorView bias, Activati
     for (int64_t n = 0; n < n_rows; ++n) {
       double acc = bias.data != nullptr ? At(bias, n) : 0.0;
       for (int64_t k = 0; k < k_dim; ++k) {
-        acc += XFor(xs[m * k_dim + k], w.dtype) * At(w, n * k_dim + k);
+        const int64_t i = w.layout == Layout::kTiled16 ? TiledIndex(n, k, k_dim) : n * k_dim + k;
+        acc += XFor(xs[m * k_dim + k], w.dtype) * At(w, i);
       }
       if (act == Activation::kRelu) acc = std::max(acc, 0.0);
       if (accumulate) acc += o[m * n_rows + n];
@@ -126,7 +127,8 @@ Status RefGatherLinear(Backend&, TensorView x, TensorView w, TensorView bias, co
       const int64_t n = rows[j];
       double acc = bias.data != nullptr ? At(bias, n) : 0.0;
       for (int64_t k = 0; k < k_dim; ++k) {
-        acc += XFor(xs[m * k_dim + k], w.dtype) * At(w, n * k_dim + k);
+        const int64_t i = w.layout == Layout::kTiled16 ? TiledIndex(n, k, k_dim) : n * k_dim + k;
+        acc += XFor(xs[m * k_dim + k], w.dtype) * At(w, i);
       }
       if (act == Activation::kRelu) acc = std::max(acc, 0.0);
       if (accumulate) acc += o[m * n_rows + j];
@@ -217,6 +219,7 @@ class ReferenceBackend final : public Backend {
   std::string name() const override { return "reference"; }
   const OpTable& ops() const override { return table_; }
   bool Supports(OpId op, DType dtype) const override { return SupportedByFullBackend(op, dtype); }
+  bool SupportsTiled(OpId op) const override { return op == OpId::kLinear; }
 
  private:
   OpTable table_;

@@ -64,10 +64,13 @@ struct Case {
 
 // Linear, GatherLinear and GatherLinearT on bf16 weights against the reference at the f32
 // tolerance, over shapes that hit the K tail (masked loads), every register-block remainder and
-// both the small-M kernels and the sgemm path.
+// both the small-M kernels and the sgemm path; Linear also over the weights tiled (odd K pads a
+// pair, N not a multiple of 16 a partial tile, M past 8 several blocks of x with a remainder).
 void CheckAllOps(uint32_t seed) {
-  const Case cases[] = {{1, 1, 1},   {1, 5, 31},    {3, 4, 32},   {6, 7, 33},  {7, 9, 64},
-                        {13, 3, 95}, {16, 64, 257}, {32, 17, 1000}, {33, 9, 70}, {40, 130, 129}};
+  const Case cases[] = {{1, 1, 1},     {1, 5, 31},     {3, 4, 32},    {6, 7, 33},
+                        {7, 9, 64},    {13, 3, 95},    {16, 64, 257}, {32, 17, 1000},
+                        {33, 9, 70},   {40, 130, 129}, {1, 200, 64},  {2, 97, 48},
+                        {4, 160, 20},  {16, 150, 66},  {24, 49, 300}, {520, 35, 17}};
   auto ref = MakeReferenceBackend();
   for (const Case& c : cases) {
     SCOPED_TRACE("M=" + std::to_string(c.m) + " N=" + std::to_string(c.n) +
@@ -84,9 +87,17 @@ void CheckAllOps(uint32_t seed) {
     Tensor wt = RandomTensor(rng, DType::kBF16, {c.n, c.k});
     Tensor init_t = RandomTensor(rng, DType::kF32, {c.m, c.k});
 
+    TensorView w_tiled;
+    Tensor tiles = Tile16(w.view(), &w_tiled);  // the same weights in Layout::kTiled16
+
     Tensor want = CopyOf(init), want_g = CopyOf(init_g), want_t = CopyOf(init_t);
     ASSERT_TRUE(Linear(*ref, x.view(), w.view(), bias.view(), Activation::kRelu, true,
                        want.view()).ok());
+    Tensor want_tiled = CopyOf(init);
+    ASSERT_TRUE(Linear(*ref, x.view(), w_tiled, bias.view(), Activation::kRelu, true,
+                       want_tiled.view()).ok());
+    // The reference reads the tiled layout as the same matrix (identical sums, in order).
+    ASSERT_EQ(std::memcmp(want_tiled.data(), want.data(), want.bytes()), 0);
     ASSERT_TRUE(GatherLinear(*ref, x.view(), w.view(), bias.view(), rows.data(), nr,
                              Activation::kNone, false, want_g.view()).ok());
     ASSERT_TRUE(GatherLinearT(*ref, xt.view(), wt.view(), rows.data(), nr, true,
@@ -101,6 +112,19 @@ void CheckAllOps(uint32_t seed) {
       ASSERT_TRUE(GatherLinearT(*bc.backend, xt.view(), wt.view(), rows.data(), nr, true,
                                 got_t.view()).ok());
       EXPECT_TRUE(Close(got.as<float>(), want.as<float>(), got.numel())) << "Linear";
+      if (bc.backend->SupportsTiled(OpId::kLinear)) {
+        Tensor got_tiled = CopyOf(init);
+        ASSERT_TRUE(Linear(*bc.backend, x.view(), w_tiled, bias.view(), Activation::kRelu, true,
+                           got_tiled.view()).ok());
+        EXPECT_TRUE(Close(got_tiled.as<float>(), want.as<float>(), got.numel())) << "tiled";
+        Tensor got_plain = CopyOf(init);  // no bias, no ReLU, no accumulation
+        Tensor want_plain = CopyOf(init);
+        ASSERT_TRUE(Linear(*ref, x.view(), w.view(), TensorView{}, Activation::kNone, false,
+                           want_plain.view()).ok());
+        ASSERT_TRUE(Linear(*bc.backend, x.view(), w_tiled, TensorView{}, Activation::kNone, false,
+                           got_plain.view()).ok());
+        EXPECT_TRUE(Close(got_plain.as<float>(), want_plain.as<float>(), got.numel())) << "tiled";
+      }
       EXPECT_TRUE(Close(got_g.as<float>(), want_g.as<float>(), got_g.numel())) << "GatherLinear";
       EXPECT_TRUE(Close(got_t.as<float>(), want_t.as<float>(), got_t.numel())) << "GatherLinearT";
     }
@@ -141,6 +165,57 @@ TEST_F(Bf16DotTest, RoundingIsVisibleAboveTolerance) {
                      f32.view()).ok());
   EXPECT_FALSE(Close(bf.as<float>(), f32.as<float>(), bf.numel()));
   EXPECT_TRUE(Close(bf.as<float>(), f32.as<float>(), bf.numel(), 2e-2));  // bf16's roundoff
+}
+
+// Only Linear reads tiled weights; every other weight-taking op says so, naming the argument.
+TEST(TiledWeightsTest, OtherOpsRejectThemByName) {
+  std::mt19937 rng(BaseSeed("deja_bf16_dot_test") + 4000);
+  Tensor w = RandomTensor(rng, DType::kBF16, {32, 8});
+  TensorView tiled;
+  Tensor tiles = Tile16(w.view(), &tiled);
+  Tensor x = RandomTensor(rng, DType::kF32, {2, 8});
+  Tensor xt = RandomTensor(rng, DType::kF32, {2, 3});
+  Tensor out = Tensor::Empty(DType::kF32, {2, 3}), out8 = Tensor::Empty(DType::kF32, {2, 8});
+  const int32_t rows[3] = {0, 5, 17};
+  for (auto& bc : BackendsUnderTest()) {
+    SCOPED_TRACE(bc.label);
+    Status s = GatherLinear(*bc.backend, x.view(), tiled, TensorView{}, rows, 3,
+                            Activation::kNone, false, out.view());
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("'w' is tiled"), std::string::npos) << s.message();
+    s = GatherLinearT(*bc.backend, xt.view(), tiled, rows, 3, false, out8.view());
+    EXPECT_NE(s.message().find("'wt' is tiled"), std::string::npos) << s.message();
+    s = Embedding(*bc.backend, tiled, rows, 2, false, out8.view());
+    EXPECT_NE(s.message().find("'table' is tiled"), std::string::npos) << s.message();
+  }
+  // A tiled f16 matrix is not a layout anything reads.
+  Tensor w16 = RandomTensor(rng, DType::kF16, {32, 8});
+  TensorView tiled16;
+  Tensor tiles16 = Tile16(w16.view(), &tiled16);
+  Tensor out32 = Tensor::Empty(DType::kF32, {2, 32});
+  auto ref = MakeReferenceBackend();
+  Status s = Linear(*ref, x.view(), tiled16, TensorView{}, Activation::kNone, false, out32.view());
+  EXPECT_NE(s.message().find("needs a 2-D bf16 matrix"), std::string::npos) << s.message();
+}
+
+TEST(TiledWeightsTest, TileAndUntileRoundTrip) {
+  std::mt19937 rng(BaseSeed("deja_bf16_dot_test") + 5000);
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 1}, {17, 3}, {32, 64}, {45, 129}}) {
+    Tensor w = RandomTensor(rng, DType::kBF16, {n, k});
+    TensorView tiled;
+    Tensor tiles = Tile16(w.view(), &tiled);
+    EXPECT_EQ(tiled.layout, Layout::kTiled16);
+    EXPECT_EQ(tiled.bytes(), static_cast<size_t>(TiledRows(n) * TiledCols(k)) * 2);
+    const auto* t = tiles.as<uint16_t>();
+    for (int64_t r = 0; r < TiledRows(n); ++r) {
+      for (int64_t c = 0; c < TiledCols(k); ++c) {
+        const uint16_t want = r < n && c < k ? w.as<uint16_t>()[r * k + c] : 0;  // zero padding
+        ASSERT_EQ(t[TiledIndex(r, c, k)], want) << r << "," << c;
+      }
+    }
+    Tensor back = Untile16(tiled);
+    ASSERT_EQ(std::memcmp(back.data(), w.data(), w.bytes()), 0);
+  }
 }
 
 }  // namespace

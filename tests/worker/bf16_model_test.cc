@@ -64,14 +64,19 @@ class Bf16ModelTest : public ::testing::TestWithParam<std::string> {
   }
 
   // Prefill of `ids` then `steps` greedy-free decode steps of token 7; the last step's logits.
-  std::vector<float> DecodeLogits(const std::vector<int32_t>& ids, int steps) {
+  std::vector<float> DecodeLogits(const std::vector<int32_t>& ids, int steps,
+                                  bool sparse = false) {
     auto kv = model_->NewSequence(static_cast<int32_t>(ids.size()) + steps);
     EXPECT_TRUE(kv.ok());
     StepResult r;
-    EXPECT_TRUE(model_->Forward({{kv->get(), ids.data(), static_cast<int32_t>(ids.size())}}, &r)
+    EXPECT_TRUE(model_->Forward({{kv->get(), ids.data(), static_cast<int32_t>(ids.size()), false,
+                                  sparse}},
+                                &r)
                     .ok());
     const int32_t next = 7;
-    for (int s = 0; s < steps; ++s) EXPECT_TRUE(model_->Forward({{kv->get(), &next, 1}}, &r).ok());
+    for (int s = 0; s < steps; ++s) {
+      EXPECT_TRUE(model_->Forward({{kv->get(), &next, 1, false, sparse}}, &r).ok());
+    }
     return {r.logits.as<float>(), r.logits.as<float>() + r.logits.numel()};
   }
 
@@ -118,6 +123,29 @@ TEST_P(Bf16ModelTest, DotPathEqualsPortablePath) {
   std::vector<float> portable = DecodeLogits(ids, 3);
   std::vector<double> want(portable.begin(), portable.end());
   EXPECT_LE(RelError(dot.data(), want), 1e-3);
+}
+
+// On a backend that prefers tiled bf16 weights the model tiles its layers' matrices at load;
+// enabling sparsity lays them back out row by row for the gathers. Dense steps after that, and
+// sparse steps with every unit kept, give the tiled model's logits up to summation order (the
+// tolerance of DotPathEqualsPortablePath).
+TEST_P(Bf16ModelTest, SparsityAfterTilingKeepsTheModel) {
+  if (!backend_->PrefersTiled(DType::kBF16)) {
+    GTEST_SKIP() << "this backend keeps bf16 weights row-major (no AVX512-BF16, "
+                    "DEJA_CPU_BF16_DOT=0 or DEJA_CPU_TILED=0): nothing tiled";
+  }
+  auto ids = golden_["cases"][0]["input_ids"].get<std::vector<int32_t>>();
+  std::vector<float> tiled = DecodeLogits(ids, 3);
+  std::vector<double> want(tiled.begin(), tiled.end());
+  SparsityOptions all;
+  all.oracle_fraction = 1.0f;
+  all.dense_fallback = 1.0f;  // the gather kernels even with every unit selected
+  all.dense_layers = 0;
+  ASSERT_TRUE(model_->EnableSparsity(all).ok());
+  std::vector<float> dense = DecodeLogits(ids, 3);
+  EXPECT_LE(RelError(dense.data(), want), 1e-3);
+  std::vector<float> sparse = DecodeLogits(ids, 3, true);
+  EXPECT_LE(RelError(sparse.data(), want), 1e-3);
 }
 
 // A sequence decoded inside a batch of others gets the logits it gets alone.
