@@ -40,9 +40,14 @@ size_t TensorView::bytes() const {
 }
 
 TensorView TensorView::RowSlice(int64_t begin, int64_t end) const {
-  CHECK(layout == Layout::kRowMajor);
   CHECK(begin >= 0 && begin <= end && end <= rows());
   TensorView v = *this;
+  if (layout == Layout::kTiled16) {
+    CHECK_EQ(begin % kTileRows, 0) << "a tiled view slices at tile boundaries";
+    v.data = static_cast<char*>(data) + begin * TiledCols(cols()) * DTypeSize(dtype);
+    v.shape = Shape{end - begin, cols()};
+    return v;
+  }
   v.data = static_cast<char*>(data) + begin * cols() * DTypeSize(dtype);
   v.shape = Shape{end - begin, cols()};
   return v;

@@ -56,7 +56,8 @@ struct TensorView {
   T* as() const {
     return static_cast<T*>(data);
   }
-  // Rows [begin, end) of the 2-D reading, as a view of shape {end - begin, cols}. Row-major only.
+  // Rows [begin, end) of the 2-D reading, as a view of shape {end - begin, cols}. A kTiled16 view
+  // slices at a multiple of 16 (the rows after `end` in its last tile are not read).
   TensorView RowSlice(int64_t begin, int64_t end) const;
 };
 

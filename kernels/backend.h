@@ -26,7 +26,7 @@ class Backend {
   virtual std::string name() const = 0;
   virtual const OpTable& ops() const = 0;
   virtual bool Supports(OpId op, DType weight_dtype) const = 0;
-  // Whether `op` accepts weights in Layout::kTiled16 (bf16 only; so far only Linear anywhere).
+  // Whether `op` accepts weights in Layout::kTiled16 (bf16 only; Linear and Embedding at most).
   virtual bool SupportsTiled(OpId) const { return false; }
   // Whether Linear reads weights of this dtype fastest tiled: the model then tiles its layers'
   // matrices at load (worker/opt_weights.h TileMatrices).

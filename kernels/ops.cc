@@ -85,16 +85,16 @@ Status CheckActivation(const char* op, const char* arg, const TensorView& v) {
   return Status::Ok();
 }
 
-// A weight: row-major, or for Linear's w also kTiled16 (bf16, on a backend that reads it).
+// A weight: row-major, or kTiled16 (a 2-D bf16 matrix) where `backend` reads it for op `id`.
 Status CheckWeight(const char* op, const char* arg, const TensorView& v, int rank,
-                   const Backend* tiled_ok = nullptr) {
+                   const Backend* backend = nullptr, OpId id = OpId::kCount) {
   DEJA_RETURN_IF_ERROR(CheckView(op, arg, v, rank, rank));
   if (!IsFloat(v.dtype)) {
     return Bad(op, arg, std::string("must be f32, f16 or bf16, is ") + DTypeName(v.dtype));
   }
   if (v.numel() == 0) return Bad(op, arg, "is empty");
   if (v.layout == Layout::kTiled16) {
-    if (tiled_ok == nullptr || !tiled_ok->SupportsTiled(OpId::kLinear)) {
+    if (backend == nullptr || !backend->SupportsTiled(id)) {
       return Bad(op, arg, "is tiled (kTiled16), which this op on this backend does not read");
     }
     if (v.dtype != DType::kBF16 || rank != 2) {
@@ -150,7 +150,7 @@ Status CheckRowIds(const char* op, const int32_t* rows, int64_t n_rows, int64_t 
 Status Embedding(Backend& backend, TensorView table, const int32_t* ids, int64_t n, bool accumulate,
                  TensorView out) {
   constexpr const char* kOp = "embedding";
-  DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "table", table, 2));
+  DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "table", table, 2, &backend, OpId::kEmbedding));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", out));
   if (n < 0) return Bad(kOp, "n", "is negative");
   if (n > 0 && ids == nullptr) return Bad(kOp, "ids", "is null");
@@ -202,7 +202,7 @@ Status Linear(Backend& backend, TensorView x, TensorView w, TensorView bias, Act
   constexpr const char* kOp = "linear";
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "x", x));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", out));
-  DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "w", w, 2, &backend));
+  DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "w", w, 2, &backend, OpId::kLinear));
   int64_t n = w.shape[0], k = w.shape[1];
   if (x.cols() != k) {
     return Bad(kOp, "x",

@@ -185,6 +185,33 @@ Status ConvertMatrices(OptWeights* w, DType dtype) {
 }
 
 void TileMatrices(OptWeights* w) {
+  // The embedding table (Embedding reads it tiled too) with the tied lm head as its slice, when
+  // the slice starts on a tile; an untied head on its own.
+  const char* table = static_cast<const char*>(w->embed_tokens.data);
+  const char* head = static_cast<const char*>(w->lm_head.w.data);
+  const bool tied = head >= table && head < table + w->embed_tokens.bytes();
+  auto tile_table = [&] {
+    Tensor tiles = Tile16(w->embed_tokens, &w->embed_tokens);
+    for (Tensor& t : w->converted) {
+      if (t.data() == table) t = Tensor();
+    }
+    w->converted.push_back(std::move(tiles));
+  };
+  if (w->embed_tokens.dtype == DType::kBF16 && w->embed_tokens.layout == Layout::kRowMajor) {
+    if (!tied) {
+      tile_table();
+    } else if (w->vocab_begin % kTileRows == 0) {
+      tile_table();
+      w->lm_head.w = w->embed_tokens.RowSlice(w->vocab_begin, w->vocab_end);
+    }
+  }
+  if (!tied && w->lm_head.w.dtype == DType::kBF16 && w->lm_head.w.layout == Layout::kRowMajor) {
+    Tensor tiles = Tile16(w->lm_head.w, &w->lm_head.w);
+    for (Tensor& t : w->converted) {
+      if (t.data() == head) t = Tensor();
+    }
+    w->lm_head.owned = std::move(tiles);
+  }
   for (OptLayerWeights& l : w->layers) {
     for (LinearWeights* lw : {&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2}) {
       if (lw->w.dtype != DType::kBF16 || lw->w.layout != Layout::kRowMajor) continue;

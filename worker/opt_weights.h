@@ -65,8 +65,9 @@ Status ConvertMatrices(OptWeights* w, DType dtype);
 
 // Lays the layers' bf16 matrices (q, k, v, out, fc1, fc2) out in Layout::kTiled16, for a backend
 // that reads them fastest so (Backend::PrefersTiled); each tiled copy replaces the row-major
-// storage it came from when the weights own it. The lm head (a slice of the embedding table when
-// tied) and other dtypes stay row-major.
+// storage it came from when the weights own it. Also the embedding table and the lm head (a tied
+// head stays a slice of the table: tiled together when the rank's vocab rows start on a tile).
+// Other dtypes stay row-major.
 void TileMatrices(OptWeights* w);
 // q, out, fc1 and fc2 back to row-major: the sparse runtime gathers rows of q and fc1 and
 // transposes out and fc2 (k and v, always computed whole, stay tiled).

@@ -28,6 +28,17 @@ int64_t MinRows(int64_t cols) { return std::max<int64_t>(1, kMinParallelElements
 Status CpuEmbedding(Backend& backend, TensorView table, const int32_t* ids, int64_t n,
                     bool accumulate, TensorView out) {
   const int64_t dim = table.cols();
+  if (table.layout == Layout::kTiled16) {  // bf16: a row is every other value of its tile lane
+    const auto* t = table.as<uint16_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      float* o = out.as<float>() + i * dim;
+      for (int64_t c = 0; c < dim; ++c) {
+        const float v = BF16ToFloat(t[TiledIndex(ids[i], c, dim)]);
+        o[c] = accumulate ? o[c] + v : v;
+      }
+    }
+    return Status::Ok();
+  }
   const size_t row_bytes = static_cast<size_t>(dim) * DTypeSize(table.dtype);
   backend.pool()->ParallelFor(
       n,
@@ -150,7 +161,9 @@ class CpuBackend final : public Backend {
   bool Supports(OpId op, DType dtype) const override {
     return SupportedByFullBackend(op, dtype);
   }
-  bool SupportsTiled(OpId op) const override { return op == OpId::kLinear; }
+  bool SupportsTiled(OpId op) const override {
+    return op == OpId::kLinear || op == OpId::kEmbedding;
+  }
   // DEJA_CPU_TILED=0 keeps bf16 weights row-major (for A/B runs against the row-major kernel).
   bool PrefersTiled(DType dtype) const override {
     static const bool off = [] {

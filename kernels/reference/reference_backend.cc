@@ -29,7 +29,9 @@ Status RefEmbedding(Backend&, TensorView table, const int32_t* ids, int64_t n, b
   float* o = out.as<float>();
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t c = 0; c < dim; ++c) {
-      float v = At(table, ids[i] * dim + c);
+      const int64_t at = table.layout == Layout::kTiled16 ? TiledIndex(ids[i], c, dim)
+                                                          : ids[i] * dim + c;
+      float v = At(table, at);
       o[i * dim + c] = accumulate ? o[i * dim + c] + v : v;
     }
   }
@@ -219,7 +221,9 @@ class ReferenceBackend final : public Backend {
   std::string name() const override { return "reference"; }
   const OpTable& ops() const override { return table_; }
   bool Supports(OpId op, DType dtype) const override { return SupportedByFullBackend(op, dtype); }
-  bool SupportsTiled(OpId op) const override { return op == OpId::kLinear; }
+  bool SupportsTiled(OpId op) const override {
+    return op == OpId::kLinear || op == OpId::kEmbedding;
+  }
 
  private:
   OpTable table_;

@@ -167,7 +167,7 @@ TEST_F(Bf16DotTest, RoundingIsVisibleAboveTolerance) {
   EXPECT_TRUE(Close(bf.as<float>(), f32.as<float>(), bf.numel(), 2e-2));  // bf16's roundoff
 }
 
-// Only Linear reads tiled weights; every other weight-taking op says so, naming the argument.
+// Only Linear and Embedding read tiled weights; the gathers say so, naming the argument.
 TEST(TiledWeightsTest, OtherOpsRejectThemByName) {
   std::mt19937 rng(BaseSeed("deja_bf16_dot_test") + 4000);
   Tensor w = RandomTensor(rng, DType::kBF16, {32, 8});
@@ -185,8 +185,6 @@ TEST(TiledWeightsTest, OtherOpsRejectThemByName) {
     EXPECT_NE(s.message().find("'w' is tiled"), std::string::npos) << s.message();
     s = GatherLinearT(*bc.backend, xt.view(), tiled, rows, 3, false, out8.view());
     EXPECT_NE(s.message().find("'wt' is tiled"), std::string::npos) << s.message();
-    s = Embedding(*bc.backend, tiled, rows, 2, false, out8.view());
-    EXPECT_NE(s.message().find("'table' is tiled"), std::string::npos) << s.message();
   }
   // A tiled f16 matrix is not a layout anything reads.
   Tensor w16 = RandomTensor(rng, DType::kF16, {32, 8});
@@ -196,6 +194,43 @@ TEST(TiledWeightsTest, OtherOpsRejectThemByName) {
   auto ref = MakeReferenceBackend();
   Status s = Linear(*ref, x.view(), tiled16, TensorView{}, Activation::kNone, false, out32.view());
   EXPECT_NE(s.message().find("needs a 2-D bf16 matrix"), std::string::npos) << s.message();
+}
+
+// Embedding over a tiled table (the tied lm head's table) gives the rows of the row-major one
+// exactly (bf16 widened), accumulating or not; and a tile-aligned row slice reads as the slice.
+TEST(TiledWeightsTest, EmbeddingAndRowSlice) {
+  std::mt19937 rng(BaseSeed("deja_bf16_dot_test") + 6000);
+  Tensor table = RandomTensor(rng, DType::kBF16, {75, 33});
+  TensorView tiled;
+  Tensor tiles = Tile16(table.view(), &tiled);
+  const int32_t ids[5] = {0, 74, 16, 15, 33};
+  Tensor init = RandomTensor(rng, DType::kF32, {5, 33});
+  auto ref = MakeReferenceBackend();
+  for (bool acc : {false, true}) {
+    Tensor want = CopyOf(init);
+    ASSERT_TRUE(Embedding(*ref, table.view(), ids, 5, acc, want.view()).ok());
+    std::vector<Backend*> all = {ref.get()};
+    for (auto& bc : BackendsUnderTest()) all.push_back(bc.backend.get());
+    for (Backend* b : all) {
+      SCOPED_TRACE(b->name());
+      Tensor got = CopyOf(init);
+      Status s = Embedding(*b, tiled, ids, 5, acc, got.view());
+      if (!b->SupportsTiled(OpId::kEmbedding)) {
+        EXPECT_NE(s.message().find("'table' is tiled"), std::string::npos) << s.message();
+        continue;
+      }
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.bytes()), 0);
+    }
+  }
+  // Rows [16, 75) of the tiled table against rows [16, 75) of the row-major one, through Linear.
+  Tensor x = RandomTensor(rng, DType::kF32, {3, 33});
+  Tensor want = Tensor::Empty(DType::kF32, {3, 59}), got = Tensor::Empty(DType::kF32, {3, 59});
+  ASSERT_TRUE(Linear(*ref, x.view(), table.view().RowSlice(16, 75), TensorView{},
+                     Activation::kNone, false, want.view()).ok());
+  ASSERT_TRUE(Linear(*ref, x.view(), tiled.RowSlice(16, 75), TensorView{}, Activation::kNone,
+                     false, got.view()).ok());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.bytes()), 0);
 }
 
 TEST(TiledWeightsTest, TileAndUntileRoundTrip) {
