@@ -134,27 +134,25 @@ DEJA_BF16_TARGET void RowBlock(const uint16_t* const* w, const uint16_t* x, int6
 // line. Measured against the row-major kernel above (bf16, two threads, 256 MiB of weights
 // cycled so they stream from DRAM; standalone harness, best of 5): M = 1 8192 x 2048 578 against
 // 686 us, M = 4 645 against 732, M = 16 1068-1098 against 1304-1355 (2048 x 8192: 994 against
-// 1415); from L2 (384 x 1024, M = 16) 926 against 590 GFLOP/s.
+// 1415); from L2 (384 x 1024, M = 16) 926 against 590 GFLOP/s. From DRAM M = 16 stays near 35
+// GB/s and 550 GFLOP/s, about the sum of its memory and compute times rather than the larger;
+// tried without gain: 1 x 16, 2 x 8, 4 x 4 and 3 x 8 blockings (3 x 8 kept), the group's tiles
+// interleaved into one stream, K-chunked passes over both blocks of x (accumulators spilled), and
+// prefetching the next group (T0 or T1, in the last pass or 1-8 KiB ahead); in the model
+// (`deja bench decode`, 1.3B, batch 16) prefetching measured 104/101 ms (T1) and 110/113 (T0)
+// against 102/106 without.
 
 // Tiles per group for MB rows of x: up to 24 accumulators, at most 8 tiles.
 constexpr int NbFor(int mb) { return mb >= 8 ? 3 : (24 / mb > 8 ? 8 : 24 / mb); }
 
-int g_tiled_pf = 0;  // TEMP A/B
-
 template <int NB, int MB>
 DEJA_BF16_TARGET void TiledTile(const uint16_t* tiles, int64_t tile_stride, const uint32_t* x,
                                 int64_t pairs, int64_t n0, int64_t n_dim, const LinearEpilogue& e,
-                                float* out, int64_t ldo, const uint16_t* pf, int64_t pf_tiles) {
+                                float* out, int64_t ldo) {
   __m512 acc[NB][MB];
   for (int b = 0; b < NB; ++b)
     for (int m = 0; m < MB; ++m) acc[b][m] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
-    if (pf != nullptr) {
-      for (int64_t b = 0; b < pf_tiles; ++b) {
-        const char* line = reinterpret_cast<const char*>(pf + b * tile_stride + p * 2 * kTileRows);
-        if (g_tiled_pf == 2) _mm_prefetch(line, _MM_HINT_T1); else _mm_prefetch(line, _MM_HINT_T0);
-      }
-    }
     __m512bh w[NB];
     for (int b = 0; b < NB; ++b) {
       w[b] = (__m512bh)_mm512_load_si512(tiles + b * tile_stride + p * 2 * kTileRows);
@@ -184,18 +182,16 @@ DEJA_BF16_TARGET void TiledTile(const uint16_t* tiles, int64_t tile_stride, cons
 template <int MB>
 DEJA_BF16_TARGET void TiledRun(const uint16_t* tiles, int64_t tile_stride, int64_t count,
                                const uint32_t* x, int64_t pairs, int64_t n0, int64_t n_dim,
-                               const LinearEpilogue& e, float* out, int64_t ldo,
-                               const uint16_t* pf, int64_t pf_tiles) {
+                               const LinearEpilogue& e, float* out, int64_t ldo) {
   constexpr int kNb = NbFor(MB);
   int64_t t = 0;
   for (; t + kNb <= count; t += kNb) {
-    // The prefetch of the next group rides on the first call of this run.
     TiledTile<kNb, MB>(tiles + t * tile_stride, tile_stride, x, pairs, n0 + t * kTileRows, n_dim,
-                       e, out, ldo, t == 0 ? pf : nullptr, pf_tiles);
+                       e, out, ldo);
   }
   for (; t < count; ++t) {
     TiledTile<1, MB>(tiles + t * tile_stride, tile_stride, x, pairs, n0 + t * kTileRows, n_dim, e,
-                     out, ldo, t == 0 ? pf : nullptr, pf_tiles);
+                     out, ldo);
   }
 }
 
@@ -312,8 +308,7 @@ void LinearBf16Dot(const uint16_t* x, int64_t m_rows, int64_t k_dim, const uint1
 namespace {
 
 using TiledRunFn = void (*)(const uint16_t*, int64_t, int64_t, const uint32_t*, int64_t, int64_t,
-                            int64_t, const LinearEpilogue&, float*, int64_t, const uint16_t*,
-                            int64_t);
+                            int64_t, const LinearEpilogue&, float*, int64_t);
 constexpr TiledRunFn kTiledRuns[kTiledXBlock + 1] = {
     nullptr,     TiledRun<1>, TiledRun<2>, TiledRun<3>, TiledRun<4>,
     TiledRun<5>, TiledRun<6>, TiledRun<7>, TiledRun<8>};
@@ -348,18 +343,13 @@ void LinearBf16Tiled(const uint16_t* xp, int64_t m_rows, int64_t k_dim, const ui
   const int64_t group = TiledGroup(m_rows);
   // Per group of tiles every block of x, so the group's tiles (NbFor(8) x 16 rows x K) serve the
   // later blocks from L2.
-  static const int mode = [] { const char* v = std::getenv("DEJA_TILED_PF"); return v ? std::atoi(v) : 0; }();
-  g_tiled_pf = mode;
   for (int64_t t = t_begin; t < t_end; t += group) {
     const int64_t count = std::min(group, t_end - t);
-    const int64_t next = std::min(group, t_end - t - count);
     for (int64_t m0 = 0; m0 < m_rows; m0 += kTiledXBlock) {
       const int64_t mb = std::min(kTiledXBlock, m_rows - m0);
-      const bool last = m0 + kTiledXBlock >= m_rows;
-      const uint16_t* pf = (mode != 0 && last && next > 0 && m_rows > kTiledXBlock) ? w + (t + count) * tile_stride : nullptr;
       kTiledRuns[mb](w + t * tile_stride, tile_stride, count,
                      reinterpret_cast<const uint32_t*>(xp + m0 * kp), pairs, t * kTileRows, n_dim,
-                     e, out + m0 * ldo, ldo, pf, next);
+                     e, out + m0 * ldo, ldo);
     }
   }
 }
