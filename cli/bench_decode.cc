@@ -125,6 +125,10 @@ int RunBenchDecode(int argc, char** argv, int first) {
       .Flag("prompt-tokens", "prompt length before the timed decode steps", "64")
       .Flag("decode-steps", "timed decode steps per batch size", "32")
       .Flag("batches", "decode batch sizes", "1,4,16")
+      .Flag("warmup-rounds",
+            "untimed decode rounds per batch size first (their freed KV caches are reused, as "
+            "in a worker that has served sequences of this size)",
+            "1")
       .Bool("json", "print one JSON object as the last line");
   AddSparsityRunFlags(args);
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("bench decode", s);
@@ -138,6 +142,8 @@ int RunBenchDecode(int argc, char** argv, int first) {
     DEJA_ASSIGN_OR_RETURN(int64_t prompt, args.Int("prompt-tokens"));
     DEJA_ASSIGN_OR_RETURN(int64_t steps, args.Int("decode-steps"));
     DEJA_ASSIGN_OR_RETURN(std::vector<int64_t> batches, ParseList(args.Str("batches")));
+    DEJA_ASSIGN_OR_RETURN(int64_t warmup_rounds, args.Int("warmup-rounds"));
+    if (warmup_rounds < 0) return InvalidArgument("--warmup-rounds must be >= 0");
     const int64_t limit = m.model->config().max_position_embeddings;
     prefill_tokens = std::min(prefill_tokens, limit);
     if (prompt + steps + 1 > limit || prompt < 1 || steps < 1) {
@@ -172,7 +178,14 @@ int RunBenchDecode(int argc, char** argv, int first) {
     j["prefill_tokens"] = prefill_tokens;
     j["prefill_tokens_per_s"] = prefill_tokens / prefill_s;
     double batch1 = 0, sparse_batch1 = 0;
+    j["warmup_rounds"] = warmup_rounds;
     for (int64_t b : batches) {
+      for (int64_t w = 0; w < warmup_rounds; ++w) {
+        DEJA_RETURN_IF_ERROR(TimeDecode(*m.model, static_cast<int32_t>(b),
+                                        static_cast<int32_t>(prompt), static_cast<int32_t>(steps),
+                                        sparsity.has_value(), rng)
+                                 .status());
+      }
       DEJA_ASSIGN_OR_RETURN(auto timing, TimeDecode(*m.model, static_cast<int32_t>(b),
                                                     static_cast<int32_t>(prompt),
                                                     static_cast<int32_t>(steps),

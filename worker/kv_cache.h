@@ -29,8 +29,15 @@ struct KvGeometry {
   }
 };
 
+// Freed sequences' K/V/score tensors are kept (up to a limit, 1 GiB unless set) and handed to
+// the next sequence of the same shape: memory already mapped, so decode does not page-fault it
+// in. The worker sets the limit to its KV memory budget.
+void SetKvTensorPoolLimit(size_t bytes);
+size_t KvTensorPoolBytes();
+
 class SequenceKv {
  public:
+  ~SequenceKv();
   // `capacity` slots per head: the sequence's length for `full`; the policy's budget plus the
   // largest chunk appended in one step otherwise. ResourceExhausted when it cannot be allocated.
   static StatusOr<std::unique_ptr<SequenceKv>> Create(

@@ -218,6 +218,47 @@ TEST(SequenceKvTest, ResizeKeepsContentsAndShrinksMemory) {
   }
 }
 
+// A freed sequence's tensors go to the next sequence of the same shape (same memory, already
+// mapped) as an empty cache: no position in any slot, zero H2O scores; the pool keeps at most
+// its limit.
+TEST(SequenceKvTest, FreedCachesAreReusedEmptyAndBounded) {
+  SetKvTensorPoolLimit(size_t{1} << 30);
+  const KvGeometry g{2, 3, 4, DType::kF16};
+  auto first = std::move(*SequenceKv::Create(g, 10, MakeH2OPolicy(2, 2)));
+  ASSERT_TRUE(first->AppendPositions(6).ok());
+  std::vector<float> k(6 * 3 * 4, 1.5f), v(6 * 3 * 4, -2.f);
+  for (int32_t l = 0; l < 2; ++l) {
+    first->WriteLayer(l, 6, k.data(), v.data());
+    kernels::KvView view = first->View(l);
+    for (int32_t i = 0; i < 3 * 10; ++i) view.score[i] = 0.25f;  // as attention would
+  }
+  const void* k0 = first->View(0).k;
+  first.reset();
+  EXPECT_GE(KvTensorPoolBytes(), 2 * (2 * 3 * 10 * 4 * 2 + 3 * 10 * 4));
+
+  auto second = std::move(*SequenceKv::Create(g, 10, MakeH2OPolicy(2, 2)));
+  const std::set<const void*> reused = {second->View(0).k, second->View(0).v, second->View(1).k,
+                                         second->View(1).v};
+  EXPECT_EQ(reused.count(k0), 1u) << "the freed K tensor was not reused";
+  EXPECT_EQ(second->length(), 0);
+  EXPECT_EQ(second->cached_slots(), 0);
+  for (int32_t l = 0; l < 2; ++l) {
+    kernels::KvView view = second->View(l);
+    EXPECT_EQ(view.used, 0);
+    for (int32_t i = 0; i < 3 * 10; ++i) {
+      ASSERT_EQ(view.slot_pos[i], -1);
+      ASSERT_EQ(view.score[i], 0.f);
+    }
+  }
+  second.reset();
+  SetKvTensorPoolLimit(0);
+  EXPECT_EQ(KvTensorPoolBytes(), 0u);
+  auto third = std::move(*SequenceKv::Create(g, 10));
+  third.reset();
+  EXPECT_EQ(KvTensorPoolBytes(), 0u);
+  SetKvTensorPoolLimit(size_t{1} << 30);
+}
+
 // An f16 cache costs 2 bytes per K/V element instead of 4 (score and position unchanged), and
 // WriteLayer rounds to nearest even; any other dtype is refused.
 TEST(SequenceKvTest, F16CacheHalvesKvBytesAndRounds) {

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "deja/v1/worker.grpc.pb.h"
+#include "worker/kv_cache.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/service/grpc_status.h"
 #include "worker/service/grpc_store.h"
@@ -221,6 +222,8 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
               << "), default " << (options_.sparsity_default ? "on" : "off");
   }
   DEJA_ASSIGN_OR_RETURN(engine_, StepEngine::Create(model_.get(), options_.kv_memory_bytes));
+  // Freed sequences' caches are kept for the next ones up to the budget the admission allows.
+  worker::SetKvTensorPoolLimit(options_.kv_memory_bytes);
   service_->loaded.store(true);
   LOG(INFO) << "rank " << options_.rank << ": shard of " << options_.model_dir << " loaded ("
             << model_->weight_bytes() << " weight bytes)";
