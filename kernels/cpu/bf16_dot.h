@@ -37,6 +37,8 @@ void LinearBf16Dot(const uint16_t* x, int64_t m_rows, int64_t k_dim, const uint1
 // multiples of TiledGroup(M).
 constexpr int64_t kTiledXBlock = 8;
 void PackBf16Pairs(const uint16_t* x, int64_t m_rows, int64_t k_dim, uint16_t* out);
+// RoundToBF16 then PackBf16Pairs in one pass over f32 x (the same bits); any CPU.
+void RoundPackBf16Pairs(const float* x, int64_t m_rows, int64_t k_dim, uint16_t* out);
 int64_t TiledGroup(int64_t m_rows);
 void LinearBf16Tiled(const uint16_t* xp, int64_t m_rows, int64_t k_dim, const uint16_t* w,
                      int64_t n_dim, int64_t t_begin, int64_t t_end, const LinearEpilogue& epilogue,

@@ -186,11 +186,10 @@ Status TiledLinear(ThreadPool* pool, const TensorView& x, const TensorView& w,
     });
     return Status::Ok();
   }
-  const KernelInput xb = InputFor(DType::kBF16, x.as<float>(), m_rows * k_dim, true);
   thread_local std::vector<uint16_t> packed_storage;  // this thread's: the pool reads xp
   packed_storage.resize(static_cast<size_t>(m_rows * TiledCols(k_dim)));
   const uint16_t* xp = packed_storage.data();
-  PackBf16Pairs(xb.bits, m_rows, k_dim, packed_storage.data());
+  RoundPackBf16Pairs(x.as<float>(), m_rows, k_dim, packed_storage.data());
   const int64_t group = TiledGroup(m_rows);
   const int64_t groups = (tiles + group - 1) / group;
   // At least ~64K MACs per chunk, as CpuLinear's row-major path.

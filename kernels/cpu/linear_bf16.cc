@@ -203,23 +203,58 @@ DEJA_BF16_TARGET void TiledRun(const uint16_t* tiles, int64_t tile_stride, int64
   }
 }
 
-DEJA_BF16_TARGET void RoundAvx512(const float* x, int64_t n, uint16_t* out) {
-  // Integer round to nearest even, as FloatToBF16 (VCVTNEPS2BF16 would flush subnormals).
+// 16 floats rounded to bf16 (nearest even, NaNs kept quiet), as FloatToBF16; VCVTNEPS2BF16
+// would flush subnormals.
+DEJA_BF16_TARGET inline __m256i Round16(const float* x) {
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
   const __m512i inf = _mm512_set1_epi32(0x7f800000);
   const __m512i bias = _mm512_set1_epi32(0x7fff);
   const __m512i one = _mm512_set1_epi32(1);
   const __m512i quiet = _mm512_set1_epi32(0x40);
+  const __m512i u = _mm512_loadu_si512(x);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, lsb)), 16);
+  r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), quiet);
+  return _mm512_cvtepi32_epi16(r);
+}
+
+DEJA_BF16_TARGET void RoundAvx512(const float* x, int64_t n, uint16_t* out) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m512i u = _mm512_loadu_si512(x + i);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, lsb)), 16);
-    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), quiet);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), Round16(x + i));
   }
   for (; i < n; ++i) out[i] = FloatToBF16(x[i]);
+}
+
+// RoundPackBf16Pairs for one full block of 8 rows: 8 K pairs of each row rounded into one
+// register (a pair is one 32-bit word), then an 8 x 8 transpose of words so each pair's 8 rows
+// are 32 contiguous bytes. Returns the pairs done (the caller packs the rest).
+DEJA_BF16_TARGET int64_t RoundPackBlock8(const float* x, int64_t k_dim, uint32_t* block) {
+  const int64_t pairs = k_dim / 2;
+  int64_t p0 = 0;
+  for (; p0 + 8 <= pairs; p0 += 8) {
+    __m256i r[8];
+    for (int i = 0; i < 8; ++i) r[i] = Round16(x + i * k_dim + 2 * p0);
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+      t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+      t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+      u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+      u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+      u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+      u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int j = 0; j < 4; ++j) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(block + (p0 + j) * 8),
+                          _mm256_permute2x128_si256(u[j], u[j + 4], 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(block + (p0 + j + 4) * 8),
+                          _mm256_permute2x128_si256(u[j], u[j + 4], 0x31));
+    }
+  }
+  return p0;
 }
 
 DEJA_BF16_TARGET double Bf16DotLoopImpl(int64_t iters, float seed) {
@@ -335,6 +370,25 @@ void PackBf16Pairs(const uint16_t* x, int64_t m_rows, int64_t k_dim, uint16_t* o
       if (kp != k_dim) {  // odd K: the last pair is (x, 0)
         block[(full * mb + m) * 2] = row[k_dim - 1];
         block[(full * mb + m) * 2 + 1] = 0;
+      }
+    }
+  }
+}
+
+void RoundPackBf16Pairs(const float* x, int64_t m_rows, int64_t k_dim, uint16_t* out) {
+  const int64_t kp = TiledCols(k_dim), pairs = kp / 2;
+  for (int64_t m0 = 0; m0 < m_rows; m0 += kTiledXBlock) {
+    const int64_t mb = std::min(kTiledXBlock, m_rows - m0);
+    const float* xb = x + m0 * k_dim;
+    uint32_t* block = reinterpret_cast<uint32_t*>(out + m0 * kp);
+    const int64_t done = mb == kTiledXBlock && Bf16DotAvailable() ? RoundPackBlock8(xb, k_dim, block)
+                                                                  : 0;
+    for (int64_t p = done; p < pairs; ++p) {
+      for (int64_t m = 0; m < mb; ++m) {
+        const float* row = xb + m * k_dim;
+        const uint32_t lo = FloatToBF16(row[2 * p]);
+        const uint32_t hi = 2 * p + 1 < k_dim ? FloatToBF16(row[2 * p + 1]) : 0;
+        block[p * mb + m] = lo | (hi << 16);
       }
     }
   }

@@ -233,6 +233,29 @@ TEST(TiledWeightsTest, EmbeddingAndRowSlice) {
   EXPECT_EQ(std::memcmp(got.data(), want.data(), want.bytes()), 0);
 }
 
+// The tiled Linear's x packing from f32 in one pass (8-row blocks vectorised with a word
+// transpose) gives the bits of rounding then packing, for every block shape, K tails and NaNs.
+TEST(TiledWeightsTest, RoundPackEqualsRoundThenPack) {
+  std::mt19937 rng(BaseSeed("deja_bf16_dot_test") + 7000);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  for (int64_t m : {1, 3, 8, 9, 16, 21}) {
+    for (int64_t k : {1, 2, 15, 16, 17, 31, 48, 64, 100, 2048}) {
+      SCOPED_TRACE("M=" + std::to_string(m) + " K=" + std::to_string(k));
+      std::vector<float> x(static_cast<size_t>(m * k));
+      for (float& v : x) v = normal(rng);
+      x[0] = std::numeric_limits<float>::quiet_NaN();
+      if (x.size() > 5) x[5] = -std::numeric_limits<float>::infinity();
+      std::vector<uint16_t> bits(x.size());
+      cpu::RoundToBF16(x.data(), m * k, bits.data());
+      const size_t packed = static_cast<size_t>(m * TiledCols(k));
+      std::vector<uint16_t> want(packed, 0xabcd), got(packed, 0x1234);
+      cpu::PackBf16Pairs(bits.data(), m, k, want.data());
+      cpu::RoundPackBf16Pairs(x.data(), m, k, got.data());
+      ASSERT_EQ(got, want);
+    }
+  }
+}
+
 TEST(TiledWeightsTest, TileAndUntileRoundTrip) {
   std::mt19937 rng(BaseSeed("deja_bf16_dot_test") + 5000);
   for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 1}, {17, 3}, {32, 64}, {45, 129}}) {
