@@ -123,6 +123,7 @@ void OptModel::EnsureWorkspace(int64_t rows) {
   k_ = Tensor::Empty(DType::kF32, {rows, local});
   v_ = Tensor::Empty(DType::kF32, {rows, local});
   ctx_ = Tensor::Empty(DType::kF32, {rows, local});
+  qkv_ = Tensor::Empty(DType::kF32, {rows, 3 * local});
   u_ = Tensor::Empty(DType::kF32, {rows, w_.local_ffn});
   emb_ = Tensor::Empty(DType::kF32, {rows, std::max(p, d)});
   ws_rows_ = rows;
@@ -257,21 +258,7 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
   TensorView q = Rows(q_, rows, width), k = Rows(k_, rows, local), v = Rows(v_, rows, local);
   TensorView ctx = Rows(ctx_, rows, width);
 
-  if (gather) {
-    sel_rows_.clear();
-    for (int32_t head : plan->units) {
-      for (int32_t i = 0; i < hd; ++i) sel_rows_.push_back(head * hd + i);
-    }
-    DEJA_RETURN_IF_ERROR(kernels::GatherLinear(be, attn_in, lw.q.w, lw.q.bias, sel_rows_.data(),
-                                               width, Activation::kNone, false, q));
-  } else {
-    DEJA_RETURN_IF_ERROR(
-        kernels::Linear(be, attn_in, lw.q.w, lw.q.bias, Activation::kNone, false, q));
-  }
-  DEJA_RETURN_IF_ERROR(kernels::Linear(be, attn_in, lw.k.w, lw.k.bias, Activation::kNone, false, k));
-  DEJA_RETURN_IF_ERROR(kernels::Linear(be, attn_in, lw.v.w, lw.v.bias, Activation::kNone, false, v));
-  // Each sequence: its cache write, attention and eviction (heads are rank-local: no
-  // communication). Sequence i's rows start at seq_row_[i].
+  // Sequence i's rows start at seq_row_[i].
   seq_row_.resize(batch.size() + 1);
   seq_row_[0] = 0;
   bool all_decode = true;
@@ -279,12 +266,48 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
     seq_row_[i + 1] = seq_row_[i] + batch[i].n;
     all_decode = all_decode && batch[i].n == 1;
   }
+  // Where each row's q, k and v are: rows of q_, k_, v_, or of the stacked Linear's output
+  // (one row per sequence in a decode step, so each sequence's q, k and v are contiguous).
+  const float* q_rows = q.as<float>();
+  const float* k_rows = k.as<float>();
+  const float* v_rows = v.as<float>();
+  int64_t q_stride = width, kv_stride = local;
+  const bool stacked = !gather && lw.qkv.w.data != nullptr && all_decode;
+  if (gather) {
+    sel_rows_.clear();
+    for (int32_t head : plan->units) {
+      for (int32_t i = 0; i < hd; ++i) sel_rows_.push_back(head * hd + i);
+    }
+    DEJA_RETURN_IF_ERROR(kernels::GatherLinear(be, attn_in, lw.q.w, lw.q.bias, sel_rows_.data(),
+                                               width, Activation::kNone, false, q));
+  } else if (stacked) {
+    TensorView qkv = Rows(qkv_, rows, 3 * local);
+    DEJA_RETURN_IF_ERROR(
+        kernels::Linear(be, attn_in, lw.qkv.w, lw.qkv.bias, Activation::kNone, false, qkv));
+    q_rows = qkv.as<float>();
+    k_rows = q_rows + local;
+    v_rows = q_rows + 2 * local;
+    q_stride = kv_stride = 3 * local;
+  } else {
+    DEJA_RETURN_IF_ERROR(
+        kernels::Linear(be, attn_in, lw.q.w, lw.q.bias, Activation::kNone, false, q));
+  }
+  if (!stacked) {
+    DEJA_RETURN_IF_ERROR(
+        kernels::Linear(be, attn_in, lw.k.w, lw.k.bias, Activation::kNone, false, k));
+    DEJA_RETURN_IF_ERROR(
+        kernels::Linear(be, attn_in, lw.v.w, lw.v.bias, Activation::kNone, false, v));
+  }
+  // Each sequence: its cache write, attention and eviction (heads are rank-local: no
+  // communication).
   auto attend = [&](size_t i) -> Status {
     const SequenceStep& s = batch[i];
     const int64_t row = seq_row_[i];
-    s.kv->WriteLayer(l, s.n, k.as<float>() + row * local, v.as<float>() + row * local);
+    // Strided rows (the stacked Linear's) only in decode steps: one row per sequence.
+    s.kv->WriteLayer(l, s.n, k_rows + row * kv_stride, v_rows + row * kv_stride);
     kernels::AttentionArgs args;
-    args.q = q.RowSlice(row, row + s.n);
+    args.q = TensorView{const_cast<float*>(q_rows) + row * q_stride, DType::kF32,
+                        Shape{s.n, width}};
     args.scale = 1.0f / std::sqrt(static_cast<float>(hd));
     args.q_pos = tok_pos_.data() + row;
     args.kv = s.kv->View(l);

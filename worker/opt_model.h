@@ -155,6 +155,7 @@ class OptModel {
   // Workspace, grown to the largest step seen and reused (no per-step allocation).
   int64_t ws_rows_ = 0;
   Tensor h_, a_, q_, k_, v_, ctx_, o_, u_, emb_;
+  Tensor qkv_;  // [rows, 3 * local]: the stacked q, k, v Linear's output (OptLayerWeights::qkv)
   std::vector<int32_t> ids_, tok_pos_, pos_rows_;
   std::vector<float> gather_;
 };

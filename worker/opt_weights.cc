@@ -184,6 +184,55 @@ Status ConvertMatrices(OptWeights* w, DType dtype) {
   return Status::Ok();
 }
 
+namespace {
+
+// Stacks a layer's bf16 q, k and v into one tiled matrix (and their biases into one vector) and
+// makes q, k and v its row slices; false (nothing changed) when their shapes, biases or row
+// counts do not allow it.
+bool StackQkv(OptLayerWeights* l, std::vector<Tensor>* store) {
+  LinearWeights* parts[3] = {&l->q, &l->k, &l->v};
+  const Shape shape = l->q.w.shape;
+  if (shape.rank != 2 || shape[0] % kTileRows != 0) return false;
+  const bool biased = l->q.bias.data != nullptr;
+  for (const LinearWeights* p : parts) {
+    if (p->w.dtype != DType::kBF16 || p->w.layout != Layout::kRowMajor || !(p->w.shape == shape)) {
+      return false;
+    }
+    if ((p->bias.data != nullptr) != biased) return false;
+    if (biased && (p->bias.dtype != l->q.bias.dtype || p->bias.numel() != shape[0])) return false;
+  }
+  const int64_t local = shape[0], d = shape[1];
+  Tensor stacked = Tensor::Empty(DType::kBF16, {3 * local, TiledCols(d)});
+  const TensorView view{stacked.data(), DType::kBF16, Shape{3 * local, d}, Layout::kTiled16};
+  const size_t part_bytes = static_cast<size_t>(local * TiledCols(d)) * 2;
+  for (int i = 0; i < 3; ++i) {
+    TensorView tiled;
+    Tensor tiles = Tile16(parts[i]->w, &tiled);
+    std::memcpy(static_cast<char*>(stacked.data()) + i * part_bytes, tiles.data(), part_bytes);
+    const void* old = parts[i]->w.data;
+    parts[i]->w = view.RowSlice(i * local, (i + 1) * local);
+    parts[i]->owned = Tensor();
+    for (Tensor& t : *store) {
+      if (t.data() == old) t = Tensor();
+    }
+  }
+  l->qkv.w = view;
+  l->qkv.owned = std::move(stacked);
+  if (biased) {
+    const size_t bias_bytes = static_cast<size_t>(local) * DTypeSize(l->q.bias.dtype);
+    Tensor bias = Tensor::Empty(l->q.bias.dtype, {3 * local});
+    for (int i = 0; i < 3; ++i) {
+      std::memcpy(static_cast<char*>(bias.data()) + i * bias_bytes, parts[i]->bias.data,
+                  bias_bytes);
+    }
+    l->qkv.bias = bias.view();
+    store->push_back(std::move(bias));
+  }
+  return true;
+}
+
+}  // namespace
+
 void TileMatrices(OptWeights* w) {
   // The embedding table (Embedding reads it tiled too) with the tied lm head as its slice, when
   // the slice starts on a tile; an untied head on its own.
@@ -213,6 +262,7 @@ void TileMatrices(OptWeights* w) {
     w->lm_head.owned = std::move(tiles);
   }
   for (OptLayerWeights& l : w->layers) {
+    StackQkv(&l, &w->converted);  // else q, k and v are tiled one by one below
     for (LinearWeights* lw : {&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2}) {
       if (lw->w.dtype != DType::kBF16 || lw->w.layout != Layout::kRowMajor) continue;
       const void* old = lw->w.data;

@@ -34,6 +34,10 @@ struct NormWeights {
 struct OptLayerWeights {
   NormWeights attn_ln, ffn_ln;
   LinearWeights q, k, v, out, fc1, fc2;
+  // q, k and v stacked in one kTiled16 matrix [3 * local, hidden] (TileMatrices, when each has a
+  // multiple of 16 rows; q, k and v are then row slices of it): decode computes the three in one
+  // Linear. Empty otherwise.
+  LinearWeights qkv;
 };
 
 struct OptWeights {
