@@ -2,6 +2,7 @@
 // memory read bandwidth, and batch-1 decode as a fraction of the bandwidth floor (weight bytes
 // read per token / bandwidth), all from one run.
 #include <algorithm>
+#include <functional>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -70,7 +71,8 @@ struct DecodeTiming {
 StatusOr<std::pair<DecodeTiming, DecodeTiming>> TimeDecode(worker::OptModel& model,
                                                            int32_t batch, int32_t prompt,
                                                            int32_t steps, bool compare_sparse,
-                                                           std::mt19937& rng) {
+                                                           std::mt19937& rng,
+                                                           const std::function<void()>& between = {}) {
   std::uniform_int_distribution<int32_t> tok(4, static_cast<int32_t>(model.config().vocab_size) - 1);
   const int sets = compare_sparse ? 2 : 1;
   std::vector<std::unique_ptr<worker::SequenceKv>> kvs;
@@ -97,6 +99,7 @@ StatusOr<std::pair<DecodeTiming, DecodeTiming>> TimeDecode(worker::OptModel& mod
       auto t0 = Clock::now();
       DEJA_RETURN_IF_ERROR(model.Forward(step, &out));
       times[set].push_back(Since(t0));
+      if (between) between();  // untimed
       if (set == 1) {
         predictor.push_back(out.predictor_seconds);
         t.second.head_fraction += out.active_head_fraction / steps;
@@ -154,11 +157,14 @@ int RunBenchDecode(int argc, char** argv, int first) {
     j["model"] = args.Str("model");
     j["blas"] = openblas_get_config();
     j["threads"] = m.backend->pool() ? m.backend->pool()->num_threads() : 1;
-    const double bw = kernels::MeasureReadBandwidthBytesPerSec(m.backend->pool());
-    j["bandwidth_gb_per_s"] = bw / 1e9;
+    kernels::ReadBandwidthProbe probe(m.backend->pool());
+    const double start_bw = probe.Measure(5);
+    j["bandwidth_start_gb_per_s"] = start_bw / 1e9;
     j["weight_bytes"] = m.model->weight_bytes();
-    const double floor_s = m.model->weight_bytes() / bw;
-    j["floor_ms_per_token"] = floor_s * 1e3;
+    // The floor uses the bandwidth measured between batch 1's steps (the median of one probe
+    // after each step) when batch 1 runs: this host's memory bandwidth moves by up to 1.7x over
+    // seconds, and a probe taken earlier compared batch 1 with another state of the machine.
+    double floor_s = m.model->weight_bytes() / start_bw;
     // The compute roofline of batched decode: 2 FLOPs per weight per token at the measured peak
     // of the instruction the kernels multiply with: fp32 FMA (weights widened in registers), or
     // VDPBF16PS for bf16 weights where the CPU has it (kernels/cpu/bf16_dot.h).
@@ -178,6 +184,7 @@ int RunBenchDecode(int argc, char** argv, int first) {
     j["prefill_tokens"] = prefill_tokens;
     j["prefill_tokens_per_s"] = prefill_tokens / prefill_s;
     double batch1 = 0, sparse_batch1 = 0;
+    std::vector<double> batch1_bw;
     j["warmup_rounds"] = warmup_rounds;
     for (int64_t b : batches) {
       for (int64_t w = 0; w < warmup_rounds; ++w) {
@@ -186,10 +193,12 @@ int RunBenchDecode(int argc, char** argv, int first) {
                                         sparsity.has_value(), rng)
                                  .status());
       }
+      std::function<void()> between;
+      if (b == 1) between = [&] { batch1_bw.push_back(probe.Measure(1)); };
       DEJA_ASSIGN_OR_RETURN(auto timing, TimeDecode(*m.model, static_cast<int32_t>(b),
                                                     static_cast<int32_t>(prompt),
                                                     static_cast<int32_t>(steps),
-                                                    sparsity.has_value(), rng));
+                                                    sparsity.has_value(), rng, between));
       const DecodeTiming& dense = timing.first;
       nlohmann::json d;
       d["batch"] = b;
@@ -198,9 +207,6 @@ int RunBenchDecode(int argc, char** argv, int first) {
       // Whichever floor binds: the weights read once per step, or their FLOPs for b tokens.
       const double compute_floor_s = 2.0 * weights * static_cast<double>(b) / peak_flops;
       d["compute_floor_ms_per_step"] = compute_floor_s * 1e3;
-      d["fraction_of_roofline"] = std::max(floor_s, compute_floor_s) / dense.step_s;
-      d["max_speedup_vs_batch1_at_roofline"] =
-          static_cast<double>(b) * floor_s / std::max(floor_s, compute_floor_s);
       if (b == 1) batch1 = dense.step_s;
       std::fprintf(stderr, "decode batch %3ld: %8.3f ms/step %9.1f tokens/s\n",
                    static_cast<long>(b), dense.step_s * 1e3, b / dense.step_s);
@@ -224,6 +230,21 @@ int RunBenchDecode(int argc, char** argv, int first) {
                      sp.predictor_s * 1e3, sp.head_fraction, sp.neuron_fraction);
       }
       j["decode"].push_back(d);
+    }
+    double bw = start_bw;
+    if (!batch1_bw.empty()) {
+      std::sort(batch1_bw.begin(), batch1_bw.end());
+      bw = batch1_bw[batch1_bw.size() / 2];
+      floor_s = m.model->weight_bytes() / bw;
+    }
+    j["bandwidth_gb_per_s"] = bw / 1e9;
+    j["floor_ms_per_token"] = floor_s * 1e3;
+    for (auto& d : j["decode"]) {
+      const double step_s = d["ms_per_step"].get<double>() / 1e3;
+      const double compute_floor_s = d["compute_floor_ms_per_step"].get<double>() / 1e3;
+      d["fraction_of_roofline"] = std::max(floor_s, compute_floor_s) / step_s;
+      d["max_speedup_vs_batch1_at_roofline"] =
+          d["batch"].get<double>() * floor_s / std::max(floor_s, compute_floor_s);
     }
     if (batch1 > 0) {
       j["batch1_fraction_of_floor"] = floor_s / batch1;

@@ -12,6 +12,19 @@ namespace deja::kernels {
 // last-level cache; the best of a few runs. Allocates and touches ~256 MiB for about a second.
 double MeasureReadBandwidthBytesPerSec(ThreadPool* pool);
 
+// The same probe kept ready (its 256 MiB allocated and touched once), for measurements taken
+// between other work: Measure(reps) is the best of `reps` reads of the buffer (~5 ms each).
+class ReadBandwidthProbe {
+ public:
+  explicit ReadBandwidthProbe(ThreadPool* pool);
+  ~ReadBandwidthProbe();
+  double Measure(int reps);
+
+ private:
+  ThreadPool* pool_;
+  float* data_;
+};
+
 }  // namespace deja::kernels
 
 namespace deja::kernels {
