@@ -250,7 +250,13 @@ TEST(SequenceKvTest, FreedCachesAreReusedEmptyAndBounded) {
       ASSERT_EQ(view.score[i], 0.f);
     }
   }
+  // A shape the pool does not hold: allocating it releases pooled tensors first.
   second.reset();
+  const size_t pooled = KvTensorPoolBytes();
+  auto other = std::move(*SequenceKv::Create(g, 20, MakeH2OPolicy(2, 2)));
+  const size_t fresh = 2 * (2 * 3 * 20 * 4 * 2 + 3 * 20 * 4);  // K, V (f16), scores: 20 slots
+  EXPECT_LE(KvTensorPoolBytes() + std::min(pooled, fresh), pooled);
+  other.reset();
   SetKvTensorPoolLimit(0);
   EXPECT_EQ(KvTensorPoolBytes(), 0u);
   auto third = std::move(*SequenceKv::Create(g, 10));
