@@ -146,6 +146,36 @@ TEST(CliTest, BadFlagsNameTheFlag) {
                      "/nonexistent.txt");
 }
 
+// `deja bench decode` end to end on a small run: every figure the issue names is in the JSON
+// and positive (the 1.3B numbers come from docs/performance.md runs, not from this test); the
+// floor's bandwidth is the probe beside batch 1 (one per step); bad counts are refused by name.
+TEST(CliTest, BenchDecodeReportsEveryFigure) {
+  CliRun r = RunDeja("bench decode --model " + Mini() +
+                     " --prefill-tokens 16 --prompt-tokens 4 --decode-steps 3 --batches 1,2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  nlohmann::json j = LastJsonLine(r.out);
+  for (const char* key : {"prefill_tokens_per_s", "bandwidth_gb_per_s", "bandwidth_start_gb_per_s",
+                          "floor_ms_per_token", "batch1_fraction_of_floor"}) {
+    ASSERT_TRUE(j.contains(key)) << key << " missing in " << j.dump();
+    EXPECT_GT(j[key].get<double>(), 0.0) << key;
+  }
+  EXPECT_EQ(j["warmup_rounds"].get<int>(), 1);
+  ASSERT_EQ(j["decode"].size(), 2u);
+  EXPECT_EQ(j["decode"][0]["batch"].get<int>(), 1);
+  EXPECT_EQ(j["decode"][1]["batch"].get<int>(), 2);
+  for (const auto& d : j["decode"]) {
+    EXPECT_GT(d["ms_per_step"].get<double>(), 0.0);
+    EXPECT_GT(d["speedup_vs_batch1"].get<double>(), 0.0);
+    EXPECT_GT(d["fraction_of_roofline"].get<double>(), 0.0);
+  }
+  EXPECT_DOUBLE_EQ(j["batch1_fraction_of_floor"].get<double>(),
+                   j["floor_ms_per_token"].get<double>() / j["decode"][0]["ms_per_step"].get<double>());
+  ExpectCleanFailure(RunDeja("bench decode --model " + Mini() + " --warmup-rounds -1"),
+                     "--warmup-rounds");
+  ExpectCleanFailure(RunDeja("bench decode --model " + Mini() + " --decode-steps 0"),
+                     "--decode-steps");
+}
+
 TEST(CliTest, HelpForEverySubcommand) {
   for (const char* cmd : {"generate", "ppl", "bench decode"}) {
     CliRun r = RunDeja(std::string(cmd) + " --help");
