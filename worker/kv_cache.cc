@@ -39,13 +39,7 @@ class KvTensorPool {
       // A miss allocates: first release at least as many pooled bytes (oldest first), so cached
       // plus live caches never exceed the most the live ones ever held (which admission bounds
       // by the KV budget).
-      const size_t want = static_cast<size_t>(shape.numel()) * DTypeSize(dtype);
-      size_t released = 0;
-      while (released < want && !free_.empty()) {
-        released += free_.front().bytes();
-        bytes_ -= free_.front().bytes();
-        free_.pop_front();
-      }
+      Drop(static_cast<size_t>(shape.numel()) * DTypeSize(dtype));
     }
     return Tensor::Empty(dtype, shape);
   }
@@ -67,11 +61,17 @@ class KvTensorPool {
   }
 
  private:
-  void Trim() {
-    while (bytes_ > limit_ && !free_.empty()) {
+  // Frees pooled tensors, oldest first, until `bytes` are released or none is left.
+  void Drop(size_t bytes) {
+    size_t released = 0;
+    while (released < bytes && !free_.empty()) {
+      released += free_.front().bytes();
       bytes_ -= free_.front().bytes();
       free_.pop_front();
     }
+  }
+  void Trim() {
+    if (bytes_ > limit_) Drop(bytes_ - limit_);
   }
   std::mutex mu_;
   std::deque<Tensor> free_;  // most recently freed at the back

@@ -123,7 +123,12 @@ void OptModel::EnsureWorkspace(int64_t rows) {
   k_ = Tensor::Empty(DType::kF32, {rows, local});
   v_ = Tensor::Empty(DType::kF32, {rows, local});
   ctx_ = Tensor::Empty(DType::kF32, {rows, local});
-  qkv_ = Tensor::Empty(DType::kF32, {rows, 3 * local});
+  const bool stacked = std::any_of(w_.layers.begin(), w_.layers.end(), [](const auto& l) {
+    return l.qkv.w.data != nullptr;  // q, k and v stacked (tiled weights)
+  });
+  if (stacked) {
+    qkv_ = Tensor::Empty(DType::kF32, {rows, 3 * local});
+  }
   u_ = Tensor::Empty(DType::kF32, {rows, w_.local_ffn});
   emb_ = Tensor::Empty(DType::kF32, {rows, std::max(p, d)});
   ws_rows_ = rows;

@@ -186,6 +186,22 @@ Status ConvertMatrices(OptWeights* w, DType dtype) {
 
 namespace {
 
+// Frees the tensor of `store` that backs `data`, if one does (a matrix converted at load that was
+// copied again, tiled).
+void Release(std::vector<Tensor>* store, const void* data) {
+  for (Tensor& t : *store) {
+    if (t.data() == data) t = Tensor();
+  }
+}
+
+// Tiles lw's bf16 row-major matrix into storage lw owns, releasing the row-major copy.
+void TileOwned(LinearWeights* lw, std::vector<Tensor>* store) {
+  if (lw->w.dtype != DType::kBF16 || lw->w.layout != Layout::kRowMajor) return;
+  const void* old = lw->w.data;
+  lw->owned = Tile16(lw->w, &lw->w);
+  Release(store, old);
+}
+
 // Stacks a layer's bf16 q, k and v into one tiled matrix (and their biases into one vector) and
 // makes q, k and v its row slices; false (nothing changed) when their shapes, biases or row
 // counts do not allow it.
@@ -212,9 +228,7 @@ bool StackQkv(OptLayerWeights* l, std::vector<Tensor>* store) {
     const void* old = parts[i]->w.data;
     parts[i]->w = view.RowSlice(i * local, (i + 1) * local);
     parts[i]->owned = Tensor();
-    for (Tensor& t : *store) {
-      if (t.data() == old) t = Tensor();
-    }
+    Release(store, old);
   }
   l->qkv.w = view;
   l->qkv.owned = std::move(stacked);
@@ -241,9 +255,7 @@ void TileMatrices(OptWeights* w) {
   const bool tied = head >= table && head < table + w->embed_tokens.bytes();
   auto tile_table = [&] {
     Tensor tiles = Tile16(w->embed_tokens, &w->embed_tokens);
-    for (Tensor& t : w->converted) {
-      if (t.data() == table) t = Tensor();
-    }
+    Release(&w->converted, table);
     w->converted.push_back(std::move(tiles));
   };
   if (w->embed_tokens.dtype == DType::kBF16 && w->embed_tokens.layout == Layout::kRowMajor) {
@@ -254,23 +266,11 @@ void TileMatrices(OptWeights* w) {
       w->lm_head.w = w->embed_tokens.RowSlice(w->vocab_begin, w->vocab_end);
     }
   }
-  if (!tied && w->lm_head.w.dtype == DType::kBF16 && w->lm_head.w.layout == Layout::kRowMajor) {
-    Tensor tiles = Tile16(w->lm_head.w, &w->lm_head.w);
-    for (Tensor& t : w->converted) {
-      if (t.data() == head) t = Tensor();
-    }
-    w->lm_head.owned = std::move(tiles);
-  }
+  if (!tied) TileOwned(&w->lm_head, &w->converted);
   for (OptLayerWeights& l : w->layers) {
     StackQkv(&l, &w->converted);  // else q, k and v are tiled one by one below
     for (LinearWeights* lw : {&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2}) {
-      if (lw->w.dtype != DType::kBF16 || lw->w.layout != Layout::kRowMajor) continue;
-      const void* old = lw->w.data;
-      Tensor tiles = Tile16(lw->w, &lw->w);
-      lw->owned = std::move(tiles);
-      for (Tensor& t : w->converted) {
-        if (t.data() == old) t = Tensor();
-      }
+      TileOwned(lw, &w->converted);
     }
   }
 }
