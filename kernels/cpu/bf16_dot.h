@@ -35,7 +35,7 @@ void LinearBf16Dot(const uint16_t* x, int64_t m_rows, int64_t k_dim, const uint1
 // rows, each [K/2][block rows][2]. LinearBf16Tiled computes the output columns of tiles
 // [t_begin, t_end) (tile t = rows [16 t, 16 t + 16) of w, N = n_dim); callers split the tiles in
 // multiples of TiledGroup(M).
-constexpr int64_t kTiledXBlock = 8;
+constexpr int64_t kTiledXBlock = 16;
 void PackBf16Pairs(const uint16_t* x, int64_t m_rows, int64_t k_dim, uint16_t* out);
 // RoundToBF16 then PackBf16Pairs in one pass over f32 x (the same bits); any CPU.
 void RoundPackBf16Pairs(const float* x, int64_t m_rows, int64_t k_dim, uint16_t* out);

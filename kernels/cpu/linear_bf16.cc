@@ -131,20 +131,27 @@ DEJA_BF16_TARGET void RowBlock(const uint16_t* const* w, const uint16_t* x, int6
 // a tile), a 32-bit broadcast holds the same K pair of one row of x, and VDPBF16PS adds the pair's
 // two products into 16 output columns at once. NB tiles x MB rows of x = NB * MB accumulators,
 // no horizontal sums, and each tile is one sequential stream. x comes packed in blocks of
-// kTiledXBlock rows, [K/2][rows][2] within a block, so the MB broadcasts of one step read one
-// line. Measured against the row-major kernel above (bf16, two threads, 256 MiB of weights
+// kTiledXBlock (16) rows, [K/2][rows][2] within a block, so the MB broadcasts of one step read
+// one line. Measured against the row-major kernel above (bf16, two threads, 256 MiB of weights
 // cycled so they stream from DRAM; standalone harness, best of 5): M = 1 8192 x 2048 578 against
-// 686 us, M = 4 645 against 732, M = 16 1068-1098 against 1304-1355 (2048 x 8192: 994 against
-// 1415); from L2 (384 x 1024, M = 16) 926 against 590 GFLOP/s. From DRAM M = 16 stays near 35
-// GB/s and 550 GFLOP/s, about the sum of its memory and compute times rather than the larger;
-// tried without gain: 1 x 16, 2 x 8, 4 x 4 and 3 x 8 blockings (3 x 8 kept), the group's tiles
-// interleaved into one stream, K-chunked passes over both blocks of x (accumulators spilled), and
-// prefetching the next group (T0 or T1, in the last pass or 1-8 KiB ahead); in the model
-// (`deja bench decode`, 1.3B, batch 16) prefetching measured 104/101 ms (T1) and 110/113 (T0)
-// against 102/106 without.
+// 686 us, M = 4 645 against 732; from L2 (384 x 1024, M = 16) 926 against 590 GFLOP/s.
+// M = 16 (batch 16's decode steps): 3 tiles x 8 rows in two passes over each group of tiles
+// (blocks of 8 rows, the second pass from L2) stayed near 35 GB/s and 550 GFLOP/s from DRAM, the
+// sum of its memory and compute times: DRAM sat idle during the second pass. One tile x 16 rows
+// in one pass, prefetching 16 KiB ahead in the tile, overlaps the two (standalone, variants
+// alternating in one process, best of 9, 8192 x 2048): 662-693 us against 898-944 for 3 x 8 and
+// 662 us for an M = 1 pass, i.e. at the memory's speed; in a slower state of this host's
+// memory 1711-1762 against 2177-2230 us. Without the far prefetch 1 x 16 was slower than 3 x 8
+// (1066-1200 us): the hardware prefetcher alone keeps too few of the stream's lines in flight.
+// Also tried without gain: 4 x 4 and 2 x 8 blockings, the group's tiles interleaved into one
+// stream, K-chunked passes over both blocks of x (accumulators spilled), prefetching the next
+// group.
 
-// Tiles per group for MB rows of x: up to 24 accumulators, at most 8 tiles.
-constexpr int NbFor(int mb) { return mb >= 8 ? 3 : (24 / mb > 8 ? 8 : 24 / mb); }
+// Tiles per group for MB rows of x: up to 24 accumulators, at most 8 tiles; a full block of 16
+// rows runs one tile at a time (16 accumulators), so each weight line is read once for all 16.
+constexpr int NbFor(int mb) {
+  return mb == 16 ? 1 : mb >= 8 ? 24 / mb : (24 / mb > 8 ? 8 : 24 / mb);
+}
 
 template <int NB, int MB>
 DEJA_BF16_TARGET void TiledTile(const uint16_t* tiles, int64_t tile_stride, const uint32_t* x,
@@ -236,10 +243,11 @@ DEJA_BF16_TARGET void RoundAvx512(const float* x, int64_t n, uint16_t* out) {
   for (; i < n; ++i) out[i] = FloatToBF16(x[i]);
 }
 
-// RoundPackBf16Pairs for one full block of 8 rows: 8 K pairs of each row rounded into one
-// register (a pair is one 32-bit word), then an 8 x 8 transpose of words so each pair's 8 rows
-// are 32 contiguous bytes. Returns the pairs done (the caller packs the rest).
-DEJA_BF16_TARGET int64_t RoundPackBlock8(const float* x, int64_t k_dim, uint32_t* block) {
+// RoundPackBf16Pairs for 8 rows of a block: 8 K pairs of each row rounded into one register (a
+// pair is one 32-bit word), then an 8 x 8 transpose of words so each pair's 8 rows are 32
+// contiguous bytes, at block + pair * stride. Returns the pairs done (the caller packs the rest).
+DEJA_BF16_TARGET int64_t RoundPackRows8(const float* x, int64_t k_dim, int64_t stride,
+                                        uint32_t* block) {
   const int64_t pairs = k_dim / 2;
   int64_t p0 = 0;
   for (; p0 + 8 <= pairs; p0 += 8) {
@@ -257,9 +265,9 @@ DEJA_BF16_TARGET int64_t RoundPackBlock8(const float* x, int64_t k_dim, uint32_t
       u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
     }
     for (int j = 0; j < 4; ++j) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(block + (p0 + j) * 8),
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(block + (p0 + j) * stride),
                           _mm256_permute2x128_si256(u[j], u[j + 4], 0x20));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(block + (p0 + j + 4) * 8),
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(block + (p0 + j + 4) * stride),
                           _mm256_permute2x128_si256(u[j], u[j + 4], 0x31));
     }
   }
@@ -362,8 +370,9 @@ namespace {
 using TiledRunFn = void (*)(const uint16_t*, int64_t, int64_t, const uint32_t*, int64_t, int64_t,
                             int64_t, const LinearEpilogue&, float*, int64_t, int64_t);
 constexpr TiledRunFn kTiledRuns[kTiledXBlock + 1] = {
-    nullptr,     TiledRun<1>, TiledRun<2>, TiledRun<3>, TiledRun<4>,
-    TiledRun<5>, TiledRun<6>, TiledRun<7>, TiledRun<8>};
+    nullptr,      TiledRun<1>,  TiledRun<2>,  TiledRun<3>,  TiledRun<4>,  TiledRun<5>,
+    TiledRun<6>,  TiledRun<7>,  TiledRun<8>,  TiledRun<9>,  TiledRun<10>, TiledRun<11>,
+    TiledRun<12>, TiledRun<13>, TiledRun<14>, TiledRun<15>, TiledRun<16>};
 
 }  // namespace
 
@@ -390,8 +399,10 @@ void RoundPackBf16Pairs(const float* x, int64_t m_rows, int64_t k_dim, uint16_t*
     const int64_t mb = std::min(kTiledXBlock, m_rows - m0);
     const float* xb = x + m0 * k_dim;
     uint32_t* block = reinterpret_cast<uint32_t*>(out + m0 * kp);
-    const int64_t done = mb == kTiledXBlock && Bf16DotAvailable() ? RoundPackBlock8(xb, k_dim, block)
-                                                                  : 0;
+    int64_t done = 0;
+    if (mb % 8 == 0 && Bf16DotAvailable()) {
+      for (int64_t r = 0; r < mb; r += 8) done = RoundPackRows8(xb + r * k_dim, k_dim, mb, block + r);
+    }
     for (int64_t p = done; p < pairs; ++p) {
       for (int64_t m = 0; m < mb; ++m) {
         const float* row = xb + m * k_dim;
@@ -412,24 +423,22 @@ void LinearBf16Tiled(const uint16_t* xp, int64_t m_rows, int64_t k_dim, const ui
                      float* out, int64_t ldo) {
   const int64_t kp = TiledCols(k_dim), pairs = kp / 2, tile_stride = kp * kTileRows;
   const int64_t group = TiledGroup(m_rows);
-  // Per group of tiles every block of x, so the group's tiles (NbFor(8) x 16 rows x K) serve the
-  // later blocks from L2.
-  // With several blocks of x, the first pass over a group (the one that streams it from DRAM)
-  // prefetches 48 lines ahead in each tile: the pass's VDPBF16PS work fills the out-of-order
-  // window before enough of the group's lines are in flight. Measured (standalone, two threads,
-  // M = 16, distances alternating in one process, best / mean of 9 in us): 8192 x 2048 831 / 861
-  // against 927 / 1078 without, 2048 x 8192 889 / 930 against 969 / 991, 2048 x 2048 212 / 222
-  // against 234 / 245 (1024 and 2048 elements ahead close, 3072 less); at M = 1 any prefetch was
-  // 10-20% slower, so single-block calls (M <= 8) do none.
-  constexpr int64_t kPrefetch = 48 * 2 * kTileRows;  // elements: 48 K pairs of a tile ahead
+  // Per group of tiles every block of x, so the group's tiles serve the later blocks from L2;
+  // the first block's pass streams them from DRAM and prefetches ahead in each tile: its
+  // VDPBF16PS work fills the out-of-order window before enough lines are in flight. A pass with
+  // one tile (a full block of 16 rows) runs 16 KiB ahead, one with 2-3 tiles (9-15 rows) 48 K
+  // pairs, a pass with up to 8 rows none (at M = 1 any prefetch was 10-20% slower).
+  const int64_t first = std::min(kTiledXBlock, m_rows);
+  const int64_t prefetch = NbFor(static_cast<int>(first)) == 1 && first > 8 ? 8192
+                           : first > 8                                      ? 48 * 2 * kTileRows
+                                                                            : 0;
   for (int64_t t = t_begin; t < t_end; t += group) {
     const int64_t count = std::min(group, t_end - t);
     for (int64_t m0 = 0; m0 < m_rows; m0 += kTiledXBlock) {
       const int64_t mb = std::min(kTiledXBlock, m_rows - m0);
-      const int64_t prefetch = m0 == 0 && m_rows > kTiledXBlock ? kPrefetch : 0;
       kTiledRuns[mb](w + t * tile_stride, tile_stride, count,
                      reinterpret_cast<const uint32_t*>(xp + m0 * kp), pairs, t * kTileRows, n_dim,
-                     e, out + m0 * ldo, ldo, prefetch);
+                     e, out + m0 * ldo, ldo, m0 == 0 ? prefetch : 0);
     }
   }
 }

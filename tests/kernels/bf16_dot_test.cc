@@ -65,12 +65,14 @@ struct Case {
 // Linear, GatherLinear and GatherLinearT on bf16 weights against the reference at the f32
 // tolerance, over shapes that hit the K tail (masked loads), every register-block remainder and
 // both the small-M kernels and the sgemm path; Linear also over the weights tiled (odd K pads a
-// pair, N not a multiple of 16 a partial tile, M past 8 several blocks of x with a remainder).
+// pair, N not a multiple of 16 a partial tile, M = 9-15 the 2- and 1-tile passes, M past 16
+// several blocks of x with a remainder).
 void CheckAllOps(uint32_t seed) {
   const Case cases[] = {{1, 1, 1},     {1, 5, 31},     {3, 4, 32},    {6, 7, 33},
                         {7, 9, 64},    {13, 3, 95},    {16, 64, 257}, {32, 17, 1000},
                         {33, 9, 70},   {40, 130, 129}, {1, 200, 64},  {2, 97, 48},
-                        {4, 160, 20},  {16, 150, 66},  {24, 49, 300}, {520, 35, 17}};
+                        {4, 160, 20},  {16, 150, 66},  {24, 49, 300}, {520, 35, 17},
+                        {10, 50, 130}, {12, 33, 64},   {15, 40, 41}};
   auto ref = MakeReferenceBackend();
   for (const Case& c : cases) {
     SCOPED_TRACE("M=" + std::to_string(c.m) + " N=" + std::to_string(c.n) +
@@ -238,7 +240,7 @@ TEST(TiledWeightsTest, EmbeddingAndRowSlice) {
 TEST(TiledWeightsTest, RoundPackEqualsRoundThenPack) {
   std::mt19937 rng(BaseSeed("deja_bf16_dot_test") + 7000);
   std::normal_distribution<float> normal(0.f, 3.f);
-  for (int64_t m : {1, 3, 8, 9, 16, 21}) {
+  for (int64_t m : {1, 3, 8, 9, 15, 16, 21, 24, 32}) {
     for (int64_t k : {1, 2, 15, 16, 17, 31, 48, 64, 100, 2048}) {
       SCOPED_TRACE("M=" + std::to_string(m) + " K=" + std::to_string(k));
       std::vector<float> x(static_cast<size_t>(m * k));
