@@ -4,9 +4,12 @@
 // distinct (kernels/ops.cc checks), so the split below still gives each score row one writer.
 // Work is split over heads when H2O scores are accumulated (each head's score row then has one
 // writer, and tokens add into it in order, as the reference does) and over (token, head) pairs
-// otherwise.
+// otherwise. Calls with many query tokens (prefill) take a GEMM path per head instead.
+#include <cblas.h>
+
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "common/thread_pool.h"
@@ -51,6 +54,92 @@ void AttendOne(const AttentionArgs& a, int64_t t, int64_t h, std::vector<float>&
   }
 }
 
+// Prefill-sized calls, one head at a time: the head's visible slots sorted by position (so every
+// query sees a prefix of them), their K and V rows widened to f32 once, then per block of
+// queries the scores as one SGEMM, a softmax over each query's prefix (the rest of its row
+// zeroed) and the outputs as a second SGEMM. Per (query, slot) the work is that of AttendOne,
+// but K and V are read and widened once per call instead of once per query, and the products run
+// at GEMM speed; H2O scores are added token by token in order, as AttendOne adds them. The sums
+// run in another order than DotRows', so results agree with the per-query path to f32 rounding,
+// not bit for bit.
+constexpr int64_t kGemmMinTokens = 8;
+constexpr int64_t kGemmQueryBlock = 64;
+
+struct GemmScratch {
+  std::vector<int32_t> slots, pos;
+  std::vector<float> k, v, p;
+};
+
+void AttendHeadGemm(const AttentionArgs& a, int64_t h, GemmScratch& g) {
+  const KvView& kv = a.kv;
+  const int64_t d = a.head_dim;
+  const int64_t width = static_cast<int64_t>(a.heads) * d;
+  const int64_t tokens = a.q.rows();
+  const int64_t base = (a.head_ids != nullptr ? a.head_ids[h] : h) * kv.capacity;
+  const int32_t* slot_pos = kv.slot_pos + base;
+
+  g.slots.clear();
+  for (int64_t s = 0; s < kv.used; ++s) {
+    if (slot_pos[s] >= 0) g.slots.push_back(static_cast<int32_t>(s));
+  }
+  std::stable_sort(g.slots.begin(), g.slots.end(),
+                   [slot_pos](int32_t x, int32_t y) { return slot_pos[x] < slot_pos[y]; });
+  const int64_t n = static_cast<int64_t>(g.slots.size());
+  g.pos.resize(n);
+  for (int64_t j = 0; j < n; ++j) g.pos[j] = slot_pos[g.slots[j]];
+  g.k.resize(n * d);
+  g.v.resize(n * d);
+  const size_t es = DTypeSize(kv.dtype);
+  const char* k_head = static_cast<const char*>(kv.k) + base * d * es;
+  const char* v_head = static_cast<const char*>(kv.v) + base * d * es;
+  for (int64_t j = 0; j < n; ++j) {
+    ConvertToF32(k_head + g.slots[j] * d * es, kv.dtype, d, g.k.data() + j * d, false);
+    ConvertToF32(v_head + g.slots[j] * d * es, kv.dtype, d, g.v.data() + j * d, false);
+  }
+
+  const float* q = a.q.as<float>() + h * d;
+  float* out = a.out.as<float>() + h * d;
+  for (int64_t t0 = 0; t0 < tokens; t0 += kGemmQueryBlock) {
+    const int64_t tb = std::min(kGemmQueryBlock, tokens - t0);
+    // Slots each query of the block sees (a prefix of the sorted list); the block's widest.
+    int64_t visible[kGemmQueryBlock];
+    int64_t nb = 0;
+    for (int64_t i = 0; i < tb; ++i) {
+      visible[i] = std::upper_bound(g.pos.begin(), g.pos.end(), a.q_pos[t0 + i]) - g.pos.begin();
+      nb = std::max(nb, visible[i]);
+    }
+    if (nb == 0) {
+      for (int64_t i = 0; i < tb; ++i) std::memset(out + (t0 + i) * width, 0, d * sizeof(float));
+      continue;
+    }
+    g.p.resize(tb * nb);
+    float* p = g.p.data();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(tb),
+                static_cast<int>(nb), static_cast<int>(d), a.scale, q + t0 * width,
+                static_cast<int>(width), g.k.data(), static_cast<int>(d), 0.f, p,
+                static_cast<int>(nb));
+    for (int64_t i = 0; i < tb; ++i) {
+      float* row = p + i * nb;
+      const int64_t count = visible[i];
+      if (count > 0) {
+        const float inv_sum = 1.f / ExpShiftInPlace(row, count, MaxOf(row, count));
+        for (int64_t j = 0; j < count; ++j) row[j] *= inv_sum;
+      }
+      std::fill(row + count, row + nb, 0.f);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(tb),
+                static_cast<int>(d), static_cast<int>(nb), 1.f, p, static_cast<int>(nb),
+                g.v.data(), static_cast<int>(d), 0.f, out + t0 * width, static_cast<int>(width));
+    if (kv.score != nullptr) {
+      float* score = kv.score + base;
+      for (int64_t i = 0; i < tb; ++i) {
+        const float* row = p + i * nb;
+        for (int64_t j = 0; j < visible[i]; ++j) score[g.slots[j]] += row[j];
+      }
+    }
+  }
+}
+
 }  // namespace
 
 Status CpuAttention(Backend& backend, const AttentionArgs& a) {
@@ -69,7 +158,15 @@ Status CpuAttention(Backend& backend, const AttentionArgs& a) {
   // Below ~16K multiply-adds per chunk the hand-off to another thread costs more than it saves.
   const int64_t per_item = std::max<int64_t>(1, int64_t{2} * a.kv.used * a.head_dim);
   const int64_t min_items = std::max<int64_t>(1, (int64_t{1} << 14) / per_item);
-  if (a.kv.score != nullptr) {
+  if (tokens >= kGemmMinTokens) {
+    backend.pool()->ParallelFor(
+        heads,
+        [&](int64_t h0, int64_t h1) {
+          thread_local GemmScratch scratch;
+          for (int64_t h = h0; h < h1; ++h) AttendHeadGemm(a, h, scratch);
+        },
+        1);
+  } else if (a.kv.score != nullptr) {
     backend.pool()->ParallelFor(
         heads,
         [&](int64_t h0, int64_t h1) {

@@ -189,6 +189,10 @@ TEST(CompareAttention, ShapeGrid) {
       {4, 64, 40, 33, 1, true},    {3, 17, 20, 13, 5, true},      {3, 17, 20, 13, 5, false},
       {2, 128, 300, 300, 7, true}, {8, 64, 256, 200, 16, false},  {5, 80, 1100, 1030, 3, true},
       {32, 64, 64, 0, 2, true},    {16, 64, 2048, 1500, 1, true},
+      // Prefill-sized calls (the CPU backend's GEMM path from 8 tokens): a block and a half of
+      // queries, an odd head size, more queries than slots, none occupied.
+      {3, 64, 300, 260, 96, true}, {2, 17, 100, 90, 70, false},  {4, 33, 40, 30, 8, true},
+      {2, 64, 64, 0, 9, false},
   };
   uint32_t seed = 3000;
   for (DType kv : {DType::kF32, DType::kF16}) {
