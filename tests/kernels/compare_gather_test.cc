@@ -341,6 +341,9 @@ TEST(CompareHeadSparseAttention, SubsetEqualsDenseHeads) {
   CheckHeadSubset(8, {7, 1, 4, 2, 6}, 64, 64, 50, 1, seed++);
   CheckHeadSubset(32, {31, 0, 9, 17, 12, 3, 28, 20, 5}, 64, 200, 150, 3, seed++);
   CheckHeadSubset(5, {4, 3, 2, 1, 0}, 33, 30, 30, 2, seed++);  // all heads, reversed
+  // Prefill-sized calls take the CPU backend's per-head GEMM path.
+  CheckHeadSubset(6, {5, 1, 3}, 24, 40, 36, 12, seed++);
+  CheckHeadSubset(8, {0, 7}, 64, 100, 90, 70, seed++);
 }
 
 }  // namespace
