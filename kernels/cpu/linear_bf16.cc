@@ -153,7 +153,7 @@ constexpr int NbFor(int mb) {
   return mb == 16 ? 1 : mb >= 8 ? 24 / mb : (24 / mb > 8 ? 8 : 24 / mb);
 }
 
-template <int NB, int MB, int XS = MB>
+template <int NB, int MB>
 DEJA_BF16_TARGET void TiledTile(const uint16_t* tiles, int64_t tile_stride, const uint32_t* x,
                                 int64_t pairs, int64_t n0, int64_t n_dim, const LinearEpilogue& e,
                                 float* out, int64_t ldo, int64_t prefetch) {
@@ -173,7 +173,7 @@ DEJA_BF16_TARGET void TiledTile(const uint16_t* tiles, int64_t tile_stride, cons
       w[b] = (__m512bh)_mm512_load_si512(tiles + b * tile_stride + p * 2 * kTileRows);
     }
     for (int m = 0; m < MB; ++m) {
-      const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[p * XS + m]));
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[p * MB + m]));
       for (int b = 0; b < NB; ++b) acc[b][m] = _mm512_dpbf16_ps(acc[b][m], w[b], xv);
     }
   }
@@ -217,30 +217,6 @@ DEJA_BF16_TARGET void TiledRun(const uint16_t* tiles, int64_t tile_stride, int64
     if (t + 2 <= count) run(std::integral_constant<int, 2>{});
   }
   if (t < count) run(std::integral_constant<int, 1>{});
-}
-
-// A full block of 16 rows of x against `count` (<= 3) tiles as two passes of 8 rows (3 tiles x 8
-// rows: 11 loads per 24 VDPBF16PS against 17 per 16 for one tile x 16): the compute-bound shape,
-// for calls with several blocks of x, whose later blocks read the tiles from L2. Prefill of the
-// 1.3B shape, 512 tokens, alternating binaries: 306 / 304 / 285 against 287 / 259 / 275 tokens/s
-// with one tile x 16 (1,900 tokens: 200 / 198 / 202 against 205 / 199 / 189, where attention
-// weighs more).
-DEJA_BF16_TARGET void TiledRunHalves(const uint16_t* tiles, int64_t tile_stride, int64_t count,
-                                     const uint32_t* x, int64_t pairs, int64_t n0, int64_t n_dim,
-                                     const LinearEpilogue& e, float* out, int64_t ldo,
-                                     int64_t prefetch) {
-  for (int half = 0; half < 2; ++half) {
-    const uint32_t* xh = x + half * 8;
-    float* oh = out + half * 8 * ldo;
-    const int64_t pf = half == 0 ? prefetch : 0;
-    if (count == 3) {
-      TiledTile<3, 8, 16>(tiles, tile_stride, xh, pairs, n0, n_dim, e, oh, ldo, pf);
-    } else if (count == 2) {
-      TiledTile<2, 8, 16>(tiles, tile_stride, xh, pairs, n0, n_dim, e, oh, ldo, pf);
-    } else {
-      TiledTile<1, 8, 16>(tiles, tile_stride, xh, pairs, n0, n_dim, e, oh, ldo, pf);
-    }
-  }
 }
 
 // 16 floats rounded to bf16 (nearest even, NaNs kept quiet), as FloatToBF16; VCVTNEPS2BF16
@@ -439,7 +415,7 @@ void RoundPackBf16Pairs(const float* x, int64_t m_rows, int64_t k_dim, uint16_t*
 }
 
 int64_t TiledGroup(int64_t m_rows) {
-  return m_rows > kTiledXBlock ? 3 : NbFor(static_cast<int>(m_rows));
+  return NbFor(static_cast<int>(std::min(m_rows, kTiledXBlock)));
 }
 
 void LinearBf16Tiled(const uint16_t* xp, int64_t m_rows, int64_t k_dim, const uint16_t* w,
@@ -460,14 +436,9 @@ void LinearBf16Tiled(const uint16_t* xp, int64_t m_rows, int64_t k_dim, const ui
     const int64_t count = std::min(group, t_end - t);
     for (int64_t m0 = 0; m0 < m_rows; m0 += kTiledXBlock) {
       const int64_t mb = std::min(kTiledXBlock, m_rows - m0);
-      const auto* xb = reinterpret_cast<const uint32_t*>(xp + m0 * kp);
-      if (m_rows > kTiledXBlock && mb == kTiledXBlock) {
-        TiledRunHalves(w + t * tile_stride, tile_stride, count, xb, pairs, t * kTileRows, n_dim,
-                       e, out + m0 * ldo, ldo, m0 == 0 ? 48 * 2 * kTileRows : 0);
-      } else {
-        kTiledRuns[mb](w + t * tile_stride, tile_stride, count, xb, pairs, t * kTileRows, n_dim,
-                       e, out + m0 * ldo, ldo, m0 == 0 ? prefetch : 0);
-      }
+      kTiledRuns[mb](w + t * tile_stride, tile_stride, count,
+                     reinterpret_cast<const uint32_t*>(xp + m0 * kp), pairs, t * kTileRows, n_dim,
+                     e, out + m0 * ldo, ldo, m0 == 0 ? prefetch : 0);
     }
   }
 }
