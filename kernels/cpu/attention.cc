@@ -114,10 +114,9 @@ void AttendHeadGemm(const AttentionArgs& a, int64_t h, GemmScratch& g) {
     }
     g.p.resize(tb * nb);
     float* p = g.p.data();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(tb),
-                static_cast<int>(nb), static_cast<int>(d), a.scale, q + t0 * width,
-                static_cast<int>(width), g.k.data(), static_cast<int>(d), 0.f, p,
-                static_cast<int>(nb));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(tb), static_cast<int>(nb),
+                static_cast<int>(d), a.scale, q + t0 * width, static_cast<int>(width), g.k.data(),
+                static_cast<int>(d), 0.f, p, static_cast<int>(nb));
     for (int64_t i = 0; i < tb; ++i) {
       float* row = p + i * nb;
       const int64_t count = visible[i];
@@ -128,8 +127,8 @@ void AttendHeadGemm(const AttentionArgs& a, int64_t h, GemmScratch& g) {
       std::fill(row + count, row + nb, 0.f);
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(tb),
-                static_cast<int>(d), static_cast<int>(nb), 1.f, p, static_cast<int>(nb),
-                g.v.data(), static_cast<int>(d), 0.f, out + t0 * width, static_cast<int>(width));
+                static_cast<int>(d), static_cast<int>(nb), 1.f, p, static_cast<int>(nb), g.v.data(),
+                static_cast<int>(d), 0.f, out + t0 * width, static_cast<int>(width));
     if (kv.score != nullptr) {
       float* score = kv.score + base;
       for (int64_t i = 0; i < tb; ++i) {

@@ -7,8 +7,8 @@
 // The blocking of kernels/cpu/linear_small_m.cc: R weight rows against up to C rows of x,
 // R * C accumulators in registers (4 x 6, or 6 x 4 from kWideFromM rows of x on), each weight
 // block streamed from memory once and walked again (from cache) for further rows of x, each walk
-// prefetching its share of the next block. A step covers 32 weights = one cache line per row. Tails along K use masked loads, so
-// no scalar loop and no read past a row.
+// prefetching its share of the next block. A step covers 32 weights = one cache line per row. Tails
+// along K use masked loads, so no scalar loop and no read past a row.
 //
 // Highway 1.0.3 (Debian 12) has no AVX512-BF16 target, so this file uses the intrinsics under a
 // function-level target attribute and is called only after a run-time CPU check.
@@ -163,9 +163,9 @@ DEJA_BF16_TARGET void TiledTile(const uint16_t* tiles, int64_t tile_stride, cons
   for (int64_t p = 0; p < pairs; ++p) {
     if (prefetch != 0) {
       for (int b = 0; b < NB; ++b) {
-        _mm_prefetch(reinterpret_cast<const char*>(tiles + b * tile_stride + p * 2 * kTileRows +
-                                                   prefetch),
-                     _MM_HINT_T0);
+        _mm_prefetch(
+            reinterpret_cast<const char*>(tiles + b * tile_stride + p * 2 * kTileRows + prefetch),
+            _MM_HINT_T0);
       }
     }
     __m512bh w[NB];
@@ -199,14 +199,13 @@ DEJA_BF16_TARGET void TiledTile(const uint16_t* tiles, int64_t tile_stride, cons
 template <int MB>
 DEJA_BF16_TARGET void TiledRun(const uint16_t* tiles, int64_t tile_stride, int64_t count,
                                const uint32_t* x, int64_t pairs, int64_t n0, int64_t n_dim,
-                               const LinearEpilogue& e, float* out, int64_t ldo,
-                               int64_t prefetch) {
+                               const LinearEpilogue& e, float* out, int64_t ldo, int64_t prefetch) {
   constexpr int kNb = NbFor(MB);
   int64_t t = 0;
   auto run = [&](auto nb) {
     constexpr int kB = decltype(nb)::value;
-    TiledTile<kB, MB>(tiles + t * tile_stride, tile_stride, x, pairs, n0 + t * kTileRows, n_dim,
-                      e, out, ldo, prefetch);
+    TiledTile<kB, MB>(tiles + t * tile_stride, tile_stride, x, pairs, n0 + t * kTileRows, n_dim, e,
+                      out, ldo, prefetch);
     t += kB;
   };
   while (t + kNb <= count) run(std::integral_constant<int, kNb>{});
@@ -278,7 +277,7 @@ DEJA_BF16_TARGET double Bf16DotLoopImpl(int64_t iters, float seed) {
   constexpr int kChains = 16;  // latency x pipes of current cores, with room to spare
   __m512 acc[kChains];
   for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(seed + i);
-  __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80);  // 1.0
+  __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80);        // 1.0
   const __m512bh b = (__m512bh)_mm512_set1_epi16(0x3380);  // 2^-24: the sums stay finite
   for (int64_t it = 0; it < iters; ++it) {
     for (int i = 0; i < kChains; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
@@ -324,8 +323,8 @@ void RoundToBF16(const float* x, int64_t n, uint16_t* out) {
 // blocks of 4, then 3, 2 or 1.
 template <int KR, int KC>
 void LinearBf16DotT(const uint16_t* x, int64_t m_rows, int64_t k_dim, const uint16_t* w,
-                   const int32_t* rows, int64_t n_begin, int64_t n_end, const LinearEpilogue& e,
-                   float* out, int64_t ldo) {
+                    const int32_t* rows, int64_t n_begin, int64_t n_end, const LinearEpilogue& e,
+                    float* out, int64_t ldo) {
   auto row = [&](int64_t n) { return w + (rows != nullptr ? rows[n] : n) * k_dim; };
   const uint16_t* wn[KR];
   const uint16_t* next[KR];
@@ -401,7 +400,8 @@ void RoundPackBf16Pairs(const float* x, int64_t m_rows, int64_t k_dim, uint16_t*
     uint32_t* block = reinterpret_cast<uint32_t*>(out + m0 * kp);
     int64_t done = 0;
     if (mb % 8 == 0 && Bf16DotAvailable()) {
-      for (int64_t r = 0; r < mb; r += 8) done = RoundPackRows8(xb + r * k_dim, k_dim, mb, block + r);
+      for (int64_t r = 0; r < mb; r += 8)
+        done = RoundPackRows8(xb + r * k_dim, k_dim, mb, block + r);
     }
     for (int64_t p = done; p < pairs; ++p) {
       for (int64_t m = 0; m < mb; ++m) {
@@ -426,12 +426,14 @@ void LinearBf16Tiled(const uint16_t* xp, int64_t m_rows, int64_t k_dim, const ui
   // Per group of tiles every block of x, so the group's tiles serve the later blocks from L2;
   // the first block's pass streams them from DRAM and prefetches ahead in each tile: its
   // VDPBF16PS work fills the out-of-order window before enough lines are in flight. A pass with
-  // one tile (a full block of 16 rows) runs 16 KiB ahead, one with 2-3 tiles (9-15 rows) 48 K
-  // pairs, a pass with up to 8 rows none (at M = 1 any prefetch was 10-20% slower).
+  // one tile (13-16 rows) runs 16 KiB ahead, one with two tiles (9-12 rows) 48 K pairs, a pass
+  // with up to 8 rows none (at M = 1 any prefetch was 10-20% slower).
+  constexpr int64_t kFarPrefetch = 8192;                 // elements: 16 KiB of a tile ahead
+  constexpr int64_t kNearPrefetch = 48 * 2 * kTileRows;  // 48 K pairs of a tile ahead
   const int64_t first = std::min(kTiledXBlock, m_rows);
-  const int64_t prefetch = NbFor(static_cast<int>(first)) == 1 && first > 8 ? 8192
-                           : first > 8                                      ? 48 * 2 * kTileRows
-                                                                            : 0;
+  const int64_t prefetch = first <= 8                            ? 0
+                           : NbFor(static_cast<int>(first)) == 1 ? kFarPrefetch
+                                                                 : kNearPrefetch;
   for (int64_t t = t_begin; t < t_end; t += group) {
     const int64_t count = std::min(group, t_end - t);
     for (int64_t m0 = 0; m0 < m_rows; m0 += kTiledXBlock) {
