@@ -192,9 +192,16 @@ void RunPeerFailure(int sig, const std::string& timeout_ms, std::chrono::millise
   }
 }
 
-TEST(GlooProcessTest, KilledPeerFailsSurvivorsQuickly) {
-  // A long collective timeout: the survivors must notice the closed sockets, not wait it out.
-  RunPeerFailure(SIGKILL, "20000", 5s);
+TEST(GlooProcessTest, KilledPeerFailsSurvivors) {
+  // Survivors usually notice the killed peer's sockets within ~30 ms (a read error: "Connection
+  // reset by peer"). Not always: Gloo's TCP transport (Debian's 2022 snapshot) moves a pair to
+  // CLOSED on a plain FIN without failing the operations already pending on it, so a survivor
+  // whose send or receive was posted to that pair (or to a survivor that has just exited) waits
+  // for the collective timeout; seen in 2 of ~12 full CI runs and 1 of 40 runs on loaded cores,
+  // a gdb stack in UnboundBuffer::waitSend. So the bound asserted is the timeout (3 s) plus a
+  // margin; in the service the launcher takes the whole group down as soon as one worker exits,
+  // so a waiting survivor never holds it up.
+  RunPeerFailure(SIGKILL, "3000", 5s);
 }
 
 TEST(GlooProcessTest, HungPeerFailsSurvivorsAfterTheTimeout) {
