@@ -1,11 +1,14 @@
 // `h2o` (Heavy-Hitter Oracle): keeps the `recent` most recent tokens plus the `heavy` tokens
 // with the largest accumulated attention among the others. Scores are not normalised by age, as
 // in the reference (early tokens are favoured). Ties go to the older token's eviction, so the
-// plan is deterministic. Cost: O(slots) per head per step (one selection pass).
+// plan is deterministic. Cost: O(slots) per head per step: one pass when one slot goes (decode),
+// a selection over the candidates otherwise.
 // With mean_score (an alternative, not the reference) a token ranks by its score divided by the
 // number of queries that have attended to it so far (length - position), its mean attention.
 #include <algorithm>
+#include <cstdint>
 
+#include "kernels/cpu/simd.h"
 #include "worker/eviction_policy.h"
 
 namespace deja::worker {
@@ -22,6 +25,18 @@ class H2OPolicy final : public EvictionPolicy {
   void Plan(const HeadSlots& head, std::vector<int32_t>* evict) const override {
     if (head.occupied <= budget()) return;
     const int32_t oldest_recent = head.length - recent_;
+    const int32_t excess = head.occupied - budget();
+    if (excess == 1) {
+      // A decode step: one slot goes, the lowest-ranked candidate. One pass, no candidate
+      // list (the general path below took 27% of a 299-sequence opt-mini decode step).
+      const int32_t victim =
+          mean_score_ ? LowestCandidate<true>(head, oldest_recent)
+                      : kernels::cpu::LowestScoreSlot(head.slot_pos.data(), head.score.data(),
+                                                      static_cast<int64_t>(head.slot_pos.size()),
+                                                      oldest_recent);
+      if (victim >= 0) evict->push_back(victim);
+      return;
+    }
     // Candidates: occupied slots outside the recent window.
     thread_local std::vector<int32_t> cand;
     cand.clear();
@@ -29,7 +44,6 @@ class H2OPolicy final : public EvictionPolicy {
       int32_t pos = head.slot_pos[s];
       if (pos >= 0 && pos < oldest_recent) cand.push_back(static_cast<int32_t>(s));
     }
-    const int32_t excess = head.occupied - budget();
     if (excess >= static_cast<int32_t>(cand.size())) {
       evict->insert(evict->end(), cand.begin(), cand.end());
       return;
@@ -48,6 +62,28 @@ class H2OPolicy final : public EvictionPolicy {
   }
 
  private:
+  // The occupied slot outside the recent window with the lowest (rank, position), or -1 when
+  // there is none: exactly the first element nth_element picks below with excess 1.
+  template <bool kMean>
+  static int32_t LowestCandidate(const HeadSlots& head, int32_t oldest_recent) {
+    const int32_t* pos = head.slot_pos.data();
+    const float* score = head.score.data();
+    const int32_t n = static_cast<int32_t>(head.slot_pos.size());
+    int32_t best = -1, best_pos = 0;
+    float best_rank = 0.f;
+    for (int32_t s = 0; s < n; ++s) {
+      const int32_t p = pos[s];
+      if (p < 0 || p >= oldest_recent) continue;
+      const float r = kMean ? score[s] / static_cast<float>(head.length - p) : score[s];
+      if (best < 0 || r < best_rank || (r == best_rank && p < best_pos)) {
+        best = s;
+        best_rank = r;
+        best_pos = p;
+      }
+    }
+    return best;
+  }
+
   int32_t heavy_, recent_;
   bool mean_score_;
 };

@@ -185,6 +185,57 @@ float MaxOfImpl(const float* x, int64_t n) {
   return m;
 }
 
+int32_t LowestScoreSlotImpl(const int32_t* pos, const float* score, int64_t n,
+                            int32_t pos_limit) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const float inf = std::numeric_limits<float>::infinity();
+  const int32_t none = std::numeric_limits<int32_t>::max();
+  const auto minus_one = hn::Set(di, -1);
+  const auto limit = hn::Set(di, pos_limit);
+  // Pass 1: the lowest score among candidates (0 <= pos < pos_limit).
+  float low = inf;
+  int64_t i = 0;
+  {
+    auto vlow = hn::Set(df, inf);
+    for (; i + lanes <= n; i += lanes) {
+      const auto p = hn::LoadU(di, pos + i);
+      const auto cand = hn::And(hn::Gt(p, minus_one), hn::Lt(p, limit));
+      vlow = hn::Min(vlow, hn::IfThenElse(hn::RebindMask(df, cand), hn::LoadU(df, score + i),
+                                          hn::Set(df, inf)));
+    }
+    low = hn::GetLane(hn::MinOfLanes(df, vlow));
+  }
+  for (; i < n; ++i) {
+    if (pos[i] >= 0 && pos[i] < pos_limit && score[i] < low) low = score[i];
+  }
+  // Pass 2: the lowest position among candidates with that score.
+  int32_t best_pos = none;
+  i = 0;
+  {
+    const auto vl = hn::Set(df, low);
+    auto vbest = hn::Set(di, none);
+    for (; i + lanes <= n; i += lanes) {
+      const auto p = hn::LoadU(di, pos + i);
+      const auto cand = hn::And(hn::Gt(p, minus_one), hn::Lt(p, limit));
+      const auto eq = hn::RebindMask(di, hn::Eq(hn::LoadU(df, score + i), vl));
+      vbest = hn::Min(vbest, hn::IfThenElse(hn::And(cand, eq), p, hn::Set(di, none)));
+    }
+    best_pos = hn::GetLane(hn::MinOfLanes(di, vbest));
+  }
+  for (; i < n; ++i) {
+    if (pos[i] >= 0 && pos[i] < pos_limit && score[i] == low && pos[i] < best_pos) {
+      best_pos = pos[i];
+    }
+  }
+  if (best_pos == none) return -1;
+  for (int64_t s = 0; s < n; ++s) {
+    if (pos[s] == best_pos) return static_cast<int32_t>(s);
+  }
+  return -1;
+}
+
 template <bool kWrite>
 float ExpShiftSumTyped(float* out, const float* x, int64_t n, float shift) {
   const DF df;
@@ -276,6 +327,7 @@ HWY_EXPORT(WeightedSumRowsImpl);
 HWY_EXPORT(AddIntoImpl);
 HWY_EXPORT(AddBiasedIntoImpl);
 HWY_EXPORT(MaxOfImpl);
+HWY_EXPORT(LowestScoreSlotImpl);
 HWY_EXPORT(ExpShiftInPlaceImpl);
 HWY_EXPORT(SumExpShiftImpl);
 HWY_EXPORT(SubtractTwiceImpl);
@@ -307,6 +359,9 @@ void AddBiasedInto(const float* x, const float* b, float* y, int64_t n) {
   HWY_DYNAMIC_DISPATCH(AddBiasedIntoImpl)(x, b, y, n);
 }
 float MaxOf(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxOfImpl)(x, n); }
+int32_t LowestScoreSlot(const int32_t* pos, const float* score, int64_t n, int32_t pos_limit) {
+  return HWY_DYNAMIC_DISPATCH(LowestScoreSlotImpl)(pos, score, n, pos_limit);
+}
 float ExpShiftInPlace(float* x, int64_t n, float shift) {
   return HWY_DYNAMIC_DISPATCH(ExpShiftInPlaceImpl)(x, n, shift);
 }

@@ -31,6 +31,10 @@ void AddInto(const float* x, float* y, int64_t n);
 // y += x + b
 void AddBiasedInto(const float* x, const float* b, float* y, int64_t n);
 float MaxOf(const float* x, int64_t n);
+// The H2O decode eviction's choice: the index s in [0, n) with 0 <= pos[s] < pos_limit whose
+// (score[s], pos[s]) is lowest (the lowest score, ties to the lower position), or -1 when no
+// slot qualifies. Positions are distinct; scores finite.
+int32_t LowestScoreSlot(const int32_t* pos, const float* score, int64_t n, int32_t pos_limit);
 // x[i] = exp(x[i] - shift); returns the sum of the results.
 float ExpShiftInPlace(float* x, int64_t n, float shift);
 // Returns sum_i exp(x[i] - shift) without writing anything.

@@ -1,7 +1,8 @@
 // The attention inner loops of the CPU backend (kernels/cpu/simd.h): DotRows and WeightedSumRows
 // against a plain double-precision reference (relative error <= 1e-5) and bit for bit against the
 // per-row Dot / Axpy loops they replace, on fresh seeded random inputs over head sizes that hit
-// every vector-chunk and tail case and over row counts including 0 and 1.
+// every vector-chunk and tail case and over row counts including 0 and 1; and the H2O eviction's
+// lowest-score search against a plain loop.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -108,6 +109,39 @@ TEST(SimdRows, F16RowsMatchWidenedF32Rows) {
       EXPECT_NEAR(o16[e], o32[e], 1e-6 * std::max(1.f, std::fabs(o32[e]))) << "d=" << d;
     }
   }
+}
+
+// LowestScoreSlot (the H2O decode eviction's choice) against a plain loop, over lengths that hit
+// every vector tail, with free slots (-1), positions at and past the limit, and scores drawn
+// from a few values so that ties (broken by the lower position) are common.
+TEST(SimdRows, LowestScoreSlotMatchesAPlainLoop) {
+  std::mt19937 rng(20261123);
+  int checked_ties = 0;
+  for (int64_t n : {0, 1, 2, 7, 15, 16, 17, 31, 32, 33, 100, 205, 206, 513}) {
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<int32_t> pos(n);
+      std::iota(pos.begin(), pos.end(), 0);
+      std::shuffle(pos.begin(), pos.end(), rng);
+      std::vector<float> score(n);
+      for (int64_t s = 0; s < n; ++s) {
+        if (rng() % 4 == 0) pos[s] = -1;
+        score[s] = trial % 2 ? static_cast<float>(rng() % 3) : std::ldexp(float(rng() % 1000), -7);
+      }
+      const int32_t limit = n == 0 ? 0 : static_cast<int32_t>(rng() % (n + 2));
+      int32_t want = -1;
+      for (int64_t s = 0; s < n; ++s) {
+        if (pos[s] < 0 || pos[s] >= limit) continue;
+        if (want < 0 || score[s] < score[want] ||
+            (score[s] == score[want] && pos[s] < pos[want])) {
+          if (want >= 0 && score[s] == score[want]) ++checked_ties;
+          want = static_cast<int32_t>(s);
+        }
+      }
+      ASSERT_EQ(LowestScoreSlot(pos.data(), score.data(), n, limit), want)
+          << "n " << n << " trial " << trial << " limit " << limit;
+    }
+  }
+  EXPECT_GT(checked_ties, 100);  // the tie-break was exercised
 }
 
 }  // namespace

@@ -1,15 +1,16 @@
 // Eviction policies on scripted score traces, and SequenceKv applying them: the budget is never
 // exceeded, the kept set is the recent window plus the top scorers (checked against a brute-force
 // oracle), evicted tokens never return, and memory stays bounded however long a sequence runs.
+#include "worker/eviction_policy.h"
+
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <random>
 #include <set>
 #include <vector>
 
-#include <gtest/gtest.h>
-
-#include "worker/eviction_policy.h"
 #include "worker/kv_cache.h"
 
 namespace deja::worker {
@@ -19,9 +20,8 @@ HeadSlots Head(const std::vector<int32_t>& pos, const std::vector<float>& score,
   HeadSlots h;
   h.slot_pos = pos;
   h.score = score;
-  h.occupied = static_cast<int32_t>(std::count_if(pos.begin(), pos.end(), [](int p) {
-    return p >= 0;
-  }));
+  h.occupied =
+      static_cast<int32_t>(std::count_if(pos.begin(), pos.end(), [](int p) { return p >= 0; }));
   h.length = length;
   return h;
 }
@@ -84,6 +84,51 @@ TEST(EvictionPolicyTest, H2OTiesEvictTheOlderToken) {
   evict.clear();
   p->Plan(Head(pos, score, 4), &evict);
   EXPECT_EQ(evict, (std::vector<int32_t>{1}));  // tie: position 1 is older than 2
+}
+
+// Plan against a plain sort on random slot tables: one slot over budget (the decode step's
+// single-pass path) and several (after a prefill chunk), scores drawn from a few values so that
+// ties are common, for the summed and the mean score.
+TEST(EvictionPolicyTest, H2OPlanMatchesASortOnRandomTables) {
+  std::mt19937 rng(5);
+  for (bool mean : {false, true}) {
+    for (int trial = 0; trial < 2000; ++trial) {
+      const int32_t heavy = 1 + static_cast<int32_t>(rng() % 12);
+      const int32_t recent = 1 + static_cast<int32_t>(rng() % 12);
+      const int32_t excess = trial % 2 == 0 ? 1 : 1 + static_cast<int32_t>(rng() % 6);
+      const int32_t occupied = heavy + recent + excess;
+      const int32_t slots = occupied + static_cast<int32_t>(rng() % 5);
+      const int32_t length = occupied + static_cast<int32_t>(rng() % 40);
+      // `occupied` distinct positions below `length`, in random slots; the rest free.
+      std::vector<int32_t> positions(length);
+      for (int32_t i = 0; i < length; ++i) positions[i] = i;
+      std::shuffle(positions.begin(), positions.end(), rng);
+      std::vector<int32_t> pos(slots, -1);
+      std::vector<float> score(slots, 0.f);
+      for (int32_t i = 0; i < occupied; ++i) pos[i] = positions[i];
+      // Make the latest position always present, as in a real cache.
+      if (std::find(pos.begin(), pos.end(), length - 1) == pos.end()) pos[0] = length - 1;
+      std::shuffle(pos.begin(), pos.end(), rng);
+      for (float& x : score) x = static_cast<float>(rng() % 4) * 0.5f;
+      HeadSlots head = Head(pos, score, length);
+      auto rank = [&](int32_t s) {
+        return mean ? score[s] / static_cast<float>(length - pos[s]) : score[s];
+      };
+      std::vector<int32_t> cand;
+      for (int32_t s = 0; s < slots; ++s) {
+        if (pos[s] >= 0 && pos[s] < length - recent) cand.push_back(s);
+      }
+      std::sort(cand.begin(), cand.end(), [&](int32_t a, int32_t b) {
+        return rank(a) < rank(b) || (rank(a) == rank(b) && pos[a] < pos[b]);
+      });
+      const size_t go = std::min<size_t>(cand.size(), head.occupied - (heavy + recent));
+      std::set<int32_t> want(cand.begin(), cand.begin() + go);
+      std::vector<int32_t> evict;
+      MakeH2OPolicy(heavy, recent, mean)->Plan(head, &evict);
+      ASSERT_EQ(evict.size(), want.size()) << "trial " << trial;
+      ASSERT_EQ(std::set<int32_t>(evict.begin(), evict.end()), want) << "trial " << trial;
+    }
+  }
 }
 
 TEST(EvictionPolicyTest, RatiosResolveAgainstThePrompt) {
@@ -238,7 +283,7 @@ TEST(SequenceKvTest, FreedCachesAreReusedEmptyAndBounded) {
 
   auto second = std::move(*SequenceKv::Create(g, 10, MakeH2OPolicy(2, 2)));
   const std::set<const void*> reused = {second->View(0).k, second->View(0).v, second->View(1).k,
-                                         second->View(1).v};
+                                        second->View(1).v};
   EXPECT_EQ(reused.count(k0), 1u) << "the freed K tensor was not reused";
   EXPECT_EQ(second->length(), 0);
   EXPECT_EQ(second->cached_slots(), 0);
