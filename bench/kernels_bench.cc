@@ -7,6 +7,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -187,6 +188,89 @@ void BM_Gather(benchmark::State& state) {
 BENCHMARK(BM_Gather)
     ->ArgNames({"M", "R", "K_or_N", "keep_permille", "dtype", "transposed", "threads"})
     ->ArgsProduct({{1}, {8192}, {2048}, {1000, 500, 250, 100}, {kF16}, {0, 1}, {0, 1}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// Decode attention as a batched decode step runs it: one query token per sequence, each
+// sequence's heads on one pool thread (worker/opt_model.cc hands the pool one job over the
+// batch), every slot of every head occupied and visible. Bytes are the K and V rows read, so
+// frac_of_bw compares with the memory's floor; enough sequences are cycled that their caches
+// (at least 128 MiB) are not served from the last-level cache.
+// Args: head_dim, slots per head, KV dtype, h2o (1: scores accumulated, as the h2o policy asks).
+void BM_AttentionDecode(benchmark::State& state) {
+  const int64_t hd = state.range(0), slots = state.range(1);
+  const DType kv_dtype = static_cast<DType>(state.range(2));
+  const bool h2o = state.range(3) != 0;
+  constexpr int64_t kHeads = 8, kBatch = 32;
+  Backend& cpu = Cpu();
+  const int64_t seq_bytes = 2 * kHeads * slots * hd * static_cast<int64_t>(DTypeSize(kv_dtype));
+  const int64_t seqs =
+      kBatch * std::max<int64_t>(1, ((int64_t{128} << 20) / seq_bytes + kBatch - 1) / kBatch);
+  struct Seq {
+    Tensor k, v, score;
+  };
+  std::vector<Seq> cache;
+  for (int64_t i = 0; i < seqs; ++i) {
+    cache.push_back({Random(kv_dtype, {kHeads * slots, hd}, 200 + 2 * i),
+                     Random(kv_dtype, {kHeads * slots, hd}, 201 + 2 * i),
+                     Tensor::Zeros(DType::kF32, {kHeads, slots})});
+  }
+  // Slots in a shuffled position order, as an H2O cache holds them after evictions.
+  std::vector<int32_t> slot_pos(static_cast<size_t>(kHeads * slots));
+  std::mt19937 rng(9);
+  for (int64_t h = 0; h < kHeads; ++h) {
+    std::vector<int32_t> p(static_cast<size_t>(slots));
+    for (int64_t s = 0; s < slots; ++s) p[s] = static_cast<int32_t>(s);
+    std::shuffle(p.begin(), p.end(), rng);
+    std::copy(p.begin(), p.end(), slot_pos.begin() + h * slots);
+  }
+  const int32_t q_pos = static_cast<int32_t>(slots);
+  Tensor q = Random(DType::kF32, {kBatch, kHeads * hd}, 300);
+  Tensor out = Tensor::Zeros(DType::kF32, {kBatch, kHeads * hd});
+  int64_t next = 0;
+  for (auto _ : state) {
+    std::vector<Status> status(kBatch);
+    cpu.pool()->ParallelFor(kBatch, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        Seq& c = cache[(next + i) % seqs];
+        AttentionArgs a;
+        a.q = q.view().RowSlice(i, i + 1);
+        a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        a.q_pos = &q_pos;
+        a.kv.k = c.k.data();
+        a.kv.v = c.v.data();
+        a.kv.dtype = kv_dtype;
+        a.kv.slot_pos = slot_pos.data();
+        a.kv.capacity = static_cast<int32_t>(slots);
+        a.kv.used = static_cast<int32_t>(slots);
+        a.kv.score = h2o ? c.score.as<float>() : nullptr;
+        a.heads = kHeads;
+        a.head_dim = static_cast<int32_t>(hd);
+        a.out = out.view().RowSlice(i, i + 1);
+        status[i] = Attention(cpu, a);
+      }
+    });
+    for (const Status& st : status) {
+      if (!st.ok()) state.SkipWithError(st.ToString().c_str());
+    }
+    next = (next + kBatch) % seqs;
+    benchmark::DoNotOptimize(out.data());
+  }
+  const int64_t bytes = kBatch * seq_bytes;
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.counters["floor_us"] = 1e6 * bytes / BandwidthBytesPerSec();
+  state.counters["frac_of_bw"] =
+      benchmark::Counter(static_cast<double>(bytes) / BandwidthBytesPerSec(),
+                         benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string("kv ") + DTypeName(kv_dtype) + (h2o ? " h2o" : ""));
+}
+
+// opt-mini's heads (32) at the h2o 20% budget (205 slots) and a full 1024-token cache; OPT-1.3B's
+// (64) and OPT-6.7B's and larger (128).
+BENCHMARK(BM_AttentionDecode)
+    ->ArgNames({"head_dim", "slots", "kv_dtype", "h2o"})
+    ->ArgsProduct({{32, 64, 128}, {205, 1024}, {kF16, kF32}, {1}})
+    ->Args({64, 1024, kF16, 0})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -49,7 +49,7 @@ void ConvertToF32Impl(const void* src, DType dtype, int64_t n, float* dst, bool 
 
 // dot(a, b) with b's elements widened to f32 (bit-identical to the f32 loop for KT = float).
 template <typename KT>
-float DotTyped(const float* a, const KT* b, int64_t n) {
+HWY_INLINE float DotTyped(const float* a, const KT* b, int64_t n) {
   const DF df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
