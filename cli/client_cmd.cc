@@ -83,6 +83,41 @@ StatusOr<v1::GenerateRequest> RequestFromFlags(const Args& args) {
   if (args.Has("sparsity-schedule")) {
     r.mutable_sparsity()->set_schedule(args.Str("sparsity-schedule"));
   }
+  // The cache policy's fields go as given; the server checks them (and fills in the rest).
+  v1::CachePolicy* c = r.mutable_cache();
+  if (args.Has("kv-policy")) {
+    const std::string kind = args.Str("kv-policy");
+    if (kind == "full") {
+      c->set_kind(v1::CachePolicy::KIND_FULL);
+    } else if (kind == "window") {
+      c->set_kind(v1::CachePolicy::KIND_WINDOW);
+    } else if (kind == "h2o") {
+      c->set_kind(v1::CachePolicy::KIND_H2O);
+    } else {
+      return InvalidArgument("--kv-policy must be full, window or h2o, got '" + kind + "'");
+    }
+  }
+  for (const char* flag : {"heavy-ratio", "recent-ratio"}) {
+    if (!args.Has(flag)) continue;
+    DEJA_ASSIGN_OR_RETURN(double v, args.Double(flag));
+    if (flag[0] == 'h') {
+      c->set_heavy_ratio(static_cast<float>(v));
+    } else {
+      c->set_recent_ratio(static_cast<float>(v));
+    }
+  }
+  for (const char* flag : {"heavy-tokens", "recent-tokens"}) {
+    if (!args.Has(flag)) continue;
+    DEJA_ASSIGN_OR_RETURN(int64_t v, args.Int(flag));
+    if (v < 0 || v > (int64_t{1} << 30)) {
+      return InvalidArgument(std::string("--") + flag + " must be in [0, 2^30]");
+    }
+    if (flag[0] == 'h') {
+      c->set_heavy_tokens(static_cast<uint32_t>(v));
+    } else {
+      c->set_recent_tokens(static_cast<uint32_t>(v));
+    }
+  }
   return r;
 }
 
@@ -216,6 +251,11 @@ int RunClient(int argc, char** argv, int first) {
       .Flag("top-n", "alternatives per token, 0..5")
       .Flag("sparsity", "Deja Vu sparsity: on or off (unset: the server's default)")
       .Flag("sparsity-schedule", "a sparsity schedule of ModelInfo.sparsity_schedules")
+      .Flag("kv-policy", "KV cache policy: full, window or h2o (unset: the server's default)")
+      .Flag("heavy-ratio", "h2o heavy-hitter budget, a fraction of the prompt")
+      .Flag("recent-ratio", "recent-token budget, a fraction of the prompt")
+      .Flag("heavy-tokens", "h2o heavy-hitter budget in tokens per head")
+      .Flag("recent-tokens", "recent-token budget in tokens per head")
       .Bool("logprobs", "return each token's log-probability")
       .Flag("request-id", "client request id (cancel: the id to cancel)")
       .Bool("add-bos", "tokenize: prepend BOS")

@@ -94,6 +94,37 @@ void AddCoordinatorFlags(Args& args) {
       .Flag("heartbeat-interval-ms", "worker GetStatus polling period", "250")
       .Flag("heartbeat-timeout-ms", "a worker silent this long loses the group", "1500")
       .Flag("drain-timeout-ms", "how long a drain lets admitted requests finish", "30000");
+  // The server's default KV-cache policy: what a request without CachePolicy.kind gets.
+  AddCachePolicyFlags(args, "full");
+}
+
+// The --kv-policy flags as the API's CachePolicy (ratios unless token budgets were given).
+StatusOr<v1::CachePolicy> DefaultCacheFromFlags(const Args& args) {
+  DEJA_ASSIGN_OR_RETURN(worker::CachePolicyConfig c, CachePolicyFromFlags(args));
+  v1::CachePolicy p;
+  switch (c.kind) {
+    case worker::CachePolicyKind::kFull:
+      p.set_kind(v1::CachePolicy::KIND_FULL);
+      return p;
+    case worker::CachePolicyKind::kWindow:
+      p.set_kind(v1::CachePolicy::KIND_WINDOW);
+      break;
+    case worker::CachePolicyKind::kH2O:
+      p.set_kind(v1::CachePolicy::KIND_H2O);
+      if (c.heavy_tokens >= 0) {
+        p.set_heavy_tokens(static_cast<uint32_t>(c.heavy_tokens));
+      } else {
+        p.set_heavy_ratio(c.heavy_ratio);
+      }
+      break;
+  }
+  if (c.recent_tokens >= 0) {
+    if (c.recent_tokens < 1) return InvalidArgument("--recent-tokens must be >= 1");
+    p.set_recent_tokens(static_cast<uint32_t>(c.recent_tokens));
+  } else {
+    p.set_recent_ratio(c.recent_ratio);
+  }
+  return p;
 }
 
 StatusOr<coordinator::CoordinatorOptions> CoordinatorFromFlags(const Args& args) {
@@ -135,6 +166,7 @@ StatusOr<coordinator::CoordinatorOptions> CoordinatorFromFlags(const Args& args)
   o.group.heartbeat_interval = std::chrono::milliseconds(hb_ms);
   o.group.heartbeat_timeout = std::chrono::milliseconds(hb_timeout_ms);
   o.drain_timeout = std::chrono::milliseconds(drain_ms);
+  DEJA_ASSIGN_OR_RETURN(o.default_cache, DefaultCacheFromFlags(args));
   return o;
 }
 

@@ -30,7 +30,7 @@ std::string WeightDtype(const std::string& model_dir, const OptConfig& config) {
 
 v1::ModelInfo MakeModelInfo(const std::string& model_dir, const OptConfig& config,
                             const Tokenizer& tokenizer, int tensor_parallel_size,
-                            int32_t default_max_new_tokens) {
+                            int32_t default_max_new_tokens, const v1::CachePolicy& default_cache) {
   v1::ModelInfo info;
   info.set_model_name(std::filesystem::path(model_dir).lexically_normal().filename().string());
   if (info.model_name().empty()) {
@@ -45,7 +45,10 @@ v1::ModelInfo MakeModelInfo(const std::string& model_dir, const OptConfig& confi
   info.set_ffn_dim(static_cast<uint32_t>(config.ffn_dim));
   info.set_tensor_parallel_size(static_cast<uint32_t>(tensor_parallel_size));
   info.set_dtype(WeightDtype(model_dir, config));
-  info.mutable_default_cache_policy()->set_kind(v1::CachePolicy::KIND_FULL);
+  *info.mutable_default_cache_policy() = default_cache;
+  if (default_cache.kind() == v1::CachePolicy::KIND_UNSPECIFIED) {
+    info.mutable_default_cache_policy()->set_kind(v1::CachePolicy::KIND_FULL);
+  }
   // Until a worker group reports otherwise (GetModelInfo asks the engine).
   info.set_sparsity_available(false);
   info.set_default_max_new_tokens(static_cast<uint32_t>(default_max_new_tokens));
@@ -84,8 +87,9 @@ Status Coordinator::Init() {
 
   ModelInfoLabels labels;
   labels.tensor_parallel_size = o.tensor_parallel_size;
+  DEJA_RETURN_IF_ERROR(ValidateDefaultCachePolicy(o.default_cache));
   v1::ModelInfo info = MakeModelInfo(o.model_dir, config_, *tokenizer_, o.tensor_parallel_size,
-                                     o.default_max_new_tokens);
+                                     o.default_max_new_tokens, o.default_cache);
   labels.model = info.model_name();
   labels.dtype = info.dtype();
   metrics_ = std::make_unique<CoordinatorMetrics>(&registry_, labels);

@@ -23,6 +23,7 @@
 #include "coordinator/engine.h"
 #include "coordinator/grpc_service.h"
 #include "coordinator/metrics.h"
+#include "coordinator/validation.h"
 #include "coordinator/worker_group.h"
 #include "metrics/metrics_server.h"
 #include "metrics/registry.h"
@@ -31,6 +32,12 @@
 namespace deja::coordinator {
 
 inline constexpr const char* kReadinessService = "deja.v1.TextGeneration";
+
+inline v1::CachePolicy FullCachePolicy() {
+  v1::CachePolicy c;
+  c.set_kind(v1::CachePolicy::KIND_FULL);
+  return c;
+}
 
 struct CoordinatorOptions {
   std::string model_dir;
@@ -43,6 +50,9 @@ struct CoordinatorOptions {
   int metrics_port = 0;
   SchedulerOptions scheduler;
   int32_t default_max_new_tokens = 256;
+  // The KV-cache policy of requests that leave CachePolicy.kind unset (and the budgets of those
+  // that name its kind without them): `deja serve --kv-policy`. Checked by Start().
+  v1::CachePolicy default_cache = FullCachePolicy();
   WorkerGroupOptions group;  // world_size is taken from tensor_parallel_size
   // How long a drain lets admitted requests finish before failing them with UNAVAILABLE.
   std::chrono::milliseconds drain_timeout{30000};
@@ -98,6 +108,7 @@ class Coordinator {
 // The ModelInfo of a served model.
 v1::ModelInfo MakeModelInfo(const std::string& model_dir, const OptConfig& config,
                             const Tokenizer& tokenizer, int tensor_parallel_size,
-                            int32_t default_max_new_tokens);
+                            int32_t default_max_new_tokens,
+                            const v1::CachePolicy& default_cache = FullCachePolicy());
 
 }  // namespace deja::coordinator

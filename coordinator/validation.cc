@@ -1,5 +1,6 @@
 #include "coordinator/validation.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -49,58 +50,96 @@ uint32_t RatioTokens(float ratio, size_t prompt_tokens) {
   return static_cast<uint32_t>(std::ceil(static_cast<double>(ratio) * prompt_tokens - 1e-4));
 }
 
+// Range and exclusivity rules of a policy's budget fields; `prefix` names where they came from.
+Status CheckCacheFields(const v1::CachePolicy& f, const std::string& prefix) {
+  if (f.has_heavy_ratio() && f.has_heavy_tokens()) {
+    return Invalid(prefix + "heavy_tokens", "and " + prefix + "heavy_ratio are mutually exclusive");
+  }
+  if (f.has_recent_ratio() && f.has_recent_tokens()) {
+    return Invalid(prefix + "recent_tokens",
+                   "and " + prefix + "recent_ratio are mutually exclusive");
+  }
+  if (f.has_heavy_ratio() && !(f.heavy_ratio() >= 0.f && f.heavy_ratio() <= 1.f)) {
+    return Invalid(prefix + "heavy_ratio", "must be in [0, 1], got " + Num(f.heavy_ratio()));
+  }
+  if (f.has_recent_ratio() && !(f.recent_ratio() > 0.f && f.recent_ratio() <= 1.f)) {
+    return Invalid(prefix + "recent_ratio", "must be in (0, 1], got " + Num(f.recent_ratio()));
+  }
+  if (f.has_recent_tokens() && f.recent_tokens() < 1) {
+    return Invalid(prefix + "recent_tokens", "must be >= 1, got 0");
+  }
+  if (f.kind() == v1::CachePolicy::KIND_WINDOW && (f.has_heavy_ratio() || f.has_heavy_tokens())) {
+    return Invalid(prefix + (f.has_heavy_ratio() ? "heavy_ratio" : "heavy_tokens"),
+                   "is not allowed with KIND_WINDOW");
+  }
+  return Status::Ok();
+}
+
 Status ResolveCache(const v1::CachePolicy& requested, const v1::CachePolicy& server_default,
                     size_t prompt_tokens, v1::WorkerCachePolicy* out) {
+  DEJA_RETURN_IF_ERROR(CheckCacheFields(requested, "cache."));
   const bool unspecified = requested.kind() == v1::CachePolicy::KIND_UNSPECIFIED;
-  const v1::CachePolicy& c = unspecified ? server_default : requested;
-  // Fields given with an unspecified kind still have to make sense for the default kind.
-  const v1::CachePolicy& fields = requested;
-  if (fields.has_heavy_ratio() && fields.has_heavy_tokens()) {
-    return Invalid("cache.heavy_tokens", "and cache.heavy_ratio are mutually exclusive");
+  const v1::CachePolicy::Kind kind = unspecified ? server_default.kind() : requested.kind();
+  if (kind == v1::CachePolicy::KIND_WINDOW &&
+      (requested.has_heavy_ratio() || requested.has_heavy_tokens())) {
+    return Invalid(requested.has_heavy_ratio() ? "cache.heavy_ratio" : "cache.heavy_tokens",
+                   "is not allowed with KIND_WINDOW");
   }
-  if (fields.has_recent_ratio() && fields.has_recent_tokens()) {
-    return Invalid("cache.recent_tokens", "and cache.recent_ratio are mutually exclusive");
-  }
-  if (fields.has_heavy_ratio() && !(fields.heavy_ratio() >= 0.f && fields.heavy_ratio() <= 1.f)) {
-    return Invalid("cache.heavy_ratio", "must be in [0, 1], got " + Num(fields.heavy_ratio()));
-  }
-  if (fields.has_recent_ratio() && !(fields.recent_ratio() > 0.f && fields.recent_ratio() <= 1.f)) {
-    return Invalid("cache.recent_ratio", "must be in (0, 1], got " + Num(fields.recent_ratio()));
-  }
-  if (fields.has_recent_tokens() && fields.recent_tokens() < 1) {
-    return Invalid("cache.recent_tokens", "must be >= 1, got 0");
-  }
-  switch (c.kind()) {
+  // Each budget: the request's own field, else the server default's when the request asks for
+  // the default's kind (or leaves the kind to it), else 10% of the prompt.
+  const bool default_budgets = kind == server_default.kind();
+  auto budget = [&](bool has_tokens, uint32_t tokens, bool has_ratio, float ratio,
+                    bool has_default_tokens, uint32_t default_tokens, bool has_default_ratio,
+                    float default_ratio) -> uint32_t {
+    if (has_tokens) return tokens;
+    if (has_ratio) return RatioTokens(ratio, prompt_tokens);
+    if (default_budgets && has_default_tokens) return default_tokens;
+    if (default_budgets && has_default_ratio) return RatioTokens(default_ratio, prompt_tokens);
+    return RatioTokens(0.1f, prompt_tokens);
+  };
+  const v1::CachePolicy& r = requested;
+  const v1::CachePolicy& d = server_default;
+  switch (kind) {
     case v1::CachePolicy::KIND_FULL:
     case v1::CachePolicy::KIND_UNSPECIFIED:
       out->set_kind(v1::WorkerCachePolicy::KIND_FULL);
       return Status::Ok();
     case v1::CachePolicy::KIND_WINDOW:
-      if (fields.has_heavy_ratio() || fields.has_heavy_tokens()) {
-        return Invalid(fields.has_heavy_ratio() ? "cache.heavy_ratio" : "cache.heavy_tokens",
-                       "is not allowed with KIND_WINDOW");
-      }
       out->set_kind(v1::WorkerCachePolicy::KIND_WINDOW);
       break;
     case v1::CachePolicy::KIND_H2O:
       out->set_kind(v1::WorkerCachePolicy::KIND_H2O);
-      out->set_heavy_tokens(
-          fields.has_heavy_tokens()
-              ? fields.heavy_tokens()
-              : RatioTokens(fields.has_heavy_ratio() ? fields.heavy_ratio() : c.heavy_ratio(),
-                            prompt_tokens));
+      out->set_heavy_tokens(budget(r.has_heavy_tokens(), r.heavy_tokens(), r.has_heavy_ratio(),
+                                   r.heavy_ratio(), d.has_heavy_tokens(), d.heavy_tokens(),
+                                   d.has_heavy_ratio(), d.heavy_ratio()));
       break;
     default:
-      return Invalid("cache.kind", "is not a known kind: " + std::to_string(c.kind()));
+      return Invalid("cache.kind", "is not a known kind: " + std::to_string(kind));
   }
   const uint32_t recent =
-      fields.has_recent_tokens()
-          ? fields.recent_tokens()
-          : RatioTokens(fields.has_recent_ratio() ? fields.recent_ratio() : c.recent_ratio(),
-                        prompt_tokens);
+      budget(r.has_recent_tokens(), r.recent_tokens(), r.has_recent_ratio(), r.recent_ratio(),
+             d.has_recent_tokens(), d.recent_tokens(), d.has_recent_ratio(), d.recent_ratio());
   out->set_recent_tokens(std::max<uint32_t>(recent, 1));
   return Status::Ok();
 }
+
+}  // namespace
+
+Status ValidateDefaultCachePolicy(const v1::CachePolicy& policy) {
+  switch (policy.kind()) {
+    case v1::CachePolicy::KIND_UNSPECIFIED:
+    case v1::CachePolicy::KIND_FULL:
+    case v1::CachePolicy::KIND_WINDOW:
+    case v1::CachePolicy::KIND_H2O:
+      break;
+    default:
+      return Invalid("default cache policy kind",
+                     "is not a known kind: " + std::to_string(policy.kind()));
+  }
+  return CheckCacheFields(policy, "default cache policy ");
+}
+
+namespace {
 
 Status ResolveSparsity(const v1::Sparsity& s, const ModelLimits& limits,
                        v1::SequenceConfig* config) {

@@ -35,7 +35,8 @@ struct ModelLimits {
   // What Sparsity.MODE_UNSPECIFIED means when sparsity is available (the server default).
   bool sparsity_default = false;
   std::vector<std::string> sparsity_schedules;  // the first is the default
-  // What CachePolicy.KIND_UNSPECIFIED means (kind is never UNSPECIFIED).
+  // What CachePolicy.KIND_UNSPECIFIED means (UNSPECIFIED here: full). Its budget fields also
+  // fill in those a request of the same kind leaves unset.
   v1::CachePolicy default_cache;
 };
 
@@ -70,6 +71,10 @@ struct ResolvedRequest {
     return std::min(full, budget + std::max<int64_t>(1, static_cast<int64_t>(prompt.size())));
   }
 };
+
+// The server's default cache policy (`deja serve --kv-policy ...`): a known kind and budget
+// fields that make sense for it; INVALID_ARGUMENT naming the field otherwise.
+Status ValidateDefaultCachePolicy(const v1::CachePolicy& policy);
 
 // INVALID_ARGUMENT unless `id` is 1 to 128 bytes of [A-Za-z0-9._:-].
 Status ValidateRequestId(const std::string& id);

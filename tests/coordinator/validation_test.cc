@@ -244,6 +244,97 @@ TEST_F(ValidationTest, CachePolicyBudgetsResolveToTokens) {
   EXPECT_EQ(r->ReservedPositions(), 56);
 }
 
+// A request naming KIND_H2O or KIND_WINDOW without budgets gets 10% of the prompt for each part
+// (the proto's default), not zero.
+TEST_F(ValidationTest, BoundedKindsWithoutBudgetsTakeTenPercent) {
+  v1::GenerateRequest req;
+  for (int i = 0; i < 40; ++i) req.mutable_token_ids()->add_ids(9);
+  req.mutable_cache()->set_kind(v1::CachePolicy::KIND_H2O);
+  StatusOr<ResolvedRequest> r = Resolve(req);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->config.cache().kind(), v1::WorkerCachePolicy::KIND_H2O);
+  EXPECT_EQ(r->config.cache().heavy_tokens(), 4u);
+  EXPECT_EQ(r->config.cache().recent_tokens(), 4u);
+  req.mutable_cache()->set_kind(v1::CachePolicy::KIND_WINDOW);
+  r = Resolve(req);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->config.cache().kind(), v1::WorkerCachePolicy::KIND_WINDOW);
+  EXPECT_EQ(r->config.cache().heavy_tokens(), 0u);
+  EXPECT_EQ(r->config.cache().recent_tokens(), 4u);
+}
+
+// The server default (`deja serve --kv-policy h2o --heavy-tokens 6 --recent-tokens 5`) decides
+// KIND_UNSPECIFIED, and its budgets fill in those a request of its kind leaves unset; a request
+// of another kind keeps the 10% defaults.
+TEST_F(ValidationTest, ServerDefaultCachePolicyAndItsBudgets) {
+  limits_.default_cache.set_kind(v1::CachePolicy::KIND_H2O);
+  limits_.default_cache.set_heavy_tokens(6);
+  limits_.default_cache.set_recent_tokens(5);
+  ASSERT_TRUE(ValidateDefaultCachePolicy(limits_.default_cache).ok());
+  v1::GenerateRequest req;
+  for (int i = 0; i < 40; ++i) req.mutable_token_ids()->add_ids(9);
+  auto resolved = [&](const v1::CachePolicy& c) {
+    *req.mutable_cache() = c;
+    StatusOr<ResolvedRequest> r = Resolve(req);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->config.cache() : v1::WorkerCachePolicy();
+  };
+  v1::CachePolicy c;  // unspecified: the default, whole
+  v1::WorkerCachePolicy w = resolved(c);
+  EXPECT_EQ(w.kind(), v1::WorkerCachePolicy::KIND_H2O);
+  EXPECT_EQ(w.heavy_tokens(), 6u);
+  EXPECT_EQ(w.recent_tokens(), 5u);
+  c.set_heavy_ratio(0.5f);  // unspecified kind, one budget of its own
+  w = resolved(c);
+  EXPECT_EQ(w.kind(), v1::WorkerCachePolicy::KIND_H2O);
+  EXPECT_EQ(w.heavy_tokens(), 20u);
+  EXPECT_EQ(w.recent_tokens(), 5u);
+  c = v1::CachePolicy();
+  c.set_kind(v1::CachePolicy::KIND_H2O);  // the default's kind: its budgets
+  w = resolved(c);
+  EXPECT_EQ(w.heavy_tokens(), 6u);
+  EXPECT_EQ(w.recent_tokens(), 5u);
+  c.set_kind(v1::CachePolicy::KIND_WINDOW);  // another kind: 10%
+  w = resolved(c);
+  EXPECT_EQ(w.kind(), v1::WorkerCachePolicy::KIND_WINDOW);
+  EXPECT_EQ(w.recent_tokens(), 4u);
+  c.set_kind(v1::CachePolicy::KIND_FULL);
+  EXPECT_EQ(resolved(c).kind(), v1::WorkerCachePolicy::KIND_FULL);
+
+  // A window default: a request leaving the kind unset may not add a heavy budget.
+  limits_.default_cache = v1::CachePolicy();
+  limits_.default_cache.set_kind(v1::CachePolicy::KIND_WINDOW);
+  limits_.default_cache.set_recent_ratio(0.25f);
+  c = v1::CachePolicy();
+  w = resolved(c);
+  EXPECT_EQ(w.kind(), v1::WorkerCachePolicy::KIND_WINDOW);
+  EXPECT_EQ(w.recent_tokens(), 10u);
+  c.set_heavy_tokens(3);
+  *req.mutable_cache() = c;
+  Status s = Resolve(req).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("cache.heavy_tokens"), std::string::npos) << s.message();
+}
+
+TEST_F(ValidationTest, BadServerDefaultCachePoliciesNameTheField) {
+  v1::CachePolicy c;
+  c.set_kind(v1::CachePolicy::KIND_WINDOW);
+  c.set_heavy_tokens(3);
+  Status s = ValidateDefaultCachePolicy(c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("heavy_tokens"), std::string::npos) << s.message();
+  c = v1::CachePolicy();
+  c.set_kind(v1::CachePolicy::KIND_H2O);
+  c.set_recent_ratio(1.5f);
+  s = ValidateDefaultCachePolicy(c);
+  EXPECT_NE(s.message().find("recent_ratio"), std::string::npos) << s.message();
+  c = v1::CachePolicy();
+  c.set_kind(static_cast<v1::CachePolicy::Kind>(9));
+  EXPECT_EQ(ValidateDefaultCachePolicy(c).code(), StatusCode::kInvalidArgument);
+  c.set_kind(v1::CachePolicy::KIND_H2O);
+  EXPECT_TRUE(ValidateDefaultCachePolicy(c).ok());
+}
+
 // With sparsity available, the server default decides MODE_UNSPECIFIED; MODE_ON/OFF and a
 // known schedule override it.
 TEST_F(ValidationTest, SparsityModeAndServerDefault) {

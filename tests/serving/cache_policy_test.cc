@@ -1,0 +1,174 @@
+// KV-cache policies through the public API of a real `deja serve --tp 2` whose default policy is
+// H2O (`--kv-policy h2o --heavy-tokens 4 --recent-tokens 4`): ModelInfo reports that default, a
+// request without CachePolicy.kind runs under it, requests naming full, window or h2o (with or
+// without budgets) run under theirs, and every result equals single-process generation under the
+// same policy, in one batch; evictions show in a real /metrics scrape.
+#include <thread>
+
+#include "common/tokenizer.h"
+#include "kernels/backend.h"
+#include "serving_util.h"
+#include "worker/generation.h"
+#include "worker/opt_model.h"
+
+namespace deja::serving_test {
+namespace {
+
+class CachePolicyServingTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new Server("cache_policy", {DEJA_BINARY,      "serve", "--model",         ModelDir(),
+                                          "--tp",           "2",     "--port",          "0",
+                                          "--metrics-port", "0",     "--threads",       "1",
+                                          "--kv-memory-mb", "64",    "--kv-policy",     "h2o",
+                                          "--heavy-tokens", "4",     "--recent-tokens", "4"});
+    backend_ = kernels::MakeCpuBackend(1).release();
+    StatusOr<std::unique_ptr<worker::OptModel>> m = worker::OptModel::Load(ModelDir(), backend_);
+    if (m.ok()) model_ = m->release();
+    StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Load(ModelDir());
+    if (t.ok()) tokenizer_ = t->release();
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    delete model_;
+    delete backend_;
+    delete tokenizer_;
+  }
+  void SetUp() override {
+    ASSERT_NE(model_, nullptr);
+    ASSERT_NE(tokenizer_, nullptr);
+    ASSERT_TRUE(server_->WaitListening()) << server_->Log();
+    ASSERT_TRUE(WaitHealth(server_->channel(), kServing)) << server_->Log();
+  }
+
+  // Greedy single-process generation of `prompt` (BOS prepended) under `cache`.
+  static std::vector<int32_t> Reference(const std::string& prompt, int max_new,
+                                        const worker::CachePolicyConfig& cache) {
+    StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(prompt, true);
+    EXPECT_TRUE(ids.ok());
+    worker::GenerationOptions o;
+    o.max_new_tokens = max_new;
+    o.stop_at_eos = false;  // as the requests' ignore_eos
+    o.cache = cache;
+    StatusOr<worker::GenerationResult> r = worker::Generate(*model_, *ids, o);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    std::vector<int32_t> out;
+    if (r.ok()) {
+      for (const auto& c : r->tokens) out.push_back(c.id);
+    }
+    return out;
+  }
+  static worker::CachePolicyConfig Policy(worker::CachePolicyKind kind, int32_t heavy = -1,
+                                          int32_t recent = -1) {
+    worker::CachePolicyConfig c;
+    c.kind = kind;
+    c.heavy_tokens = heavy;
+    c.recent_tokens = recent;
+    return c;
+  }
+
+  static Server* server_;
+  static kernels::Backend* backend_;
+  static worker::OptModel* model_;
+  static Tokenizer* tokenizer_;
+};
+
+Server* CachePolicyServingTest::server_ = nullptr;
+kernels::Backend* CachePolicyServingTest::backend_ = nullptr;
+worker::OptModel* CachePolicyServingTest::model_ = nullptr;
+Tokenizer* CachePolicyServingTest::tokenizer_ = nullptr;
+
+TEST_F(CachePolicyServingTest, ModelInfoReportsTheServerDefault) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::ModelInfo info;
+  ASSERT_TRUE(server_->stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.default_cache_policy().kind(), v1::CachePolicy::KIND_H2O);
+  EXPECT_EQ(info.default_cache_policy().heavy_tokens(), 4u);
+  EXPECT_EQ(info.default_cache_policy().recent_tokens(), 4u);
+}
+
+TEST_F(CachePolicyServingTest, EachRequestRunsUnderItsPolicyInOneBatch) {
+  // ~40-token prompts: a 4 + 4 budget evicts from the prefill on.
+  const std::string prompt =
+      "And God said, Let there be light: and there was light. And God saw the light, that it "
+      "was good: and God divided the light from the darkness.";
+  const int max_new = 24;
+  StatusOr<std::vector<int32_t>> prompt_ids = tokenizer_->Encode(prompt, true);
+  ASSERT_TRUE(prompt_ids.ok());
+  const int32_t tenth = static_cast<int32_t>((prompt_ids->size() + 9) / 10);  // ceil(0.1 * prompt)
+  struct Case {
+    const char* name;
+    v1::CachePolicy cache;
+    worker::CachePolicyConfig reference;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"unset: the server's h2o 4 + 4", v1::CachePolicy(),
+                   Policy(worker::CachePolicyKind::kH2O, 4, 4)});
+  v1::CachePolicy c;
+  c.set_kind(v1::CachePolicy::KIND_FULL);
+  cases.push_back({"full", c, Policy(worker::CachePolicyKind::kFull)});
+  c.set_kind(v1::CachePolicy::KIND_H2O);  // the default's kind: its budgets
+  cases.push_back({"h2o without budgets", c, Policy(worker::CachePolicyKind::kH2O, 4, 4)});
+  c.set_heavy_tokens(2);
+  c.set_recent_tokens(6);
+  cases.push_back({"h2o 2 + 6", c, Policy(worker::CachePolicyKind::kH2O, 2, 6)});
+  c = v1::CachePolicy();
+  c.set_kind(v1::CachePolicy::KIND_WINDOW);  // another kind: 10% of the prompt
+  cases.push_back(
+      {"window without budgets", c, Policy(worker::CachePolicyKind::kWindow, 0, tenth)});
+  std::vector<std::vector<int32_t>> want;
+  for (const Case& k : cases) want.push_back(Reference(prompt, max_new, k.reference));
+  // The budgets matter here: the h2o 4 + 4 and full references differ.
+  EXPECT_NE(want[0], want[1]);
+
+  const std::string m0 = Scrape(server_->metrics_port());
+  const double evicted0 = Metric(m0, "deja_worker_kv_evicted_tokens_total{rank=\"0\"}");
+  ASSERT_FALSE(std::isnan(evicted0)) << m0;
+
+  std::vector<StreamResult> results(cases.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    threads.emplace_back([&, i] {
+      v1::GenerateRequest r;
+      r.set_text(prompt);
+      r.mutable_stopping()->set_max_new_tokens(max_new);
+      r.mutable_stopping()->set_ignore_eos(true);
+      r.mutable_response()->set_return_tokens(true);
+      *r.mutable_cache() = cases[i].cache;
+      results[i] = Stream(server_->stub(), r);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].name);
+    ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();
+    EXPECT_EQ(results[i].token_ids, want[i]);
+  }
+  // Evictions reach /metrics with the workers' next heartbeat.
+  double evicted = evicted0;
+  for (int i = 0; i < 100 && evicted <= evicted0; ++i) {
+    std::this_thread::sleep_for(milliseconds(50));
+    evicted =
+        Metric(Scrape(server_->metrics_port()), "deja_worker_kv_evicted_tokens_total{rank=\"0\"}");
+  }
+  EXPECT_GT(evicted, evicted0);
+}
+
+TEST_F(CachePolicyServingTest, BadBudgetsAreInvalidArgumentNamingTheField) {
+  v1::GenerateRequest r;
+  r.set_text("And God said");
+  r.mutable_cache()->set_heavy_ratio(0.2f);
+  r.mutable_cache()->set_heavy_tokens(3);  // with the default's kind
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::GenerateResponse resp;
+  grpc::Status s = server_->stub().Generate(&ctx, r, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("cache.heavy_tokens"), std::string::npos) << s.error_message();
+  // The server keeps serving.
+  EXPECT_EQ(Health(server_->channel(), "deja.v1.TextGeneration"), kServing);
+}
+
+}  // namespace
+}  // namespace deja::serving_test
