@@ -148,6 +148,8 @@ Status RunClientBench(const std::string& target, const std::string& metrics_targ
       const double allreduce = delta("deja_worker_allreduce_duration_seconds_sum{rank=\"0\"}");
       j["steps"] = steps;
       if (steps > 0) j["step_ms_mean"] = 1e3 * total / steps;
+      // Mean sequences per step (prefill steps included): how many ran at once.
+      if (steps > 0) j["tokens_per_step"] = static_cast<double>(level.tokens) / steps;
       if (total > 0) j["overhead_fraction_of_step"] = overhead / total;
       if (rank_step > 0) j["allreduce_fraction_of_rank0_step"] = allreduce / rank_step;
     }

@@ -20,24 +20,16 @@ Status Scheduler::Admit(std::shared_ptr<Request> request, std::string* reject_re
                              " requests waiting); retry later");
   }
   const uint64_t need = NeedBytes(*request);
-  if (capacity_.bytes_per_token > 0) {
-    if (need > capacity_.total_bytes) {
-      *reject_reason = "kv_full";
-      return ResourceExhausted("the request needs " + std::to_string(need) +
-                               " bytes of KV memory per rank (prompt + max_new_tokens = " +
-                               std::to_string(request->params().ReservedPositions()) +
-                               " positions), more than the workers' " +
-                               std::to_string(capacity_.total_bytes));
-    }
-    if (reserved_bytes_ + need > capacity_.total_bytes) {
-      *reject_reason = "kv_full";
-      return ResourceExhausted("KV memory is full: " + std::to_string(need) + " bytes needed, " +
-                               std::to_string(capacity_.total_bytes - reserved_bytes_) +
-                               " free per rank; retry later");
-    }
+  if (capacity_.bytes_per_token > 0 && need > capacity_.total_bytes) {
+    *reject_reason = "kv_full";
+    return ResourceExhausted("the request needs " + std::to_string(need) +
+                             " bytes of KV memory per rank (prompt + max_new_tokens = " +
+                             std::to_string(request->params().ReservedPositions()) +
+                             " positions), more than the workers' " +
+                             std::to_string(capacity_.total_bytes));
   }
-  reserved_[request->seq_id()] = need;
-  reserved_bytes_ += need;
+  // A request that fits the workers' KV memory waits in the queue until enough of it is free
+  // (Plan reserves it when the request joins the batch).
   by_id_[request->id()] = request;
   waiting_.push_back(std::move(request));
   return Status::Ok();
@@ -81,8 +73,25 @@ StepPlan Scheduler::Plan(Clock::time_point now) {
   }
   while (budget > 0 && !waiting_.empty() &&
          static_cast<int32_t>(running_.size()) < options_.max_batch_sequences) {
+    // First come, first served: the queue's head waits for its KV reservation (worst case:
+    // prompt + max_new_tokens, or a bounded policy's budget) and nothing overtakes it, so a long
+    // request is not starved by short ones.
+    const uint64_t need = NeedBytes(*waiting_.front());
+    if (capacity_.bytes_per_token > 0 && need > capacity_.total_bytes) {
+      // Admitted under a larger worker group (the capacity shrank with a new epoch).
+      std::shared_ptr<Request> r = waiting_.front();
+      r->Fail(ResourceExhausted("the request needs " + std::to_string(need) +
+                                " bytes of KV memory per rank, more than the workers' " +
+                                std::to_string(capacity_.total_bytes)),
+              now);
+      Remove(r, false);
+      continue;
+    }
+    if (capacity_.bytes_per_token > 0 && reserved_bytes_ + need > capacity_.total_bytes) break;
     std::shared_ptr<Request> r = std::move(waiting_.front());
     waiting_.pop_front();
+    reserved_[r->seq_id()] = need;
+    reserved_bytes_ += need;
     running_.push_back(r);
     AddPrefill(r, &budget, &plan);
   }
@@ -114,7 +123,10 @@ void Scheduler::Complete(const StepPlan& plan, const v1::StepResponse& rank0,
     const PlannedWork& work = plan.work[i];
     const std::shared_ptr<Request>& r = work.request;
     if (r->done()) continue;
-    if (work.prompt_tokens > 0) r->OnPrefillChunk(work.prompt_tokens, plan.start);
+    if (work.prompt_tokens > 0) {
+      r->OnPrefillChunk(work.prompt_tokens, plan.start);
+      if (r->prefill_done()) ShrinkReservation(*r);
+    }
     if (work.sample) {
       // Results come in request order; search only if a rank reordered them.
       const v1::SequenceResult* result = nullptr;
@@ -134,6 +146,16 @@ void Scheduler::Complete(const StepPlan& plan, const v1::StepResponse& rank0,
     }
     if (r->done()) Remove(r, false);
   }
+}
+
+void Scheduler::ShrinkReservation(const Request& r) {
+  auto it = reserved_.find(r.seq_id());
+  if (it == reserved_.end()) return;
+  const uint64_t after =
+      static_cast<uint64_t>(r.params().PositionsAfterPrefill()) * capacity_.bytes_per_token;
+  if (after >= it->second) return;
+  reserved_bytes_ -= it->second - after;
+  it->second = after;
 }
 
 void Scheduler::FailStep(const StepPlan& plan, const Status& status, Clock::time_point now) {

@@ -7,10 +7,13 @@
 //      their prompt (oldest first), then for waiting requests while the batch has room.
 // So long prompts are spread over several steps and never stall running streams.
 //
-// Admission reserves each request's worst-case KV bytes (prompt + max_new_tokens positions,
-// as every worker reserves at a sequence's first step and frees at its release) against the
-// KV memory the workers report, and refuses at once (RESOURCE_EXHAUSTED) when that or the
-// waiting queue is full.
+// A request joins the batch only once its worst-case KV bytes (prompt + max_new_tokens
+// positions, or a bounded cache policy's budget plus its prompt, as every worker reserves at a
+// sequence's first step and frees at its release) fit in what the workers report free; until
+// then it waits in the queue, first come first served (as vLLM and TGI queue requests for
+// memory). A bounded policy's reservation shrinks to budget + 1 positions once its prompt is in,
+// as the workers' caches do. Admission refuses at once (RESOURCE_EXHAUSTED) only when the queue
+// is full or the request could never fit.
 #pragma once
 
 #include <cstdint>
@@ -66,8 +69,10 @@ class Scheduler {
   void SetKvCapacity(const KvCapacity& capacity) { capacity_ = capacity; }
   const KvCapacity& kv_capacity() const { return capacity_; }
 
-  // RESOURCE_EXHAUSTED when the waiting queue or KV memory is full (*reject_reason is then
-  // "queue_full" or "kv_full"); ALREADY_EXISTS when a request with the same id is active.
+  // RESOURCE_EXHAUSTED when the waiting queue is full or the request needs more KV memory than
+  // the workers have in all (*reject_reason is then "queue_full" or "kv_full"); ALREADY_EXISTS
+  // when a request with the same id is active. A request that fits but finds the memory taken
+  // waits in the queue.
   Status Admit(std::shared_ptr<Request> request, std::string* reject_reason);
   // Marks the active request `id` cancelled; false when there is none.
   bool Cancel(const std::string& id, CancelKind kind);
@@ -88,12 +93,16 @@ class Scheduler {
   size_t waiting() const { return waiting_.size(); }
   bool idle() const { return running_.empty() && waiting_.empty() && pending_release_.empty(); }
   bool has_requests() const { return !running_.empty() || !waiting_.empty(); }
+  // KV bytes reserved by the sequences in the batch.
   uint64_t reserved_bytes() const { return reserved_bytes_; }
   size_t pending_releases() const { return pending_release_.size(); }
 
  private:
   uint64_t NeedBytes(const Request& r) const;
   void AddPrefill(const std::shared_ptr<Request>& r, int32_t* budget, StepPlan* plan);
+  // Once a bounded-policy sequence's prompt is in, its reservation drops to what the workers
+  // keep (ResolvedRequest::PositionsAfterPrefill), making room for the queue.
+  void ShrinkReservation(const Request& r);
   // Forgets a finished request; its KV is released in the next step when the workers hold it.
   void Remove(const std::shared_ptr<Request>& r, bool force_release);
 

@@ -70,6 +70,15 @@ struct ResolvedRequest {
         static_cast<int64_t>(config.cache().heavy_tokens()) + config.cache().recent_tokens();
     return std::min(full, budget + std::max<int64_t>(1, static_cast<int64_t>(prompt.size())));
   }
+  // What the workers keep once the prompt is in: a bounded policy's cache shrinks to budget + 1
+  // slots per head (worker/service/step_engine.cc ShrinkAfterPrefill); full keeps its reservation.
+  int64_t PositionsAfterPrefill() const {
+    const int64_t reserved = ReservedPositions();
+    if (config.cache().kind() == v1::WorkerCachePolicy::KIND_FULL) return reserved;
+    const int64_t budget =
+        static_cast<int64_t>(config.cache().heavy_tokens()) + config.cache().recent_tokens();
+    return std::min(reserved, budget + 1);
+  }
 };
 
 // The server's default cache policy (`deja serve --kv-policy ...`): a known kind and budget

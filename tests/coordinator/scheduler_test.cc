@@ -25,7 +25,8 @@ class SchedulerTest : public ::testing::Test {
     std::shared_ptr<test::RecordingSink> sink;
   };
   Made Make(const std::string& id, int prompt_len, int max_new,
-            std::optional<Clock::time_point> deadline = std::nullopt, uint32_t time_limit = 0) {
+            std::optional<Clock::time_point> deadline = std::nullopt, uint32_t time_limit = 0,
+            const v1::WorkerCachePolicy& cache = {}) {
     ResolvedRequest p;
     p.request_id = id;
     for (int i = 0; i < prompt_len; ++i) p.prompt.push_back(100 + i);
@@ -33,6 +34,7 @@ class SchedulerTest : public ::testing::Test {
     p.time_limit_ms = time_limit;
     p.config.set_prompt_tokens(static_cast<uint32_t>(prompt_len));
     p.config.set_max_new_tokens(static_cast<uint32_t>(max_new));
+    *p.config.mutable_cache() = cache;
     auto sink = std::make_shared<test::RecordingSink>();
     auto r = std::make_shared<Request>(id, next_seq_++, std::move(p), tokenizer_.get(),
                                        metrics_.get(), Clock::now(), deadline, sink);
@@ -184,26 +186,80 @@ TEST_F(SchedulerTest, QueueFullIsRefusedAtOnce) {
   EXPECT_TRUE(s.Admit(c.request, &reason).ok());
 }
 
-TEST_F(SchedulerTest, KvAdmissionReservesWorstCase) {
+// A request that fits the workers' KV memory but finds it taken waits in the queue (first come,
+// first served) and joins the batch when a sequence's reservation is released; one that could
+// never fit is refused at once.
+TEST_F(SchedulerTest, KvReservationWaitsForMemoryAndRefusesWhatNeverFits) {
+  options_.max_waiting = 8;
+  options_.max_prefill_tokens = 64;
   Scheduler s(options_);
   // 100 positions of 10 bytes.
   s.SetKvCapacity({1000, 10});
   std::string reason;
   Made a = Make("a", 10, 50);      // 600 bytes
-  Made b = Make("b", 10, 50);      // 600 more: does not fit
+  Made b = Make("b", 10, 50);      // 600 more: waits
+  Made c = Make("c", 2, 3);        // 50 bytes: would fit, but queues behind b
   Made huge = Make("h", 10, 200);  // 2100 bytes: never fits
   ASSERT_TRUE(s.Admit(a.request, &reason).ok());
-  EXPECT_EQ(s.reserved_bytes(), 600u);
-  Status st = s.Admit(b.request, &reason);
+  ASSERT_TRUE(s.Admit(b.request, &reason).ok());
+  ASSERT_TRUE(s.Admit(c.request, &reason).ok());
+  Status st = s.Admit(huge.request, &reason);
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(reason, "kv_full");
-  st = s.Admit(huge.request, &reason);
-  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(st.message().find("max_new_tokens"), std::string::npos);
+  StepPlan p = s.Plan(Clock::now());
+  ASSERT_EQ(p.step.sequences_size(), 1);
+  EXPECT_EQ(p.step.sequences(0).seq_id(), a.request->seq_id());
+  EXPECT_EQ(s.reserved_bytes(), 600u);
+  EXPECT_EQ(s.waiting(), 2u);
+  s.Complete(p, Answer(p), Clock::now());
+  p = s.Plan(Clock::now());  // a decodes; b and c still wait
+  EXPECT_EQ(p.step.sequences_size(), 1);
+  EXPECT_EQ(s.waiting(), 2u);
+  s.Complete(p, Answer(p), Clock::now());
   s.Cancel("a", CancelKind::kByRequest);
+  p = s.Plan(Clock::now());  // a's KV is released in this step; b and c join it
+  EXPECT_EQ(p.step.release_seq_ids_size(), 1);
+  ASSERT_EQ(p.step.sequences_size(), 2);
+  EXPECT_EQ(p.step.sequences(0).seq_id(), b.request->seq_id());
+  EXPECT_EQ(p.step.sequences(1).seq_id(), c.request->seq_id());
+  EXPECT_EQ(s.reserved_bytes(), 650u);
+  EXPECT_EQ(s.waiting(), 0u);
+  // A smaller worker group (a new epoch) fails a waiting request that can no longer fit.
+  Made d = Make("d", 10, 50);
+  ASSERT_TRUE(s.Admit(d.request, &reason).ok());
+  s.SetKvCapacity({500, 10});
+  s.Complete(p, Answer(p), Clock::now());
   s.Plan(Clock::now());
-  EXPECT_EQ(s.reserved_bytes(), 0u);
-  EXPECT_TRUE(s.Admit(b.request, &reason).ok());
+  EXPECT_EQ(d.sink->error().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.waiting(), 0u);
+}
+
+// A bounded (h2o) sequence reserves its budget plus its prompt while it prefills, then only
+// budget + 1 positions, as the workers' caches shrink; the freed bytes admit the queue's head.
+TEST_F(SchedulerTest, BoundedPolicyReservationShrinksAfterPrefill) {
+  options_.max_waiting = 8;
+  options_.max_prefill_tokens = 64;
+  Scheduler s(options_);
+  s.SetKvCapacity({1000, 10});  // 100 positions of 10 bytes
+  std::string reason;
+  v1::WorkerCachePolicy h2o;
+  h2o.set_kind(v1::WorkerCachePolicy::KIND_H2O);
+  h2o.set_heavy_tokens(2);
+  h2o.set_recent_tokens(2);
+  Made h = Make("h2o", 10, 50, std::nullopt, 0, h2o);
+  Made full = Make("full", 10, 80);  // 900 bytes: fits only beside the shrunk reservation
+  ASSERT_TRUE(s.Admit(h.request, &reason).ok());
+  ASSERT_TRUE(s.Admit(full.request, &reason).ok());
+  StepPlan p = s.Plan(Clock::now());
+  ASSERT_EQ(p.step.sequences_size(), 1);
+  EXPECT_EQ(s.reserved_bytes(), 140u);  // budget 4 + prompt 10
+  s.Complete(p, Answer(p), Clock::now());
+  EXPECT_EQ(s.reserved_bytes(), 50u);  // budget 4 + 1
+  p = s.Plan(Clock::now());
+  ASSERT_EQ(p.step.sequences_size(), 2);
+  EXPECT_EQ(p.step.sequences(1).seq_id(), full.request->seq_id());
+  EXPECT_EQ(s.reserved_bytes(), 950u);
 }
 
 TEST_F(SchedulerTest, DuplicateIdIsRefused) {
