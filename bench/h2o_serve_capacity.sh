@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H2O capacity claim through the service, one run: `deja serve` at TP 1 with a fixed KV memory
-# (--kv-memory-mb, default 256), first with the full cache as the server default, then with
+# (--kv-memory-mb, default 256; --wait-for-kv, so streams queue for memory), first with the full cache as the server default, then with
 # h2o 20% of a 1024-token sequence (--heavy-tokens 102 --recent-tokens 103); each time STREAMS
 # concurrent greedy streams of a 256-token prompt (held-out kjv) and 768 new tokens (1024-token
 # sequences), driven by `deja client bench`. Prints one JSON line per policy: tokens/s, the most
@@ -24,7 +24,7 @@ PROMPT=$(head -c 1000 tests/data/heldout/kjv.txt | tr '\n' ' ')
 for policy in "full" "h2o --heavy-tokens 102 --recent-tokens 103"; do
   # shellcheck disable=SC2086  # policy and SERVE_FLAGS are lists of flags
   "$DEJA" serve --model "$MODEL" --tp 1 --port $PORT --metrics-port $METRICS_PORT \
-    --kv-memory-mb "$KV_MB" --max-batch-sequences 512 --max-queue 1024 \
+    --kv-memory-mb "$KV_MB" --max-batch-sequences 512 --max-queue 1024 --wait-for-kv \
     --step-timeout-ms 60000 --kv-policy $policy ${SERVE_FLAGS:-} \
     2>/tmp/deja_h2o_serve_capacity.log &
   SERVE=$!

@@ -93,7 +93,10 @@ void AddCoordinatorFlags(Args& args) {
       .Flag("step-timeout-ms", "a step unanswered this long loses the worker group", "2500")
       .Flag("heartbeat-interval-ms", "worker GetStatus polling period", "250")
       .Flag("heartbeat-timeout-ms", "a worker silent this long loses the group", "1500")
-      .Flag("drain-timeout-ms", "how long a drain lets admitted requests finish", "30000");
+      .Flag("drain-timeout-ms", "how long a drain lets admitted requests finish", "30000")
+      .Bool("wait-for-kv",
+            "queue a request that finds the KV memory taken (within --max-queue) until it is "
+            "free, instead of RESOURCE_EXHAUSTED at once");
   // The server's default KV-cache policy: what a request without CachePolicy.kind gets.
   AddCachePolicyFlags(args, "full");
 }
@@ -161,6 +164,7 @@ StatusOr<coordinator::CoordinatorOptions> CoordinatorFromFlags(const Args& args)
   o.scheduler.max_batch_sequences = static_cast<int32_t>(batch);
   o.scheduler.max_prefill_tokens = static_cast<int32_t>(prefill);
   o.scheduler.max_waiting = static_cast<int32_t>(queue);
+  o.scheduler.wait_for_kv = args.On("wait-for-kv");
   o.default_max_new_tokens = static_cast<int32_t>(max_new);
   o.group.step_timeout = std::chrono::milliseconds(step_ms);
   o.group.heartbeat_interval = std::chrono::milliseconds(hb_ms);

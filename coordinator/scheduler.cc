@@ -28,8 +28,23 @@ Status Scheduler::Admit(std::shared_ptr<Request> request, std::string* reject_re
                              " positions), more than the workers' " +
                              std::to_string(capacity_.total_bytes));
   }
-  // A request that fits the workers' KV memory waits in the queue until enough of it is free
-  // (Plan reserves it when the request joins the batch).
+  // Reserved now when it fits (and, when requests wait for KV, none is queued unreserved ahead
+  // of it: first come, first served); else it waits for KV (wait_for_kv: Plan reserves it when
+  // enough is free) or is refused.
+  const bool fits =
+      capacity_.bytes_per_token == 0 || reserved_bytes_ + need <= capacity_.total_bytes;
+  const bool queued_for_kv = std::any_of(waiting_.begin(), waiting_.end(), [&](const auto& w) {
+    return reserved_.count(w->seq_id()) == 0;
+  });
+  if (fits && !queued_for_kv) {
+    reserved_[request->seq_id()] = need;
+    reserved_bytes_ += need;
+  } else if (!options_.wait_for_kv) {
+    *reject_reason = "kv_full";
+    return ResourceExhausted("KV memory is full: " + std::to_string(need) + " bytes needed, " +
+                             std::to_string(capacity_.total_bytes - reserved_bytes_) +
+                             " free per rank; retry later");
+  }
   by_id_[request->id()] = request;
   waiting_.push_back(std::move(request));
   return Status::Ok();
@@ -73,11 +88,11 @@ StepPlan Scheduler::Plan(Clock::time_point now) {
   }
   while (budget > 0 && !waiting_.empty() &&
          static_cast<int32_t>(running_.size()) < options_.max_batch_sequences) {
-    // First come, first served: the queue's head waits for its KV reservation (worst case:
-    // prompt + max_new_tokens, or a bounded policy's budget) and nothing overtakes it, so a long
-    // request is not starved by short ones.
-    const uint64_t need = NeedBytes(*waiting_.front());
-    if (capacity_.bytes_per_token > 0 && need > capacity_.total_bytes) {
+    // A head queued for KV (wait_for_kv) is reserved once enough is free; nothing overtakes it,
+    // so a long request is not starved by short ones.
+    const bool reserved = reserved_.count(waiting_.front()->seq_id()) != 0;
+    const uint64_t need = reserved ? 0 : NeedBytes(*waiting_.front());
+    if (!reserved && capacity_.bytes_per_token > 0 && need > capacity_.total_bytes) {
       // Admitted under a larger worker group (the capacity shrank with a new epoch).
       std::shared_ptr<Request> r = waiting_.front();
       r->Fail(ResourceExhausted("the request needs " + std::to_string(need) +
@@ -87,11 +102,16 @@ StepPlan Scheduler::Plan(Clock::time_point now) {
       Remove(r, false);
       continue;
     }
-    if (capacity_.bytes_per_token > 0 && reserved_bytes_ + need > capacity_.total_bytes) break;
+    if (!reserved && capacity_.bytes_per_token > 0 &&
+        reserved_bytes_ + need > capacity_.total_bytes) {
+      break;
+    }
     std::shared_ptr<Request> r = std::move(waiting_.front());
     waiting_.pop_front();
-    reserved_[r->seq_id()] = need;
-    reserved_bytes_ += need;
+    if (!reserved) {
+      reserved_[r->seq_id()] = need;
+      reserved_bytes_ += need;
+    }
     running_.push_back(r);
     AddPrefill(r, &budget, &plan);
   }

@@ -7,13 +7,12 @@
 //      their prompt (oldest first), then for waiting requests while the batch has room.
 // So long prompts are spread over several steps and never stall running streams.
 //
-// A request joins the batch only once its worst-case KV bytes (prompt + max_new_tokens
-// positions, or a bounded cache policy's budget plus its prompt, as every worker reserves at a
-// sequence's first step and frees at its release) fit in what the workers report free; until
-// then it waits in the queue, first come first served (as vLLM and TGI queue requests for
-// memory). A bounded policy's reservation shrinks to budget + 1 positions once its prompt is in,
-// as the workers' caches do. Admission refuses at once (RESOURCE_EXHAUSTED) only when the queue
-// is full or the request could never fit.
+// Each request reserves its worst-case KV bytes (prompt + max_new_tokens positions, or a bounded
+// cache policy's budget plus its prompt, as every worker reserves at a sequence's first step and
+// frees at its release) against the KV memory the workers report; a bounded policy's
+// reservation shrinks to budget + 1 positions once its prompt is in, as the workers' caches do.
+// Admission refuses at once (RESOURCE_EXHAUSTED) when the queue is full, when the request could
+// never fit, and when the memory is taken, unless wait_for_kv queues it until it is free.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +35,11 @@ struct SchedulerOptions {
   int32_t max_prefill_tokens = 512;
   // Admitted requests waiting for a place in the batch.
   int32_t max_waiting = 64;
+  // A request that fits the workers' KV memory but finds it reserved: false refuses it at once
+  // with RESOURCE_EXHAUSTED (the client retries or goes elsewhere); true queues it (within
+  // max_waiting) until enough is free, first come first served, as vLLM and TGI do.
+  // `deja serve --wait-for-kv`.
+  bool wait_for_kv = false;
 };
 
 // KV memory of the worker group: the smallest rank budget and the largest per-position cost.
@@ -69,10 +73,9 @@ class Scheduler {
   void SetKvCapacity(const KvCapacity& capacity) { capacity_ = capacity; }
   const KvCapacity& kv_capacity() const { return capacity_; }
 
-  // RESOURCE_EXHAUSTED when the waiting queue is full or the request needs more KV memory than
-  // the workers have in all (*reject_reason is then "queue_full" or "kv_full"); ALREADY_EXISTS
-  // when a request with the same id is active. A request that fits but finds the memory taken
-  // waits in the queue.
+  // RESOURCE_EXHAUSTED when the waiting queue is full, or the request needs more KV memory than
+  // the workers have in all, or (without wait_for_kv) more than is free (*reject_reason is then
+  // "queue_full" or "kv_full"); ALREADY_EXISTS when a request with the same id is active.
   Status Admit(std::shared_ptr<Request> request, std::string* reject_reason);
   // Marks the active request `id` cancelled; false when there is none.
   bool Cancel(const std::string& id, CancelKind kind);
@@ -93,7 +96,7 @@ class Scheduler {
   size_t waiting() const { return waiting_.size(); }
   bool idle() const { return running_.empty() && waiting_.empty() && pending_release_.empty(); }
   bool has_requests() const { return !running_.empty() || !waiting_.empty(); }
-  // KV bytes reserved by the sequences in the batch.
+  // KV bytes reserved by admitted requests (not by those queued for KV).
   uint64_t reserved_bytes() const { return reserved_bytes_; }
   size_t pending_releases() const { return pending_release_.size(); }
 

@@ -186,10 +186,34 @@ TEST_F(SchedulerTest, QueueFullIsRefusedAtOnce) {
   EXPECT_TRUE(s.Admit(c.request, &reason).ok());
 }
 
-// A request that fits the workers' KV memory but finds it taken waits in the queue (first come,
-// first served) and joins the batch when a sequence's reservation is released; one that could
-// never fit is refused at once.
-TEST_F(SchedulerTest, KvReservationWaitsForMemoryAndRefusesWhatNeverFits) {
+// Without wait_for_kv (the default) a request that finds the KV memory taken is refused.
+TEST_F(SchedulerTest, KvAdmissionReservesWorstCase) {
+  Scheduler s(options_);
+  // 100 positions of 10 bytes.
+  s.SetKvCapacity({1000, 10});
+  std::string reason;
+  Made a = Make("a", 10, 50);      // 600 bytes
+  Made b = Make("b", 10, 50);      // 600 more: does not fit
+  Made huge = Make("h", 10, 200);  // 2100 bytes: never fits
+  ASSERT_TRUE(s.Admit(a.request, &reason).ok());
+  EXPECT_EQ(s.reserved_bytes(), 600u);
+  Status st = s.Admit(b.request, &reason);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(reason, "kv_full");
+  st = s.Admit(huge.request, &reason);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("max_new_tokens"), std::string::npos);
+  s.Cancel("a", CancelKind::kByRequest);
+  s.Plan(Clock::now());
+  EXPECT_EQ(s.reserved_bytes(), 0u);
+  EXPECT_TRUE(s.Admit(b.request, &reason).ok());
+}
+
+// With wait_for_kv a request that fits the workers' KV memory but finds it taken waits in the
+// queue (first come, first served) and joins the batch when a sequence's reservation is
+// released; one that could never fit is refused at once.
+TEST_F(SchedulerTest, WaitForKvQueuesUntilMemoryIsFreeAndRefusesWhatNeverFits) {
+  options_.wait_for_kv = true;
   options_.max_waiting = 8;
   options_.max_prefill_tokens = 64;
   Scheduler s(options_);
@@ -238,6 +262,7 @@ TEST_F(SchedulerTest, KvReservationWaitsForMemoryAndRefusesWhatNeverFits) {
 // A bounded (h2o) sequence reserves its budget plus its prompt while it prefills, then only
 // budget + 1 positions, as the workers' caches shrink; the freed bytes admit the queue's head.
 TEST_F(SchedulerTest, BoundedPolicyReservationShrinksAfterPrefill) {
+  options_.wait_for_kv = true;
   options_.max_waiting = 8;
   options_.max_prefill_tokens = 64;
   Scheduler s(options_);
