@@ -21,19 +21,13 @@ PORT=${DEJA_BENCH_PORT:-50072}
 METRICS_PORT=${DEJA_BENCH_METRICS_PORT:-9172}
 # ~256 tokens of held-out text (the tokenizer makes ~4 characters a token here).
 PROMPT=$(head -c 1000 tests/data/heldout/kjv.txt | tr '\n' ' ')
+# shellcheck source=bench/serve_lib.sh
+. bench/serve_lib.sh
 for policy in "full" "h2o --heavy-tokens 102 --recent-tokens 103"; do
   # shellcheck disable=SC2086  # policy and SERVE_FLAGS are lists of flags
-  "$DEJA" serve --model "$MODEL" --tp 1 --port $PORT --metrics-port $METRICS_PORT \
-    --kv-memory-mb "$KV_MB" --max-batch-sequences 512 --max-queue 1024 --wait-for-kv \
-    --step-timeout-ms 60000 --kv-policy $policy ${SERVE_FLAGS:-} \
-    2>/tmp/deja_h2o_serve_capacity.log &
-  SERVE=$!
-  trap 'kill $SERVE 2>/dev/null || true' EXIT
-  for _ in $(seq 600); do
-    "$DEJA" client health --target 127.0.0.1:$PORT --service deja.v1.TextGeneration \
-      >/dev/null 2>&1 && break
-    sleep 0.5
-  done
+  start_deja_serve "$DEJA" $PORT /tmp/deja_h2o_serve_capacity.log --model "$MODEL" --tp 1 \
+    --metrics-port $METRICS_PORT --kv-memory-mb "$KV_MB" --max-batch-sequences 512 \
+    --max-queue 1024 --wait-for-kv --step-timeout-ms 60000 --kv-policy $policy ${SERVE_FLAGS:-}
   echo "# policy=$policy kv_memory_mb=$KV_MB streams=$STREAMS flags=${SERVE_FLAGS:-}"
   # The most sequences running at once, from /metrics every 0.2 s while the bench runs.
   python3 - "$METRICS_PORT" >/tmp/deja_h2o_serve_capacity.peak <<'PY' &
@@ -60,7 +54,5 @@ PY
   PEAK=$(tail -1 /tmp/deja_h2o_serve_capacity.peak)
   tail -1 /tmp/deja_h2o_serve_capacity.json |
     sed "s/^{/{\"policy\":\"${policy%% *}\",\"peak_running_sequences\":${PEAK:-0},/"
-  kill -TERM $SERVE
-  wait $SERVE || true
-  trap - EXIT
+  stop_deja_serve
 done

@@ -15,22 +15,15 @@ MODEL=${2:-models/opt-mini}
 MAX_NEW=${3:-64}
 PORT=${DEJA_BENCH_PORT:-50071}
 METRICS_PORT=${DEJA_BENCH_METRICS_PORT:-9171}
+# shellcheck source=bench/serve_lib.sh
+. bench/serve_lib.sh
 for tp in ${TPS:-1 2}; do
   # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
-  "$DEJA" serve --model "$MODEL" --tp $tp --port $PORT --metrics-port $METRICS_PORT \
-    --max-batch-sequences 32 --step-timeout-ms 60000 ${SERVE_FLAGS:-} \
-    2>/tmp/deja_serve_bench_$tp.log &
-  SERVE=$!
-  trap 'kill $SERVE 2>/dev/null || true' EXIT
-  for _ in $(seq 600); do
-    "$DEJA" client health --target 127.0.0.1:$PORT --service deja.v1.TextGeneration \
-      >/dev/null 2>&1 && break
-    sleep 0.5
-  done
+  start_deja_serve "$DEJA" $PORT /tmp/deja_serve_bench_$tp.log --model "$MODEL" --tp $tp \
+    --metrics-port $METRICS_PORT --max-batch-sequences 32 --step-timeout-ms 60000 \
+    ${SERVE_FLAGS:-}
   echo "# tp=$tp model=$MODEL flags=${SERVE_FLAGS:-}"
   "$DEJA" client bench --target 127.0.0.1:$PORT --metrics-target 127.0.0.1:$METRICS_PORT \
     --streams 1,8,32 --max-new-tokens "$MAX_NEW" | sed "s/^{/{\"tp\":$tp,/"
-  kill -TERM $SERVE
-  wait $SERVE || true
-  trap - EXIT
+  stop_deja_serve
 done

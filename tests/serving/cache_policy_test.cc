@@ -5,58 +5,30 @@
 // same policy, in one batch; evictions show in a real /metrics scrape.
 #include <thread>
 
-#include "common/tokenizer.h"
-#include "kernels/backend.h"
+#include "reference_model.h"
 #include "serving_util.h"
-#include "worker/generation.h"
-#include "worker/opt_model.h"
 
 namespace deja::serving_test {
 namespace {
 
-class CachePolicyServingTest : public ::testing::Test {
+class CachePolicyServingTest : public ServerSuite {
  protected:
   static void SetUpTestSuite() {
-    server_ = new Server("cache_policy", {DEJA_BINARY,      "serve", "--model",         ModelDir(),
-                                          "--tp",           "2",     "--port",          "0",
-                                          "--metrics-port", "0",     "--threads",       "1",
-                                          "--kv-memory-mb", "64",    "--kv-policy",     "h2o",
-                                          "--heavy-tokens", "4",     "--recent-tokens", "4"});
-    backend_ = kernels::MakeCpuBackend(1).release();
-    StatusOr<std::unique_ptr<worker::OptModel>> m = worker::OptModel::Load(ModelDir(), backend_);
-    if (m.ok()) model_ = m->release();
-    StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Load(ModelDir());
-    if (t.ok()) tokenizer_ = t->release();
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    delete model_;
-    delete backend_;
-    delete tokenizer_;
-  }
-  void SetUp() override {
-    ASSERT_NE(model_, nullptr);
-    ASSERT_NE(tokenizer_, nullptr);
-    ASSERT_TRUE(server_->WaitListening()) << server_->Log();
-    ASSERT_TRUE(WaitHealth(server_->channel(), kServing)) << server_->Log();
+    StartSuite("cache_policy",
+               {DEJA_BINARY,       "serve", "--model",        ModelDir(), "--tp",           "2",
+                "--port",          "0",     "--metrics-port", "0",        "--threads",      "1",
+                "--kv-memory-mb",  "64",    "--kv-policy",    "h2o",      "--heavy-tokens", "4",
+                "--recent-tokens", "4"});
   }
 
   // Greedy single-process generation of `prompt` (BOS prepended) under `cache`.
   static std::vector<int32_t> Reference(const std::string& prompt, int max_new,
                                         const worker::CachePolicyConfig& cache) {
-    StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(prompt, true);
-    EXPECT_TRUE(ids.ok());
     worker::GenerationOptions o;
     o.max_new_tokens = max_new;
     o.stop_at_eos = false;  // as the requests' ignore_eos
     o.cache = cache;
-    StatusOr<worker::GenerationResult> r = worker::Generate(*model_, *ids, o);
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    std::vector<int32_t> out;
-    if (r.ok()) {
-      for (const auto& c : r->tokens) out.push_back(c.id);
-    }
-    return out;
+    return ref_->Generate(prompt, o);
   }
   static worker::CachePolicyConfig Policy(worker::CachePolicyKind kind, int32_t heavy = -1,
                                           int32_t recent = -1) {
@@ -66,17 +38,7 @@ class CachePolicyServingTest : public ::testing::Test {
     c.recent_tokens = recent;
     return c;
   }
-
-  static Server* server_;
-  static kernels::Backend* backend_;
-  static worker::OptModel* model_;
-  static Tokenizer* tokenizer_;
 };
-
-Server* CachePolicyServingTest::server_ = nullptr;
-kernels::Backend* CachePolicyServingTest::backend_ = nullptr;
-worker::OptModel* CachePolicyServingTest::model_ = nullptr;
-Tokenizer* CachePolicyServingTest::tokenizer_ = nullptr;
 
 TEST_F(CachePolicyServingTest, ModelInfoReportsTheServerDefault) {
   grpc::ClientContext ctx;
@@ -94,7 +56,7 @@ TEST_F(CachePolicyServingTest, EachRequestRunsUnderItsPolicyInOneBatch) {
       "And God said, Let there be light: and there was light. And God saw the light, that it "
       "was good: and God divided the light from the darkness.";
   const int max_new = 24;
-  StatusOr<std::vector<int32_t>> prompt_ids = tokenizer_->Encode(prompt, true);
+  StatusOr<std::vector<int32_t>> prompt_ids = ref_->tokenizer->Encode(prompt, true);
   ASSERT_TRUE(prompt_ids.ok());
   const int32_t tenth = static_cast<int32_t>((prompt_ids->size() + 9) / 10);  // ceil(0.1 * prompt)
   struct Case {

@@ -6,57 +6,27 @@
 #include <cmath>
 #include <mutex>
 
-#include "common/tokenizer.h"
-#include "kernels/backend.h"
+#include "reference_model.h"
 #include "serving_util.h"
-#include "worker/generation.h"
-#include "worker/opt_model.h"
 
 namespace deja::serving_test {
 namespace {
 
-class ServingTest : public ::testing::Test {
+class ServingTest : public ServerSuite {
  protected:
   static void SetUpTestSuite() {
-    server_ =
-        new Server("main", {DEJA_BINARY, "serve", "--model", ModelDir(), "--tp", "2", "--port", "0",
-                            "--metrics-port", "0", "--threads", "1", "--max-batch-sequences", "16",
-                            "--max-queue", "64", "--kv-memory-mb", "64"});
-    backend_ = kernels::MakeCpuBackend(1).release();
-    StatusOr<std::unique_ptr<worker::OptModel>> m = worker::OptModel::Load(ModelDir(), backend_);
-    if (m.ok()) model_ = m->release();
-    StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Load(ModelDir());
-    if (t.ok()) tokenizer_ = t->release();
+    StartSuite("main", {DEJA_BINARY, "serve", "--model", ModelDir(), "--tp", "2", "--port", "0",
+                        "--metrics-port", "0", "--threads", "1", "--max-batch-sequences", "16",
+                        "--max-queue", "64", "--kv-memory-mb", "64"});
   }
-  static void TearDownTestSuite() {
-    delete server_;
-    delete model_;
-    delete backend_;
-    delete tokenizer_;
-  }
-  void SetUp() override {
-    ASSERT_NE(model_, nullptr);
-    ASSERT_NE(tokenizer_, nullptr);
-    ASSERT_TRUE(server_->WaitListening()) << server_->Log();
-    ASSERT_TRUE(WaitHealth(server_->channel(), kServing)) << server_->Log();
-  }
-
   // Single-process generation of `prompt` (BOS prepended) with the request's settings.
   static std::vector<int32_t> Reference(const std::string& prompt, int max_new,
                                         const worker::SamplingParams& sampling = {}) {
     std::lock_guard<std::mutex> lock(reference_mu_);
-    StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(prompt, true);
-    EXPECT_TRUE(ids.ok());
     worker::GenerationOptions o;
     o.sampling = sampling;
     o.max_new_tokens = max_new;
-    StatusOr<worker::GenerationResult> r = worker::Generate(*model_, *ids, o);
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    std::vector<int32_t> out;
-    if (r.ok()) {
-      for (const auto& c : r->tokens) out.push_back(c.id);
-    }
-    return out;
+    return ref_->Generate(prompt, o);
   }
   static v1::GenerateRequest Request(const std::string& prompt, int max_new) {
     v1::GenerateRequest r;
@@ -81,7 +51,7 @@ class ServingTest : public ::testing::Test {
     r->mutable_sampling()->set_top_p(p.top_p);
     r->mutable_sampling()->set_seed(p.seed);
   }
-  std::string Decode(const std::vector<int32_t>& ids) { return tokenizer_->Decode(ids, true); }
+  std::string Decode(const std::vector<int32_t>& ids) { return ref_->tokenizer->Decode(ids, true); }
   // A single-process run ends with EOS when its last token is EOS, else at its length.
   static v1::FinishReason ReasonOf(const std::vector<int32_t>& tokens) {
     return !tokens.empty() && tokens.back() == 2 ? v1::FINISH_REASON_EOS : v1::FINISH_REASON_LENGTH;
@@ -98,17 +68,9 @@ class ServingTest : public ::testing::Test {
     return std::string::npos;
   }
 
-  static Server* server_;
-  static kernels::Backend* backend_;
-  static worker::OptModel* model_;
-  static Tokenizer* tokenizer_;
   static std::mutex reference_mu_;
 };
 
-Server* ServingTest::server_ = nullptr;
-kernels::Backend* ServingTest::backend_ = nullptr;
-worker::OptModel* ServingTest::model_ = nullptr;
-Tokenizer* ServingTest::tokenizer_ = nullptr;
 std::mutex ServingTest::reference_mu_;
 
 TEST_F(ServingTest, HealthReflectionInfoAndTokenize) {
@@ -123,9 +85,9 @@ TEST_F(ServingTest, HealthReflectionInfoAndTokenize) {
   v1::ModelInfo info;
   ASSERT_TRUE(server_->stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
   EXPECT_EQ(info.tensor_parallel_size(), 2u);
-  EXPECT_EQ(info.vocab_size(), static_cast<uint32_t>(model_->config().vocab_size));
+  EXPECT_EQ(info.vocab_size(), static_cast<uint32_t>(ref_->model->config().vocab_size));
   EXPECT_EQ(info.max_position_embeddings(),
-            static_cast<uint32_t>(model_->config().max_position_embeddings));
+            static_cast<uint32_t>(ref_->model->config().max_position_embeddings));
   EXPECT_EQ(info.eos_token_id(), 2u);
 
   grpc::ClientContext tctx;
@@ -135,7 +97,7 @@ TEST_F(ServingTest, HealthReflectionInfoAndTokenize) {
   treq.set_add_bos(true);
   v1::TokenizeResponse tresp;
   ASSERT_TRUE(server_->stub().Tokenize(&tctx, treq, &tresp).ok());
-  StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode("And God said", true);
+  StatusOr<std::vector<int32_t>> ids = ref_->tokenizer->Encode("And God said", true);
   ASSERT_TRUE(ids.ok());
   EXPECT_EQ(std::vector<int32_t>(tresp.ids().begin(), tresp.ids().end()), *ids);
   EXPECT_EQ(tresp.tokens_size(), tresp.ids_size());
