@@ -8,6 +8,8 @@
 //  - with the committed predictors: decoding token by token (gather kernels) gives the same
 //    logits as evaluating the whole window at once (masked per-token sparsity), and both differ
 //    from dense;
+//  - with H2O, a head skipped for a token still appends its K/V and keeps its scores, within
+//    the budget;
 //  - bad options are InvalidArgument naming the option.
 #include <gtest/gtest.h>
 
@@ -15,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <thread>
 #include <vector>
@@ -78,7 +81,8 @@ StatusOr<Trace> RunTrace(OptModel& model, const std::vector<std::vector<int32_t>
   DEJA_RETURN_IF_ERROR(model.Forward(step, &out));
   record();
   for (int32_t s = 0; s < steps; ++s) {
-    for (int b = 0; b < batch; ++b) step[b] = {kvs[b].get(), &seqs[b][prompt[b] + s], 1, false, sparse};
+    for (int b = 0; b < batch; ++b)
+      step[b] = {kvs[b].get(), &seqs[b][prompt[b] + s], 1, false, sparse};
     DEJA_RETURN_IF_ERROR(model.Forward(step, &out));
     record();
   }
@@ -148,6 +152,97 @@ TEST(SparseModelTest, OracleKeepsTheFractionAskedFor) {
     EXPECT_FLOAT_EQ(sparse->head_fraction[s], (1.0f + 0.5f * (layers - 1)) / layers) << s;
   }
   EXPECT_GT(RelErr(*sparse, *dense), 1e-3) << "skipping half the units changed nothing";
+}
+
+// Deja Vu with H2O (DESIGN.md §6.2): a head the predictor skips for a token still appends that
+// token's K/V (the exact rule) and keeps its accumulated scores as they were (the token did not
+// attend there), and eviction keeps every head within its budget. Oracle at 0.5: layer 0 runs
+// every head, layers 1-3 four of eight per token.
+TEST(SparseModelTest, SkippedHeadsStillAppendKvAndKeepTheirH2OScores) {
+  auto backend = kernels::MakeCpuBackend(1);
+  auto model = LoadMini(backend.get());
+  ASSERT_NE(model, nullptr);
+  ASSERT_TRUE(model->EnableSparsity(Oracle(0.5f)).ok());
+  const int32_t heavy = 4, recent = 4, prompt = 16, steps = 24;
+  CachePolicyConfig h2o;
+  h2o.kind = CachePolicyKind::kH2O;
+  h2o.heavy_tokens = heavy;
+  h2o.recent_tokens = recent;
+  auto kv_or = model->NewSequence(prompt + steps, h2o, prompt, prompt);
+  ASSERT_TRUE(kv_or.ok()) << kv_or.status().ToString();
+  SequenceKv& kv = **kv_or;
+  const KvGeometry g = kv.geometry();
+  auto seqs = RandomSequences(1, static_cast<int32_t>(model->config().vocab_size), 21);
+  StepResult out;
+  ASSERT_TRUE(model->Forward({{&kv, seqs[0].data(), prompt, false, false}}, &out).ok());
+  int skipped_total = 0;
+  for (int32_t s = 0; s < steps; ++s) {
+    // Each head's scores by position before the step.
+    std::vector<std::map<int32_t, float>> before(static_cast<size_t>(g.layers) * g.heads);
+    // And every slot's K as it was (a reused slot still holds an evicted token's K).
+    std::vector<std::vector<float>> k_before(g.layers);
+    for (int32_t l = 0; l < g.layers; ++l) {
+      const kernels::KvView v = kv.View(l);
+      const size_t k_elems = static_cast<size_t>(g.heads) * v.capacity * g.head_dim;
+      for (size_t i = 0; i < k_elems; ++i) k_before[l].push_back(LoadAsFloat(v.k, v.dtype, i));
+      for (int32_t h = 0; h < g.heads; ++h) {
+        for (int32_t slot = 0; slot < v.used; ++slot) {
+          const int32_t pos = v.slot_pos[h * v.capacity + slot];
+          if (pos >= 0) before[l * g.heads + h][pos] = v.score[h * v.capacity + slot];
+        }
+      }
+    }
+    const int32_t new_pos = kv.length();
+    const int32_t token = seqs[0][(prompt + s) % seqs[0].size()];
+    ASSERT_TRUE(model->Forward({{&kv, &token, 1, false, true}}, &out).ok());
+    for (int32_t l = 0; l < g.layers; ++l) {
+      const kernels::KvView v = kv.View(l);
+      int skipped = 0;
+      for (int32_t h = 0; h < g.heads; ++h) {
+        SCOPED_TRACE("step " + std::to_string(s) + " layer " + std::to_string(l) + " head " +
+                     std::to_string(h));
+        int occupied = 0;
+        bool has_new = false, any_changed = false;
+        float new_score = -1.f;
+        for (int32_t slot = 0; slot < v.used; ++slot) {
+          const int32_t pos = v.slot_pos[h * v.capacity + slot];
+          if (pos < 0) continue;
+          ++occupied;
+          const float score = v.score[h * v.capacity + slot];
+          if (pos == new_pos) {
+            has_new = true;
+            new_score = score;
+            // Its K row was written this step (the exact rule): it differs from what the slot
+            // held before (zeros, or an evicted token's K).
+            const size_t row = (static_cast<size_t>(h) * v.capacity + slot) * g.head_dim;
+            bool written = false;
+            for (int32_t e = 0; e < g.head_dim; ++e) {
+              written |= LoadAsFloat(v.k, v.dtype, row + e) != k_before[l][row + e];
+            }
+            EXPECT_TRUE(written) << "no K for the new token";
+          } else {
+            auto it = before[l * g.heads + h].find(pos);
+            ASSERT_NE(it, before[l * g.heads + h].end())
+                << "evicted position " << pos << " came back";
+            any_changed |= score != it->second;
+          }
+        }
+        EXPECT_LE(occupied, heavy + recent);
+        EXPECT_TRUE(has_new) << "the new token is always among the recent ones";
+        // Attended: the query's own probability lands on its slot; skipped: nothing moved.
+        if (new_score == 0.f) {
+          ++skipped;
+          EXPECT_FALSE(any_changed) << "a skipped head's scores changed";
+        } else {
+          EXPECT_GT(new_score, 0.f);
+        }
+      }
+      EXPECT_EQ(skipped, l == 0 ? 0 : g.heads / 2) << "layer " << l << " step " << s;
+      skipped_total += skipped;
+    }
+  }
+  EXPECT_GT(skipped_total, 0);
+  EXPECT_GT(kv.evictions(), 0);
 }
 
 TEST(SparseModelTest, BatchUsesTheUnionAndFallsBackToDense) {
@@ -239,8 +334,8 @@ TEST(SparseModelTest, PredictorsDecodeEqualsWholeWindow) {
     GTEST_SKIP() << "no " << predictors << " (trained by deja train-predictors)";
   }
   // Both places the predictors can run: their own thread and inline on the forward thread.
-  for (auto where : {SparsityOptions::PredictorThread::kOwnThread,
-                     SparsityOptions::PredictorThread::kInline}) {
+  for (auto where :
+       {SparsityOptions::PredictorThread::kOwnThread, SparsityOptions::PredictorThread::kInline}) {
     SCOPED_TRACE(where == SparsityOptions::PredictorThread::kInline ? "inline" : "own thread");
     // The reference backend computes each row independently of the batch, so the predictors see
     // bit-identical inputs in both runs and select the same units.
