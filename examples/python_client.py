@@ -45,8 +45,14 @@ def _build_request(pb, args):
         req.sampling.seed = args.seed
     if args.logprobs:
         req.response.logprobs = True
+    # KV-cache policy: unset uses the server's default (ModelInfo.default_cache_policy); budgets
+    # left unset come from that default when the kinds match, else 10% of the prompt.
     if args.cache:
         req.cache.kind = pb.CachePolicy.Kind.Value("KIND_" + args.cache.upper())
+    if args.heavy_tokens is not None:
+        req.cache.heavy_tokens = args.heavy_tokens
+    if args.recent_tokens is not None:
+        req.cache.recent_tokens = args.recent_tokens
     # Deja Vu sparsity: unset uses the server's default (ModelInfo.sparsity_available says
     # whether MODE_ON is accepted; FAILED_PRECONDITION otherwise).
     if args.sparsity:
@@ -76,6 +82,8 @@ def main():
         p.add_argument("--stop", action="append", help="stop sequence (up to 4)")
         p.add_argument("--logprobs", action="store_true")
         p.add_argument("--cache", choices=["full", "window", "h2o"])
+        p.add_argument("--heavy-tokens", type=int, help="h2o heavy-hitter budget per head")
+        p.add_argument("--recent-tokens", type=int, help="recent-token budget per head")
         p.add_argument("--sparsity", choices=["on", "off"],
                        help="Deja Vu contextual sparsity; unset = the server's default")
         p.add_argument("--sparsity-schedule",
