@@ -20,7 +20,7 @@ struct SamplingParams {
   float top_p = 1.0f;               // (0, 1]; 1 = off
   float repetition_penalty = 1.0f;  // > 0; 1 = off (CTRL-style, over prompt and output)
   uint64_t seed = 0;
-  int32_t top_n = 0;                // alternatives to report, 0..20
+  int32_t top_n = 0;  // alternatives to report, 0..20
 
   // InvalidArgument naming the field.
   Status Validate() const;
@@ -44,7 +44,7 @@ class Sampler {
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;
-  std::vector<float> work_, logprobs_;
+  std::vector<float> work_;
   std::vector<double> probs_;
   std::vector<int32_t> order_;
 };

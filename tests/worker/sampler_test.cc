@@ -1,12 +1,15 @@
-// Sampling: greedy, temperature, top-k, top-p, repetition penalty, seeding, log-probs, top-n,
-// and parameter validation.
+// Sampling: greedy, temperature, top-k, top-p, repetition penalty, seeding, log-probs, top-n
+// (the fast path against a plain reference), and parameter validation.
 #include "worker/sampler.h"
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
+#include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace deja::worker {
 namespace {
@@ -33,6 +36,51 @@ TEST(SamplerTest, GreedyPicksArgmaxAndReportsLogprob) {
   double z = 0;
   for (float l : logits) z += std::exp(l);
   EXPECT_NEAR(c.logprob, 2.0 - std::log(z), 1e-6);
+}
+
+// The fast path (SIMD max and exp-sum, log-probs only for the reported tokens, one-pass top-n)
+// against a plain double-precision log_softmax, a scalar arg-max and a full sort, on fresh random
+// rows of sizes that hit every vector tail and OPT's 50,272 tokens, with duplicated maxima
+// (ties go to the lower id) in half of them.
+TEST(SamplerTest, GreedyLogprobsAndTopNMatchAPlainReference) {
+  std::mt19937 rng(20261123);
+  std::normal_distribution<float> normal(0.f, 4.f);
+  for (int32_t vocab : {1, 2, 7, 15, 16, 17, 33, 1000, 1025, 8192, 50272}) {
+    for (int trial = 0; trial < 4; ++trial) {
+      SCOPED_TRACE("vocab " + std::to_string(vocab) + " trial " + std::to_string(trial));
+      std::vector<float> logits(vocab);
+      for (float& x : logits) x = normal(rng);
+      if (trial % 2 == 1 && vocab > 2) {  // the max twice, the later copy first in the row
+        const int32_t hi = static_cast<int32_t>(rng() % vocab);
+        logits[vocab - 1] = 30.f;
+        logits[hi] = 30.f;
+      }
+      double mx = logits[0];
+      for (float x : logits) mx = std::max<double>(mx, x);
+      double sum = 0;
+      for (float x : logits) sum += std::exp(x - mx);
+      const double lse = mx + std::log(sum);
+      int32_t argmax = 0;
+      for (int32_t i = 1; i < vocab; ++i) {
+        if (logits[i] > logits[argmax]) argmax = i;
+      }
+      std::vector<int32_t> order(vocab);
+      for (int32_t i = 0; i < vocab; ++i) order[i] = i;
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+      SamplingParams p;
+      p.top_n = 5;
+      Sampler sampler(p);
+      TokenChoice c = sampler.Choose(logits.data(), vocab, {});
+      EXPECT_EQ(c.id, argmax);
+      EXPECT_NEAR(c.logprob, logits[argmax] - lse, 1e-5);
+      ASSERT_EQ(c.top.size(), static_cast<size_t>(std::min(5, vocab)));
+      for (size_t i = 0; i < c.top.size(); ++i) {
+        EXPECT_EQ(c.top[i].first, order[i]) << i;
+        EXPECT_NEAR(c.top[i].second, logits[order[i]] - lse, 1e-5) << i;
+      }
+    }
+  }
 }
 
 TEST(SamplerTest, SamplingFollowsTheDistribution) {
