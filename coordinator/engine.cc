@@ -77,7 +77,7 @@ StatusOr<std::shared_ptr<Request>> Engine::Submit(const v1::GenerateRequest& req
   std::lock_guard<std::mutex> lock(mu_);
   if (id.empty()) id = NewRequestId();
   auto r = std::make_shared<Request>(id, next_seq_id_++, std::move(*resolved), tokenizer_, metrics_,
-                                     arrival, deadline, std::move(sink));
+                                     arrival, deadline, delivery_.Wrap(std::move(sink)));
   if (group.epoch != served_epoch_) TrackGroup(group, arrival);
   std::string reason;
   if (Status s = scheduler_.Admit(r, &reason); !s.ok()) {
@@ -128,15 +128,25 @@ void Engine::StartDrain() {
 }
 
 bool Engine::WaitIdle(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return idle_cv_.wait_for(lock, timeout, [&] { return !scheduler_.has_requests(); });
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!idle_cv_.wait_for(lock, timeout, [&] { return !scheduler_.has_requests(); })) {
+      return false;
+    }
+  }
+  // The requests' last messages have reached their RPCs.
+  delivery_.Flush();
+  return true;
 }
 
 void Engine::FailAll(const Status& status) {
-  std::lock_guard<std::mutex> lock(mu_);
-  scheduler_.FailAll(status, Clock::now());
-  UpdateGauges();
-  idle_cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    scheduler_.FailAll(status, Clock::now());
+    UpdateGauges();
+    idle_cv_.notify_all();
+  }
+  delivery_.Flush();
 }
 
 void Engine::Loop() {

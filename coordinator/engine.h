@@ -18,6 +18,7 @@
 
 #include "common/status.h"
 #include "common/tokenizer.h"
+#include "coordinator/delivery.h"
 #include "coordinator/engine_client.h"
 #include "coordinator/metrics.h"
 #include "coordinator/request.h"
@@ -63,9 +64,11 @@ class Engine {
   // Refuses new requests from now on (UNAVAILABLE); admitted ones continue.
   void StartDrain();
   bool draining() const { return draining_.load(); }
-  // Waits until no request is queued or running; false on timeout.
+  // Waits until no request is queued or running and their output has reached the RPC layer;
+  // false on timeout.
   bool WaitIdle(std::chrono::milliseconds timeout);
-  // Fails every queued and running request with `status` (end of a drain that timed out).
+  // Fails every queued and running request with `status` (end of a drain that timed out); the
+  // errors have reached the RPC layer when it returns.
   void FailAll(const Status& status);
 
   const ModelLimits& limits() const { return options_.limits; }
@@ -97,6 +100,9 @@ class Engine {
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_seq_id_{1};
   std::mt19937_64 rng_;  // seeds and request ids, under mu_
+  // Requests' output goes to their sinks through it, off the loop thread (destroyed after the
+  // destructor's FailAll, delivering that too).
+  DeliveryQueue delivery_;
   std::thread loop_;
 };
 
