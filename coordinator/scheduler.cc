@@ -8,6 +8,14 @@ uint64_t Scheduler::NeedBytes(const Request& r) const {
   return static_cast<uint64_t>(r.params().ReservedPositions()) * capacity_.bytes_per_token;
 }
 
+Status Scheduler::NeverFits(const Request& r, uint64_t need) const {
+  return ResourceExhausted("the request needs " + std::to_string(need) +
+                           " bytes of KV memory per rank (prompt + max_new_tokens = " +
+                           std::to_string(r.params().ReservedPositions()) +
+                           " positions), more than the workers' " +
+                           std::to_string(capacity_.total_bytes));
+}
+
 Status Scheduler::Admit(std::shared_ptr<Request> request, std::string* reject_reason) {
   if (by_id_.count(request->id())) {
     *reject_reason = "already_exists";
@@ -22,20 +30,18 @@ Status Scheduler::Admit(std::shared_ptr<Request> request, std::string* reject_re
   const uint64_t need = NeedBytes(*request);
   if (capacity_.bytes_per_token > 0 && need > capacity_.total_bytes) {
     *reject_reason = "kv_full";
-    return ResourceExhausted("the request needs " + std::to_string(need) +
-                             " bytes of KV memory per rank (prompt + max_new_tokens = " +
-                             std::to_string(request->params().ReservedPositions()) +
-                             " positions), more than the workers' " +
-                             std::to_string(capacity_.total_bytes));
+    return NeverFits(*request, need);
   }
   // Reserved now when it fits (and, when requests wait for KV, none is queued unreserved ahead
   // of it: first come, first served); else it waits for KV (wait_for_kv: Plan reserves it when
   // enough is free) or is refused.
   const bool fits =
       capacity_.bytes_per_token == 0 || reserved_bytes_ + need <= capacity_.total_bytes;
-  const bool queued_for_kv = std::any_of(waiting_.begin(), waiting_.end(), [&](const auto& w) {
-    return reserved_.count(w->seq_id()) == 0;
-  });
+  // Only wait_for_kv queues requests without a reservation.
+  const bool queued_for_kv =
+      options_.wait_for_kv && std::any_of(waiting_.begin(), waiting_.end(), [&](const auto& w) {
+        return reserved_.count(w->seq_id()) == 0;
+      });
   if (fits && !queued_for_kv) {
     reserved_[request->seq_id()] = need;
     reserved_bytes_ += need;
@@ -95,10 +101,7 @@ StepPlan Scheduler::Plan(Clock::time_point now) {
     if (!reserved && capacity_.bytes_per_token > 0 && need > capacity_.total_bytes) {
       // Admitted under a larger worker group (the capacity shrank with a new epoch).
       std::shared_ptr<Request> r = waiting_.front();
-      r->Fail(ResourceExhausted("the request needs " + std::to_string(need) +
-                                " bytes of KV memory per rank, more than the workers' " +
-                                std::to_string(capacity_.total_bytes)),
-              now);
+      r->Fail(NeverFits(*r, need), now);
       Remove(r, false);
       continue;
     }

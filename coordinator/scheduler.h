@@ -102,6 +102,8 @@ class Scheduler {
 
  private:
   uint64_t NeedBytes(const Request& r) const;
+  // RESOURCE_EXHAUSTED for a request needing more KV memory than the workers have in all.
+  Status NeverFits(const Request& r, uint64_t need) const;
   void AddPrefill(const std::shared_ptr<Request>& r, int32_t* budget, StepPlan* plan);
   // Once a bounded-policy sequence's prompt is in, its reservation drops to what the workers
   // keep (ResolvedRequest::PositionsAfterPrefill), making room for the queue.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "common/utf8.h"
 
@@ -75,6 +76,17 @@ Status CheckCacheFields(const v1::CachePolicy& f, const std::string& prefix) {
   return Status::Ok();
 }
 
+// The heavy (or recent) budget `c` sets, in tokens (a ratio resolved against the prompt), if any.
+std::optional<uint32_t> BudgetOf(const v1::CachePolicy& c, bool heavy, size_t prompt_tokens) {
+  if (heavy ? c.has_heavy_tokens() : c.has_recent_tokens()) {
+    return heavy ? c.heavy_tokens() : c.recent_tokens();
+  }
+  if (heavy ? c.has_heavy_ratio() : c.has_recent_ratio()) {
+    return RatioTokens(heavy ? c.heavy_ratio() : c.recent_ratio(), prompt_tokens);
+  }
+  return std::nullopt;
+}
+
 Status ResolveCache(const v1::CachePolicy& requested, const v1::CachePolicy& server_default,
                     size_t prompt_tokens, v1::WorkerCachePolicy* out) {
   DEJA_RETURN_IF_ERROR(CheckCacheFields(requested, "cache."));
@@ -88,17 +100,13 @@ Status ResolveCache(const v1::CachePolicy& requested, const v1::CachePolicy& ser
   // Each budget: the request's own field, else the server default's when the request asks for
   // the default's kind (or leaves the kind to it), else 10% of the prompt.
   const bool default_budgets = kind == server_default.kind();
-  auto budget = [&](bool has_tokens, uint32_t tokens, bool has_ratio, float ratio,
-                    bool has_default_tokens, uint32_t default_tokens, bool has_default_ratio,
-                    float default_ratio) -> uint32_t {
-    if (has_tokens) return tokens;
-    if (has_ratio) return RatioTokens(ratio, prompt_tokens);
-    if (default_budgets && has_default_tokens) return default_tokens;
-    if (default_budgets && has_default_ratio) return RatioTokens(default_ratio, prompt_tokens);
+  auto budget = [&](bool heavy) -> uint32_t {
+    if (std::optional<uint32_t> b = BudgetOf(requested, heavy, prompt_tokens)) return *b;
+    if (default_budgets) {
+      if (std::optional<uint32_t> b = BudgetOf(server_default, heavy, prompt_tokens)) return *b;
+    }
     return RatioTokens(0.1f, prompt_tokens);
   };
-  const v1::CachePolicy& r = requested;
-  const v1::CachePolicy& d = server_default;
   switch (kind) {
     case v1::CachePolicy::KIND_FULL:
     case v1::CachePolicy::KIND_UNSPECIFIED:
@@ -109,16 +117,12 @@ Status ResolveCache(const v1::CachePolicy& requested, const v1::CachePolicy& ser
       break;
     case v1::CachePolicy::KIND_H2O:
       out->set_kind(v1::WorkerCachePolicy::KIND_H2O);
-      out->set_heavy_tokens(budget(r.has_heavy_tokens(), r.heavy_tokens(), r.has_heavy_ratio(),
-                                   r.heavy_ratio(), d.has_heavy_tokens(), d.heavy_tokens(),
-                                   d.has_heavy_ratio(), d.heavy_ratio()));
+      out->set_heavy_tokens(budget(/*heavy=*/true));
       break;
     default:
       return Invalid("cache.kind", "is not a known kind: " + std::to_string(kind));
   }
-  const uint32_t recent =
-      budget(r.has_recent_tokens(), r.recent_tokens(), r.has_recent_ratio(), r.recent_ratio(),
-             d.has_recent_tokens(), d.recent_tokens(), d.has_recent_ratio(), d.recent_ratio());
+  const uint32_t recent = budget(/*heavy=*/false);
   out->set_recent_tokens(std::max<uint32_t>(recent, 1));
   return Status::Ok();
 }
