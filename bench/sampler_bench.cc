@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "worker/sampler.h"
+#include "worker/sampling/sampler.h"
 
 namespace deja::worker {
 namespace {
@@ -21,7 +21,7 @@ void BM_Choose(benchmark::State& state) {
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.f, 3.f);
   for (float& x : logits) x = normal(rng);
-  SamplingParams p;
+  sampling::SamplingParams p;
   if (mode == 1) p.top_n = 5;
   if (mode == 2) {
     p.do_sample = true;
@@ -29,11 +29,11 @@ void BM_Choose(benchmark::State& state) {
     p.top_k = 50;
     p.top_p = 0.9f;
   }
-  Sampler sampler(p);
+  sampling::Sampler sampler(p);
   const std::vector<int32_t> history = {2, 100, 200};
   int row = 0;
   for (auto _ : state) {
-    TokenChoice c =
+    sampling::TokenChoice c =
         sampler.Choose(logits.data() + static_cast<size_t>(row) * vocab, vocab, history);
     benchmark::DoNotOptimize(c);
     row = (row + 1) % kRows;

@@ -44,12 +44,12 @@ StatusOr<std::vector<int64_t>> ParseList(const std::string& s) {
 }
 
 // Best-of-`reps` seconds for one prefill of `n` random tokens.
-StatusOr<double> TimePrefill(worker::OptModel& model, int32_t n, int reps, std::mt19937& rng) {
+StatusOr<double> TimePrefill(worker::model::Model& model, int32_t n, int reps, std::mt19937& rng) {
   std::uniform_int_distribution<int32_t> tok(4, static_cast<int32_t>(model.config().vocab_size) - 1);
   std::vector<int32_t> ids(n);
   for (int32_t& t : ids) t = tok(rng);
   double best = 1e30;
-  worker::StepResult out;
+  worker::model::StepResult out;
   for (int r = 0; r < reps; ++r) {
     DEJA_ASSIGN_OR_RETURN(auto kv, model.NewSequence(n));
     auto t0 = Clock::now();
@@ -68,16 +68,16 @@ struct DecodeTiming {
 // `batch` sequences decoding together; with `compare_sparse`, a second set of `batch`
 // sequences decodes under Deja Vu sparsity, its steps alternating with the dense ones so both
 // see the same machine (shared hosts drift by tens of percent within a minute).
-StatusOr<std::pair<DecodeTiming, DecodeTiming>> TimeDecode(worker::OptModel& model,
+StatusOr<std::pair<DecodeTiming, DecodeTiming>> TimeDecode(worker::model::Model& model,
                                                            int32_t batch, int32_t prompt,
                                                            int32_t steps, bool compare_sparse,
                                                            std::mt19937& rng,
                                                            const std::function<void()>& between = {}) {
   std::uniform_int_distribution<int32_t> tok(4, static_cast<int32_t>(model.config().vocab_size) - 1);
   const int sets = compare_sparse ? 2 : 1;
-  std::vector<std::unique_ptr<worker::SequenceKv>> kvs;
+  std::vector<std::unique_ptr<worker::kv::SequenceKv>> kvs;
   std::vector<std::vector<int32_t>> ids(batch * sets);
-  worker::StepResult out;
+  worker::model::StepResult out;
   for (int32_t b = 0; b < batch * sets; ++b) {
     DEJA_ASSIGN_OR_RETURN(auto kv, model.NewSequence(prompt + steps + 1));
     ids[b].resize(prompt + steps + 1);
@@ -89,7 +89,7 @@ StatusOr<std::pair<DecodeTiming, DecodeTiming>> TimeDecode(worker::OptModel& mod
   std::vector<double> times[2], predictor;
   std::pair<DecodeTiming, DecodeTiming> t;
   t.second.head_fraction = t.second.neuron_fraction = 0;
-  std::vector<worker::SequenceStep> step(batch);
+  std::vector<worker::model::SequenceStep> step(batch);
   for (int32_t s = 0; s < steps; ++s) {
     for (int set = 0; set < sets; ++set) {
       for (int32_t b = 0; b < batch; ++b) {
@@ -138,7 +138,7 @@ int RunBenchDecode(int argc, char** argv, int first) {
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
   auto run = [&]() -> StatusOr<nlohmann::json> {
     DEJA_ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromFlags(args));
-    DEJA_ASSIGN_OR_RETURN(std::optional<worker::SparsityOptions> sparsity,
+    DEJA_ASSIGN_OR_RETURN(std::optional<worker::model::SparsityOptions> sparsity,
                           SparsityRunOptions(args));
     if (sparsity) DEJA_RETURN_IF_ERROR(m.model->EnableSparsity(*sparsity));
     DEJA_ASSIGN_OR_RETURN(int64_t prefill_tokens, args.Int("prefill-tokens"));

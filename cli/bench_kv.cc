@@ -25,7 +25,7 @@ int RunBenchKv(int argc, char** argv, int first) {
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
   auto run = [&]() -> StatusOr<nlohmann::json> {
     DEJA_ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromFlags(args));
-    DEJA_ASSIGN_OR_RETURN(worker::CachePolicyConfig cache, CachePolicyFromFlags(args));
+    DEJA_ASSIGN_OR_RETURN(worker::kv::CachePolicyConfig cache, CachePolicyFromFlags(args));
     DEJA_ASSIGN_OR_RETURN(int64_t mb, args.Int("kv-memory-mb"));
     DEJA_ASSIGN_OR_RETURN(int64_t seq_len, args.Int("seq-len"));
     DEJA_ASSIGN_OR_RETURN(int64_t prompt, args.Int("prompt-tokens"));
@@ -34,7 +34,7 @@ int RunBenchKv(int argc, char** argv, int first) {
       return InvalidArgument("need 1 <= --prompt-tokens, --prompt-tokens + --decode-steps <= "
                              "--seq-len and --kv-memory-mb > 0");
     }
-    worker::OptModel& model = *m.model;
+    worker::model::Model& model = *m.model;
     // Steady-state bytes per sequence: what the policy keeps after its prefill.
     DEJA_ASSIGN_OR_RETURN(auto probe, model.NewSequence(static_cast<int32_t>(seq_len), cache,
                                                         static_cast<int32_t>(prompt),
@@ -46,9 +46,9 @@ int RunBenchKv(int argc, char** argv, int first) {
     if (fit < 1) return ResourceExhausted("not even one sequence fits in --kv-memory-mb");
     std::mt19937 rng(3);
     std::uniform_int_distribution<int32_t> tok(4, static_cast<int32_t>(model.config().vocab_size) - 1);
-    std::vector<std::unique_ptr<worker::SequenceKv>> seqs;
+    std::vector<std::unique_ptr<worker::kv::SequenceKv>> seqs;
     std::vector<std::vector<int32_t>> ids(fit);
-    worker::StepResult out;
+    worker::model::StepResult out;
     size_t total_bytes = 0;
     for (int64_t i = 0; i < fit; ++i) {
       DEJA_ASSIGN_OR_RETURN(auto kv, model.NewSequence(static_cast<int32_t>(seq_len), cache,
@@ -62,7 +62,7 @@ int RunBenchKv(int argc, char** argv, int first) {
       total_bytes += kv->bytes();
       seqs.push_back(std::move(kv));
     }
-    std::vector<worker::SequenceStep> batch(fit);
+    std::vector<worker::model::SequenceStep> batch(fit);
     std::vector<double> times;
     for (int64_t s = 0; s < steps; ++s) {
       for (int64_t i = 0; i < fit; ++i) batch[i] = {seqs[i].get(), &ids[i][prompt + s], 1, false};

@@ -11,16 +11,14 @@
 #include "cli/commands.h"
 #include "deja/v1/text_generation.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "proto/grpc_status.h"
 
 namespace deja::cli {
 namespace {
 
-constexpr const char* kActions = "generate, stream, tokenize, info, cancel, health or bench";
+using proto::FromGrpc;
 
-Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return Status::Ok();
-  return Status(static_cast<StatusCode>(s.error_code()), s.error_message());
-}
+constexpr const char* kActions = "generate, stream, tokenize, info, cancel, health or bench";
 
 std::string Json(const google::protobuf::Message& m) {
   std::string out;

@@ -6,7 +6,7 @@
 #include "cli/commands.h"
 #include "cli/common_flags.h"
 #include "common/tokenizer.h"
-#include "predictors/collect.h"
+#include "worker/dejavu/collect.h"
 
 namespace deja::cli {
 
@@ -22,7 +22,7 @@ int RunCollect(int argc, char** argv, int first) {
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("collect", s);
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
   auto run = [&]() -> Status {
-    predictors::CollectOptions o;
+    worker::dejavu::CollectOptions o;
     DEJA_ASSIGN_OR_RETURN(int64_t context, args.Int("context"));
     DEJA_ASSIGN_OR_RETURN(o.max_rows, args.Int("max-rows"));
     DEJA_ASSIGN_OR_RETURN(int64_t seed, args.Int("seed"));
@@ -50,8 +50,8 @@ int RunCollect(int argc, char** argv, int first) {
       std::printf("%s\n", line.c_str());
       std::fflush(stdout);
     };
-    DEJA_ASSIGN_OR_RETURN(predictors::CollectSummary sum,
-                          predictors::Collect(*m.model, docs, o, args.Str("out"), progress));
+    DEJA_ASSIGN_OR_RETURN(worker::dejavu::CollectSummary sum,
+                          worker::dejavu::Collect(*m.model, docs, o, args.Str("out"), progress));
     std::printf("collect: %lld rows per layer from %lld of %lld windows in %.1f s -> %s\n",
                 static_cast<long long>(sum.rows), static_cast<long long>(sum.windows),
                 static_cast<long long>(sum.windows_total), sum.seconds, args.Str("out").c_str());

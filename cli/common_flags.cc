@@ -22,8 +22,8 @@ void AddDtypeFlag(Args& args) {
       .Flag("kv-dtype", "KV cache storage: f32 or f16 (half the bytes per cached token)", "f32");
 }
 
-StatusOr<worker::LoadOptions> LoadOptionsFromFlags(const Args& args) {
-  worker::LoadOptions o;
+StatusOr<worker::model::LoadOptions> LoadOptionsFromFlags(const Args& args) {
+  worker::model::LoadOptions o;
   const std::string dtype = args.Str("dtype");
   if (dtype == "bf16") {
     o.weight_dtype = DType::kBF16;
@@ -49,8 +49,8 @@ void AddSamplingFlags(Args& args) {
       .Flag("top-n", "alternatives reported per token (0..20)", "0");
 }
 
-StatusOr<worker::SamplingParams> SamplingFromFlags(const Args& args) {
-  worker::SamplingParams p;
+StatusOr<worker::sampling::SamplingParams> SamplingFromFlags(const Args& args) {
+  worker::sampling::SamplingParams p;
   p.do_sample = args.On("do-sample");
   DEJA_ASSIGN_OR_RETURN(double t, args.Double("temperature"));
   DEJA_ASSIGN_OR_RETURN(int64_t k, args.Int("top-k"));
@@ -76,9 +76,9 @@ void AddCachePolicyFlags(Args& args, const std::string& default_kind) {
       .Flag("recent-tokens", "absolute recent-token budget per head (with --heavy-tokens)");
 }
 
-StatusOr<worker::CachePolicyConfig> CachePolicyFromFlags(const Args& args) {
-  worker::CachePolicyConfig c;
-  DEJA_ASSIGN_OR_RETURN(c.kind, worker::CachePolicyConfig::ParseKind(args.Str("kv-policy")));
+StatusOr<worker::kv::CachePolicyConfig> CachePolicyFromFlags(const Args& args) {
+  worker::kv::CachePolicyConfig c;
+  DEJA_ASSIGN_OR_RETURN(c.kind, worker::kv::CachePolicyConfig::ParseKind(args.Str("kv-policy")));
   DEJA_ASSIGN_OR_RETURN(double heavy, args.Double("heavy-ratio"));
   DEJA_ASSIGN_OR_RETURN(double recent, args.Double("recent-ratio"));
   c.heavy_ratio = static_cast<float>(heavy);
@@ -160,10 +160,10 @@ StatusOr<SparsityFlags> SparsityFromFlags(const Args& args) {
 StatusOr<LoadedModel> LoadModelFromFlags(const Args& args) {
   LoadedModel m;
   DEJA_ASSIGN_OR_RETURN(int64_t threads, args.Int("threads"));
-  DEJA_ASSIGN_OR_RETURN(worker::LoadOptions load, LoadOptionsFromFlags(args));
+  DEJA_ASSIGN_OR_RETURN(worker::model::LoadOptions load, LoadOptionsFromFlags(args));
   m.backend = kernels::MakeCpuBackend(static_cast<int>(threads));
   DEJA_ASSIGN_OR_RETURN(m.model,
-                        worker::OptModel::Load(args.Str("model"), m.backend.get(), nullptr, load));
+                        worker::model::LoadModel(args.Str("model"), m.backend.get(), nullptr, load));
   return m;
 }
 

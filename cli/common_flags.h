@@ -6,9 +6,9 @@
 
 #include "cli/args.h"
 #include "kernels/backend.h"
-#include "worker/eviction_policy.h"
-#include "worker/opt_model.h"
-#include "worker/sampler.h"
+#include "worker/kv/eviction_policy.h"
+#include "worker/model/model.h"
+#include "worker/sampling/sampler.h"
 
 namespace deja::cli {
 
@@ -17,17 +17,17 @@ void AddModelFlags(Args& args);
 // --dtype checkpoint|bf16 and --kv-dtype f32|f16 (also the worker's and serve's flags), and their
 // parse; InvalidArgument naming the flag.
 void AddDtypeFlag(Args& args);
-StatusOr<worker::LoadOptions> LoadOptionsFromFlags(const Args& args);
+StatusOr<worker::model::LoadOptions> LoadOptionsFromFlags(const Args& args);
 void AddSamplingFlags(Args& args);
-StatusOr<worker::SamplingParams> SamplingFromFlags(const Args& args);
+StatusOr<worker::sampling::SamplingParams> SamplingFromFlags(const Args& args);
 
 // --kv-policy (default `default_kind`, "" = unset), --heavy/recent-ratio, --heavy/recent-tokens.
 void AddCachePolicyFlags(Args& args, const std::string& default_kind);
-StatusOr<worker::CachePolicyConfig> CachePolicyFromFlags(const Args& args);
+StatusOr<worker::kv::CachePolicyConfig> CachePolicyFromFlags(const Args& args);
 
 // Deja Vu sparsity of a serving worker: --predictors, --sparsity-oracle, --sparsity-default.
 struct SparsityFlags {
-  worker::SparsityOptions options;  // predictors / oracle_fraction as given
+  worker::model::SparsityOptions options;  // predictors / oracle_fraction as given
   // Predictors or oracle mode set: the worker calls OptModel::EnableSparsity.
   bool enabled = false;
   // What a request leaving Sparsity.mode unspecified gets (on by default when enabled).
@@ -45,7 +45,7 @@ StatusOr<SparsityFlags> SparsityFromFlags(const Args& args);
 
 struct LoadedModel {
   std::unique_ptr<kernels::Backend> backend;
-  std::unique_ptr<worker::OptModel> model;
+  std::unique_ptr<worker::model::Model> model;
 };
 StatusOr<LoadedModel> LoadModelFromFlags(const Args& args);
 

@@ -7,7 +7,7 @@
 #include "cli/common_flags.h"
 #include "cli/sparsity_cli.h"
 #include "common/tokenizer.h"
-#include "worker/generation.h"
+#include "worker/model/generation.h"
 
 namespace deja::cli {
 
@@ -24,7 +24,7 @@ int RunGenerate(int argc, char** argv, int first) {
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
 
   auto run = [&]() -> Status {
-    worker::GenerationOptions opt;
+    worker::model::GenerationOptions opt;
     DEJA_ASSIGN_OR_RETURN(opt.sampling, SamplingFromFlags(args));
     DEJA_ASSIGN_OR_RETURN(int64_t max_new, args.Int("max-new-tokens"));
     if (max_new < 0) return InvalidArgument("--max-new-tokens must be >= 0");
@@ -34,7 +34,7 @@ int RunGenerate(int argc, char** argv, int first) {
     DEJA_ASSIGN_OR_RETURN(std::vector<int32_t> prompt,
                           tok->Encode(args.Str("prompt"), /*add_bos=*/true));
     DEJA_ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromFlags(args));
-    DEJA_ASSIGN_OR_RETURN(std::optional<worker::SparsityOptions> sparsity,
+    DEJA_ASSIGN_OR_RETURN(std::optional<worker::model::SparsityOptions> sparsity,
                           SparsityRunOptions(args));
     if (sparsity) {
       DEJA_RETURN_IF_ERROR(m.model->EnableSparsity(*sparsity));
@@ -43,7 +43,7 @@ int RunGenerate(int argc, char** argv, int first) {
     const bool json = args.On("json");
     IncrementalDecoder decoder(*tok, /*skip_special=*/true);
     std::string text;
-    auto on_token = [&](const worker::TokenChoice& c) {
+    auto on_token = [&](const worker::sampling::TokenChoice& c) {
       std::string piece = decoder.Add(c.id);
       text += piece;
       if (!json) {
@@ -51,8 +51,8 @@ int RunGenerate(int argc, char** argv, int first) {
         std::fflush(stdout);
       }
     };
-    DEJA_ASSIGN_OR_RETURN(worker::GenerationResult r,
-                          worker::Generate(*m.model, prompt, opt, on_token));
+    DEJA_ASSIGN_OR_RETURN(worker::model::GenerationResult r,
+                          worker::model::Generate(*m.model, prompt, opt, on_token));
     std::string tail = decoder.Flush();
     text += tail;
     if (!json) {
@@ -63,7 +63,7 @@ int RunGenerate(int argc, char** argv, int first) {
     j["prompt_tokens"] = prompt.size();
     j["token_ids"] = nlohmann::json::array();
     j["logprobs"] = nlohmann::json::array();
-    for (const worker::TokenChoice& c : r.tokens) {
+    for (const worker::sampling::TokenChoice& c : r.tokens) {
       j["token_ids"].push_back(c.id);
       j["logprobs"].push_back(c.logprob);
       if (!c.top.empty()) {

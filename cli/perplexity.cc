@@ -9,7 +9,7 @@
 #include "cli/common_flags.h"
 #include "cli/sparsity_cli.h"
 #include "common/tokenizer.h"
-#include "worker/generation.h"
+#include "worker/model/generation.h"
 
 namespace deja::cli {
 
@@ -37,16 +37,16 @@ int RunPerplexity(int argc, char** argv, int first) {
     StatusOr<std::vector<int32_t>> ids = tok->Encode(text, /*add_bos=*/false);
     if (!ids.ok()) return ids.status().WithContext("--text " + args.Str("text"));
     DEJA_ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromFlags(args));
-    DEJA_ASSIGN_OR_RETURN(std::optional<worker::SparsityOptions> sparsity,
+    DEJA_ASSIGN_OR_RETURN(std::optional<worker::model::SparsityOptions> sparsity,
                           SparsityRunOptions(args));
     if (sparsity) {
       DEJA_RETURN_IF_ERROR(m.model->EnableSparsity(*sparsity));
     }
     auto t0 = std::chrono::steady_clock::now();
-    worker::PerplexityResult r;
+    worker::model::PerplexityResult r;
     nlohmann::json j;
     if (args.Has("kv-policy")) {
-      DEJA_ASSIGN_OR_RETURN(worker::CachePolicyConfig cache, CachePolicyFromFlags(args));
+      DEJA_ASSIGN_OR_RETURN(worker::kv::CachePolicyConfig cache, CachePolicyFromFlags(args));
       const std::string score = args.Str("h2o-score");
       if (score != "sum" && score != "mean") {
         return InvalidArgument("--h2o-score must be sum or mean");
@@ -54,18 +54,18 @@ int RunPerplexity(int argc, char** argv, int first) {
       cache.h2o_mean_score = score == "mean";
       DEJA_ASSIGN_OR_RETURN(int64_t prompt, args.Int("prompt-tokens"));
       DEJA_ASSIGN_OR_RETURN(
-          worker::PolicyPerplexityResult pr,
-          worker::PolicyPerplexity(*m.model, *ids, static_cast<int32_t>(context),
+          worker::model::PolicyPerplexityResult pr,
+          worker::model::PolicyPerplexity(*m.model, *ids, static_cast<int32_t>(context),
                                    static_cast<int32_t>(prompt), cache,
                                    sparsity.has_value()));
       r = pr.result;
       j["kv_policy"] = args.Str("kv-policy");
-      if (cache.kind == worker::CachePolicyKind::kH2O) j["h2o_score"] = score;
+      if (cache.kind == worker::kv::CachePolicyKind::kH2O) j["h2o_score"] = score;
       j["prompt_tokens"] = prompt;
       j["kv_bytes_per_sequence"] = pr.kv_bytes_per_sequence;
       j["evictions"] = pr.evictions;
     } else {
-      DEJA_ASSIGN_OR_RETURN(r, worker::Perplexity(*m.model, *ids, static_cast<int32_t>(context),
+      DEJA_ASSIGN_OR_RETURN(r, worker::model::Perplexity(*m.model, *ids, static_cast<int32_t>(context),
                                                  sparsity.has_value()));
     }
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -103,16 +103,16 @@ void AddCoordinatorFlags(Args& args) {
 
 // The --kv-policy flags as the API's CachePolicy (ratios unless token budgets were given).
 StatusOr<v1::CachePolicy> DefaultCacheFromFlags(const Args& args) {
-  DEJA_ASSIGN_OR_RETURN(worker::CachePolicyConfig c, CachePolicyFromFlags(args));
+  DEJA_ASSIGN_OR_RETURN(worker::kv::CachePolicyConfig c, CachePolicyFromFlags(args));
   v1::CachePolicy p;
   switch (c.kind) {
-    case worker::CachePolicyKind::kFull:
+    case worker::kv::CachePolicyKind::kFull:
       p.set_kind(v1::CachePolicy::KIND_FULL);
       return p;
-    case worker::CachePolicyKind::kWindow:
+    case worker::kv::CachePolicyKind::kWindow:
       p.set_kind(v1::CachePolicy::KIND_WINDOW);
       break;
-    case worker::CachePolicyKind::kH2O:
+    case worker::kv::CachePolicyKind::kH2O:
       p.set_kind(v1::CachePolicy::KIND_H2O);
       if (c.heavy_tokens >= 0) {
         p.set_heavy_tokens(static_cast<uint32_t>(c.heavy_tokens));

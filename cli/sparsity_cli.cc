@@ -42,13 +42,13 @@ void AddSparsityRunFlags(Args& args) {
             "auto");
 }
 
-StatusOr<std::optional<worker::SparsityOptions>> SparsityRunOptions(const Args& args) {
+StatusOr<std::optional<worker::model::SparsityOptions>> SparsityRunOptions(const Args& args) {
   const bool oracle = args.Has("sparsity-oracle");
-  if (!args.Has("predictors") && !oracle) return std::optional<worker::SparsityOptions>();
+  if (!args.Has("predictors") && !oracle) return std::optional<worker::model::SparsityOptions>();
   if (args.Has("predictors") && oracle) {
     return InvalidArgument("--predictors and --sparsity-oracle are mutually exclusive");
   }
-  worker::SparsityOptions o;
+  worker::model::SparsityOptions o;
   o.predictors = args.Str("predictors");
   if (oracle) {
     DEJA_ASSIGN_OR_RETURN(o.oracle_fraction, Fraction(args, "sparsity-oracle", false));
@@ -65,7 +65,7 @@ StatusOr<std::optional<worker::SparsityOptions>> SparsityRunOptions(const Args& 
   if (groups < 0 || groups > 4096) return InvalidArgument("--selection-groups must be >= 0");
   o.selection_groups = static_cast<int32_t>(groups);
   const std::string async = args.Str("async-predictors");
-  using PredictorThread = worker::SparsityOptions::PredictorThread;
+  using PredictorThread = worker::model::SparsityOptions::PredictorThread;
   if (async == "on") {
     o.predictor_thread = PredictorThread::kOwnThread;
   } else if (async == "off") {
@@ -75,7 +75,7 @@ StatusOr<std::optional<worker::SparsityOptions>> SparsityRunOptions(const Args& 
   } else {
     return InvalidArgument("--async-predictors must be on, off or auto");
   }
-  return std::optional<worker::SparsityOptions>(o);
+  return std::optional<worker::model::SparsityOptions>(o);
 }
 
 }  // namespace deja::cli

@@ -7,7 +7,7 @@
 
 #include "cli/args.h"
 #include "common/status.h"
-#include "worker/opt_model.h"
+#include "worker/model/model.h"
 
 namespace deja::cli {
 
@@ -16,6 +16,6 @@ namespace deja::cli {
 void AddSparsityRunFlags(Args& args);
 // nullopt when neither --predictors nor --sparsity-oracle is given (dense run); InvalidArgument
 // naming the flag for a bad value.
-StatusOr<std::optional<worker::SparsityOptions>> SparsityRunOptions(const Args& args);
+StatusOr<std::optional<worker::model::SparsityOptions>> SparsityRunOptions(const Args& args);
 
 }  // namespace deja::cli

@@ -29,7 +29,7 @@ extern "C" void OnSignal(int sig) {
 
 class SignalWatcher {
  public:
-  explicit SignalWatcher(service::WorkerServer* server) {
+  explicit SignalWatcher(worker::service::WorkerServer* server) {
     PCHECK(::pipe(g_signal_pipe) == 0) << "pipe";
     struct sigaction sa = {};
     sa.sa_handler = OnSignal;
@@ -81,7 +81,7 @@ int RunWorker(int argc, char** argv, int first) {
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("worker", s);
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
 
-  service::WorkerOptions o;
+  worker::service::WorkerOptions o;
   auto parse = [&]() -> Status {
     DEJA_ASSIGN_OR_RETURN(int64_t rank, args.Int("rank"));
     DEJA_ASSIGN_OR_RETURN(int64_t world, args.Int("world"));
@@ -114,7 +114,7 @@ int RunWorker(int argc, char** argv, int first) {
   };
   if (Status s = parse(); !s.ok()) return Fail("worker", s);
 
-  service::WorkerServer server(o);
+  worker::service::WorkerServer server(o);
   Status outcome;
   {
     SignalWatcher watcher(&server);

@@ -100,7 +100,7 @@ Status Coordinator::Init() {
     DEJA_ASSIGN_OR_RETURN(metrics_server_, metrics::MetricsServer::Start(&registry_, mo));
   }
 
-  rendezvous_ = std::make_unique<service::RendezvousService>(o.tensor_parallel_size);
+  rendezvous_ = std::make_unique<coordinator::RendezvousService>(o.tensor_parallel_size);
   WorkerGroupOptions go = o.group;
   go.world_size = o.tensor_parallel_size;
   group_ = std::make_unique<WorkerGroup>(go, rendezvous_.get(), metrics_.get());

@@ -27,7 +27,7 @@
 #include "coordinator/worker_group.h"
 #include "metrics/metrics_server.h"
 #include "metrics/registry.h"
-#include "worker/service/rendezvous_service.h"
+#include "coordinator/rendezvous_service.h"
 
 namespace deja::coordinator {
 
@@ -92,7 +92,7 @@ class Coordinator {
   metrics::Registry registry_;
   std::unique_ptr<CoordinatorMetrics> metrics_;
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
-  std::unique_ptr<service::RendezvousService> rendezvous_;
+  std::unique_ptr<coordinator::RendezvousService> rendezvous_;
   std::unique_ptr<WorkerGroup> group_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<TextGenerationService> service_;

@@ -7,6 +7,7 @@
 
 #include "common/utf8.h"
 #include "coordinator/wire_check.h"
+#include "proto/grpc_status.h"
 
 namespace deja::coordinator {
 namespace {
@@ -31,7 +32,7 @@ class CallSink final : public RequestSink {
   }
   void OnError(const Status& status) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (call_ != nullptr) call_->Abort(ToGrpcStatus(status));
+    if (call_ != nullptr) call_->Abort(proto::ToGrpc(status));
   }
   void Detach() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -53,7 +54,7 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
     std::lock_guard<std::mutex> lock(mu_);
     if (!r.ok()) {
       finished_ = true;
-      Finish(ToGrpcStatus(r.status()));
+      Finish(proto::ToGrpc(r.status()));
       return;
     }
     request_ = std::move(*r);
@@ -121,7 +122,7 @@ class StreamCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     std::lock_guard<std::mutex> lock(mu_);
     if (!r.ok()) {
       finished_ = true;
-      Finish(ToGrpcStatus(r.status()));
+      Finish(proto::ToGrpc(r.status()));
       return;
     }
     request_ = std::move(*r);
@@ -211,11 +212,6 @@ class FailedStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 }  // namespace
 
-grpc::Status ToGrpcStatus(const Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), status.message());
-}
-
 grpc::ServerUnaryReactor* TextGenerationService::Generate(grpc::CallbackServerContext* context,
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
@@ -223,7 +219,7 @@ grpc::ServerUnaryReactor* TextGenerationService::Generate(grpc::CallbackServerCo
   if (!parsed.ok()) {
     engine_->RejectInvalid(parsed.status());
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(parsed.status()));
+    reactor->Finish(proto::ToGrpc(parsed.status()));
     return reactor;
   }
   return new UnaryCall(engine_, context, *parsed, response);
@@ -235,7 +231,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TextGenerationService::GenerateStrea
   if (!parsed.ok()) {
     engine_->RejectInvalid(parsed.status());
     auto* reactor = new FailedStream();
-    reactor->Finish(ToGrpcStatus(parsed.status()));
+    reactor->Finish(proto::ToGrpc(parsed.status()));
     return reactor;
   }
   return new StreamCall(engine_, context, *parsed);
@@ -247,7 +243,7 @@ grpc::ServerUnaryReactor* TextGenerationService::Tokenize(grpc::CallbackServerCo
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   StatusOr<v1::TokenizeRequest> parsed = ParseTokenizeRequest(*request);
   if (!parsed.ok()) {
-    reactor->Finish(ToGrpcStatus(parsed.status()));
+    reactor->Finish(proto::ToGrpc(parsed.status()));
     return reactor;
   }
   const Tokenizer& tokenizer = engine_->tokenizer();

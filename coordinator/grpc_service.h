@@ -50,6 +50,4 @@ class TextGenerationService final : public TextGenerationBase {
   const v1::ModelInfo info_;
 };
 
-grpc::Status ToGrpcStatus(const Status& status);
-
 }  // namespace deja::coordinator

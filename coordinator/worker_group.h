@@ -19,7 +19,7 @@
 
 #include "coordinator/engine_client.h"
 #include "coordinator/metrics.h"
-#include "worker/service/rendezvous_service.h"
+#include "coordinator/rendezvous_service.h"
 
 namespace deja::coordinator {
 
@@ -37,7 +37,7 @@ class WorkerGroup final : public EngineClient {
   using LostCallback = std::function<void(const std::string& reason)>;
 
   // `rendezvous` and `metrics` outlive the group. Starts the monitor thread.
-  WorkerGroup(const WorkerGroupOptions& options, service::RendezvousService* rendezvous,
+  WorkerGroup(const WorkerGroupOptions& options, coordinator::RendezvousService* rendezvous,
               CoordinatorMetrics* metrics);
   ~WorkerGroup() override;
   WorkerGroup(const WorkerGroup&) = delete;
@@ -78,7 +78,7 @@ class WorkerGroup final : public EngineClient {
   void JoinRetired();
 
   const WorkerGroupOptions options_;
-  service::RendezvousService* rendezvous_;
+  coordinator::RendezvousService* rendezvous_;
   CoordinatorMetrics* metrics_;
 
   mutable std::mutex mu_;

@@ -11,7 +11,7 @@ namespace deja::coordinator {
 void WorkerGroup::TryConnect() {
   const int n = options_.world_size;
   const uint64_t epoch = rendezvous_->group_epoch();
-  std::vector<service::RendezvousService::Member> members = rendezvous_->Members();
+  std::vector<coordinator::RendezvousService::Member> members = rendezvous_->Members();
   if (static_cast<int>(members.size()) < n) {
     std::lock_guard<std::mutex> lock(mu_);
     state_.reason = "waiting for ranks to register in epoch " + std::to_string(epoch) + " (" +

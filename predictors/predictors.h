@@ -77,7 +77,7 @@ Status SavePredictors(const std::string& path, const PredictorMeta& meta,
                       const std::vector<LayerPredictors>& layers,
                       const std::string& extra_json = "");
 
-// Rows [*begin, *end) of `total` that rank `rank` of `world` owns (worker::ShardRange order).
+// Rows [*begin, *end) of `total` that rank `rank` of `world` owns (worker::model::ShardRange order).
 void PredictorShardRange(int64_t total, int rank, int world, int64_t* begin, int64_t* end);
 
 }  // namespace deja::predictors

@@ -6,11 +6,9 @@
 #include <cstdint>
 
 #include "common/dtype.h"
+#include "common/vec_math.h"  // the row helpers shared with the engine (namespace deja)
 
 namespace deja::kernels::cpu {
-
-// dst[i] = src[i] (+ dst[i] when accumulate), src in dtype (f32, f16 or bf16) widened to f32.
-void ConvertToF32(const void* src, DType dtype, int64_t n, float* dst, bool accumulate);
 
 float Dot(const float* a, const float* b, int64_t n);
 // y += a * x
@@ -23,22 +21,10 @@ void DotRows(const float* q, const void* k, DType k_dtype, const int32_t* rows, 
              int64_t d, float scale, float* scores);
 void WeightedSumRows(const float* p, const void* v, DType v_dtype, const int32_t* rows,
                      int64_t count, int64_t d, float* out);
-// dst[i] = src[i] stored as dtype: f32 (a copy) or f16 (nearest even on every x86 target with
-// F16C; plain SSE4 targets truncate).
-void ConvertFromF32(const float* src, int64_t n, DType dtype, void* dst);
 // y += x
 void AddInto(const float* x, float* y, int64_t n);
 // y += x + b
 void AddBiasedInto(const float* x, const float* b, float* y, int64_t n);
-float MaxOf(const float* x, int64_t n);
-// The H2O decode eviction's choice: the index s in [0, n) with 0 <= pos[s] < pos_limit whose
-// (score[s], pos[s]) is lowest (the lowest score, ties to the lower position), or -1 when no
-// slot qualifies. Positions are distinct; scores finite.
-int32_t LowestScoreSlot(const int32_t* pos, const float* score, int64_t n, int32_t pos_limit);
-// x[i] = exp(x[i] - shift); returns the sum of the results.
-float ExpShiftInPlace(float* x, int64_t n, float shift);
-// Returns sum_i exp(x[i] - shift) without writing anything.
-float SumExpShift(const float* x, int64_t n, float shift);
 // out[i] = (x[i] - a) - b (out may be x). Two subtractions, not x - (a + b): with a the row
 // max and b a log-sum, the first is exact near the max, keeping the top log-probs precise.
 void SubtractTwice(const float* x, int64_t n, float a, float b, float* out);

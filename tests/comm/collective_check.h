@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/communicator.h"
+#include "worker/comm/communicator.h"
 
 namespace deja::test_util {
 
@@ -43,7 +43,7 @@ inline void Note(CheckResult* r, const std::string& what) {
   if (r->problems.size() < 20) r->problems.push_back(what);
 }
 
-inline CheckResult CheckCollectives(worker::Communicator& comm, uint64_t salt = 1) {
+inline CheckResult CheckCollectives(worker::comm::Communicator& comm, uint64_t salt = 1) {
   CheckResult r;
   const int rank = comm.rank(), world = comm.world_size();
   for (int64_t n : CollectiveSizes()) {

@@ -19,7 +19,7 @@
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/key_value_store.h"
 #include "worker/comm/timed_communicator.h"
-#include "worker/opt_model.h"
+#include "worker/model/model.h"
 
 namespace deja::test_util {
 namespace {
@@ -30,14 +30,14 @@ void WriteJson(const std::string& path, const nlohmann::json& j) {
   std::rename(tmp.c_str(), path.c_str());
 }
 
-int Check(worker::Communicator& comm, const std::string& out) {
+int Check(worker::comm::Communicator& comm, const std::string& out) {
   CheckResult r = CheckCollectives(comm);
   WriteJson(out, {{"problems", r.problems}, {"digest", std::to_string(r.digest)}});
   for (const std::string& p : r.problems) std::cerr << p << "\n";
   return r.problems.empty() ? 0 : 1;
 }
 
-int Loop(worker::Communicator& comm, const std::string& out) {
+int Loop(worker::comm::Communicator& comm, const std::string& out) {
   std::vector<float> v(2048, 1.0f);
   for (int64_t i = 0;; ++i) {
     if (i == 20) std::ofstream(out + ".ready") << "ready";
@@ -56,7 +56,7 @@ int Loop(worker::Communicator& comm, const std::string& out) {
 }
 
 // All-reduce latency per length: mean (from the communicator's own stats), median and p90.
-int Bench(worker::Communicator& comm, const std::string& out) {
+int Bench(worker::comm::Communicator& comm, const std::string& out) {
   nlohmann::json j = nlohmann::json::array();
   for (int64_t n : {256, 2048, 8192}) {
     std::vector<float> v(static_cast<size_t>(n));
@@ -64,7 +64,7 @@ int Bench(worker::Communicator& comm, const std::string& out) {
       if (!comm.AllReduceSum(v.data(), n).ok()) return 3;
     }
     if (!comm.Barrier().ok()) return 3;
-    auto* timed = dynamic_cast<comm::TimedCommunicator*>(&comm);
+    auto* timed = dynamic_cast<worker::comm::TimedCommunicator*>(&comm);
     if (timed != nullptr) timed->ResetStats();
     const int iters = 1000;
     std::vector<double> us(iters);
@@ -75,7 +75,7 @@ int Bench(worker::Communicator& comm, const std::string& out) {
       us[i] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
                   .count();
     }
-    std::optional<comm::CollectiveStats> st = comm::StatsOf(comm);
+    std::optional<worker::comm::CollectiveStats> st = worker::comm::StatsOf(comm);
     if (!st || st->all_reduce_calls != iters) return 1;
     std::sort(us.begin(), us.end());
     j.push_back({{"floats", n},
@@ -87,7 +87,7 @@ int Bench(worker::Communicator& comm, const std::string& out) {
   return 0;
 }
 
-int Model(std::unique_ptr<worker::Communicator> comm, const std::string& model_dir,
+int Model(std::unique_ptr<worker::comm::Communicator> comm, const std::string& model_dir,
           const std::string& golden_file, const std::string& out) {
   std::ifstream in(golden_file);
   std::stringstream ss;
@@ -99,7 +99,7 @@ int Model(std::unique_ptr<worker::Communicator> comm, const std::string& model_d
   }
   auto backend = kernels::MakeCpuBackend(1);
   const int rank = comm->rank();
-  auto model = worker::OptModel::Load(model_dir, backend.get(), std::move(comm));
+  auto model = worker::model::LoadModel(model_dir, backend.get(), std::move(comm));
   if (!model.ok()) {
     WriteJson(out, {{"error", model.status().ToString()}});
     return 2;
@@ -122,16 +122,16 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const std::string mode = argv[1], out = argv[5];
-  comm::GlooOptions opt;
+  worker::comm::GlooOptions opt;
   opt.rank = std::atoi(argv[2]);
   opt.world_size = std::atoi(argv[3]);
   opt.timeout = std::chrono::milliseconds(std::atoll(argv[6]));
-  auto store = comm::MakeFileStore(argv[4]);
+  auto store = worker::comm::MakeFileStore(argv[4]);
   if (!store.ok()) {
     std::cerr << store.status().ToString() << "\n";
     return 2;
   }
-  auto comm = comm::MakeGlooCommunicator(**store, opt);
+  auto comm = worker::comm::MakeGlooCommunicator(**store, opt);
   if (!comm.ok()) {
     std::cerr << comm.status().ToString() << "\n";
     WriteJson(out, {{"error", comm.status().ToString()}});

@@ -20,13 +20,13 @@
 #include "worker/comm/key_value_store.h"
 #include "worker/comm/timed_communicator.h"
 
-namespace deja::comm {
+namespace deja::worker::comm {
 namespace {
 
 using namespace std::chrono_literals;
 using test_util::ChildProcess;
 using test_util::TempDir;
-using Group = std::vector<std::unique_ptr<worker::Communicator>>;
+using Group = std::vector<std::unique_ptr<comm::Communicator>>;
 
 // Builds a Gloo group of `world` ranks in this process, one thread per rank for the rendezvous.
 Group MakeThreadGroup(KeyValueStore& store, int world, const std::string& prefix) {
@@ -232,4 +232,4 @@ TEST(GlooProcessTest, AllReduceLatencyTwoProcesses) {
 }
 
 }  // namespace
-}  // namespace deja::comm
+}  // namespace deja::worker::comm

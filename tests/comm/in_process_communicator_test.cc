@@ -13,11 +13,11 @@
 #include "tests/comm/collective_check.h"
 #include "worker/comm/timed_communicator.h"
 
-namespace deja::comm {
+namespace deja::worker::comm {
 namespace {
 
 using namespace std::chrono_literals;
-using Group = std::vector<std::unique_ptr<worker::Communicator>>;
+using Group = std::vector<std::unique_ptr<comm::Communicator>>;
 
 Group MakeGroup(int world, std::chrono::milliseconds timeout = 30s) {
   auto g = MakeInProcessGroup(world, timeout);
@@ -86,7 +86,7 @@ TEST(InProcessTest, StatsCountAllReduces) {
     EXPECT_GT(s->all_reduce_seconds, 0);
   }
   // A communicator that is not one of the timed ones has no stats.
-  class Plain : public worker::Communicator {
+  class Plain : public comm::Communicator {
    public:
     int rank() const override { return 0; }
     int world_size() const override { return 1; }
@@ -148,4 +148,4 @@ TEST(InProcessTest, BadWorldIsInvalidArgument) {
 }
 
 }  // namespace
-}  // namespace deja::comm
+}  // namespace deja::worker::comm

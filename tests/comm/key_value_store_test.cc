@@ -12,7 +12,7 @@
 
 #include "tests/common/temp_dir.h"
 
-namespace deja::comm {
+namespace deja::worker::comm {
 namespace {
 
 using namespace std::chrono_literals;
@@ -93,4 +93,4 @@ TEST(FileStoreTest, UnusableDirectoryIsAnError) {
 }
 
 }  // namespace
-}  // namespace deja::comm
+}  // namespace deja::worker::comm

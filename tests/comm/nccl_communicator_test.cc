@@ -7,7 +7,7 @@
 
 #include "worker/comm/key_value_store.h"
 
-namespace deja::comm {
+namespace deja::worker::comm {
 namespace {
 
 TEST(NcclCommunicatorTest, ConstructionFailsCleanlyOrWorks) {
@@ -40,4 +40,4 @@ TEST(NcclCommunicatorTest, BadOptionsAreInvalidArgument) {
 }
 
 }  // namespace
-}  // namespace deja::comm
+}  // namespace deja::worker::comm

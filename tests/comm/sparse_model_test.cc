@@ -25,7 +25,7 @@
 #include "kernels/backend.h"
 #include "tests/worker/golden_util.h"
 #include "worker/comm/in_process_communicator.h"
-#include "worker/opt_model.h"
+#include "worker/model/model.h"
 
 namespace deja::worker {
 namespace {
@@ -55,20 +55,20 @@ std::vector<std::vector<int32_t>> RandomSequences(int batch, int32_t vocab, uint
 
 // Prefills each sequence (prompt lengths 5, 9, 13, ...) in one batched step, then decodes
 // `steps` tokens for all of them together (teacher-forced from `seqs`).
-StatusOr<Trace> RunTrace(OptModel& model, const std::vector<std::vector<int32_t>>& seqs,
+StatusOr<Trace> RunTrace(model::Model& model, const std::vector<std::vector<int32_t>>& seqs,
                          int32_t steps, bool sparse) {
   Trace trace;
   const int batch = static_cast<int>(seqs.size());
-  std::vector<std::unique_ptr<SequenceKv>> kvs;
+  std::vector<std::unique_ptr<kv::SequenceKv>> kvs;
   std::vector<int32_t> prompt(batch);
-  std::vector<SequenceStep> step;
+  std::vector<model::SequenceStep> step;
   for (int b = 0; b < batch; ++b) {
     prompt[b] = 5 + 4 * b;
     DEJA_ASSIGN_OR_RETURN(auto kv, model.NewSequence(prompt[b] + steps));
     step.push_back({kv.get(), seqs[b].data(), prompt[b], false, sparse});
     kvs.push_back(std::move(kv));
   }
-  StepResult out;
+  model::StepResult out;
   auto record = [&] {
     const int64_t vocab = out.logits.shape()[1];
     for (size_t r = 0; r < out.row_seq.size(); ++r) {
@@ -102,14 +102,14 @@ double RelErr(const Trace& a, const Trace& b) {
   return diff / std::max(scale, 1e-30);
 }
 
-std::unique_ptr<OptModel> LoadMini(kernels::Backend* backend) {
-  auto m = OptModel::Load(MiniDir(), backend);
+std::unique_ptr<model::Model> LoadMini(kernels::Backend* backend) {
+  auto m = model::LoadModel(MiniDir(), backend);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   return m.ok() ? std::move(*m) : nullptr;
 }
 
-SparsityOptions Oracle(float fraction) {
-  SparsityOptions o;
+model::SparsityOptions Oracle(float fraction) {
+  model::SparsityOptions o;
   o.oracle_fraction = fraction;
   return o;
 }
@@ -121,7 +121,7 @@ TEST(SparseModelTest, EverythingSelectedEqualsDense) {
   auto seqs = RandomSequences(3, static_cast<int32_t>(model->config().vocab_size), 11);
   auto dense = RunTrace(*model, seqs, 6, false);
   ASSERT_TRUE(dense.ok()) << dense.status().ToString();
-  SparsityOptions all = Oracle(1.0f);
+  model::SparsityOptions all = Oracle(1.0f);
   all.dense_fallback = 1.0f;  // run the gather kernels even with every unit selected
   all.dense_layers = 0;
   ASSERT_TRUE(model->EnableSparsity(all).ok());
@@ -164,16 +164,16 @@ TEST(SparseModelTest, SkippedHeadsStillAppendKvAndKeepTheirH2OScores) {
   ASSERT_NE(model, nullptr);
   ASSERT_TRUE(model->EnableSparsity(Oracle(0.5f)).ok());
   const int32_t heavy = 4, recent = 4, prompt = 16, steps = 24;
-  CachePolicyConfig h2o;
-  h2o.kind = CachePolicyKind::kH2O;
+  kv::CachePolicyConfig h2o;
+  h2o.kind = kv::CachePolicyKind::kH2O;
   h2o.heavy_tokens = heavy;
   h2o.recent_tokens = recent;
   auto kv_or = model->NewSequence(prompt + steps, h2o, prompt, prompt);
   ASSERT_TRUE(kv_or.ok()) << kv_or.status().ToString();
-  SequenceKv& kv = **kv_or;
-  const KvGeometry g = kv.geometry();
+  kv::SequenceKv& kv = **kv_or;
+  const kv::KvGeometry g = kv.geometry();
   auto seqs = RandomSequences(1, static_cast<int32_t>(model->config().vocab_size), 21);
-  StepResult out;
+  model::StepResult out;
   ASSERT_TRUE(model->Forward({{&kv, seqs[0].data(), prompt, false, false}}, &out).ok());
   int skipped_total = 0;
   for (int32_t s = 0; s < steps; ++s) {
@@ -250,7 +250,7 @@ TEST(SparseModelTest, BatchUsesTheUnionAndFallsBackToDense) {
   auto model = LoadMini(backend.get());
   ASSERT_NE(model, nullptr);
   auto seqs = RandomSequences(4, static_cast<int32_t>(model->config().vocab_size), 13);
-  SparsityOptions o = Oracle(0.25f);
+  model::SparsityOptions o = Oracle(0.25f);
   o.dense_fallback = 1.0f;
   ASSERT_TRUE(model->EnableSparsity(o).ok());
   auto unioned = RunTrace(*model, seqs, 3, true);
@@ -273,17 +273,17 @@ TEST(SparseModelTest, BatchUsesTheUnionAndFallsBackToDense) {
 }
 
 // One TP=2 rank pair over threads, every rank running the same trace.
-std::vector<StatusOr<Trace>> RunTp(const std::string& dir, int world, SparsityOptions options,
+std::vector<StatusOr<Trace>> RunTp(const std::string& dir, int world, model::SparsityOptions options,
                                    const std::vector<std::vector<int32_t>>& seqs) {
   std::vector<StatusOr<Trace>> traces(world, Internal("not run"));
-  auto group = comm::MakeInProcessGroup(world, 60s);
+  auto group = worker::comm::MakeInProcessGroup(world, 60s);
   EXPECT_TRUE(group.ok());
   if (!group.ok()) return traces;
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       auto backend = kernels::MakeCpuBackend(1);
-      auto model = OptModel::Load(dir, backend.get(), std::move((*group)[r]));
+      auto model = model::LoadModel(dir, backend.get(), std::move((*group)[r]));
       if (!model.ok()) {
         traces[r] = model.status();
         return;
@@ -304,7 +304,7 @@ TEST(SparseModelTest, Tp2SparseEqualsTp1Sparse) {
   auto model = LoadMini(backend.get());
   ASSERT_NE(model, nullptr);
   auto seqs = RandomSequences(2, static_cast<int32_t>(model->config().vocab_size), 14);
-  SparsityOptions o = Oracle(0.5f);
+  model::SparsityOptions o = Oracle(0.5f);
   o.dense_fallback = 1.0f;
   o.selection_groups = 2;  // TP=1 takes its top-k within the halves the two ranks hold
   ASSERT_TRUE(model->EnableSparsity(o).ok());
@@ -335,14 +335,14 @@ TEST(SparseModelTest, PredictorsDecodeEqualsWholeWindow) {
   }
   // Both places the predictors can run: their own thread and inline on the forward thread.
   for (auto where :
-       {SparsityOptions::PredictorThread::kOwnThread, SparsityOptions::PredictorThread::kInline}) {
-    SCOPED_TRACE(where == SparsityOptions::PredictorThread::kInline ? "inline" : "own thread");
+       {model::SparsityOptions::PredictorThread::kOwnThread, model::SparsityOptions::PredictorThread::kInline}) {
+    SCOPED_TRACE(where == model::SparsityOptions::PredictorThread::kInline ? "inline" : "own thread");
     // The reference backend computes each row independently of the batch, so the predictors see
     // bit-identical inputs in both runs and select the same units.
     auto backend = kernels::MakeReferenceBackend();
     auto model = LoadMini(backend.get());
     ASSERT_NE(model, nullptr);
-    SparsityOptions o;
+    model::SparsityOptions o;
     o.predictors = predictors;
     o.predictor_thread = where;
     ASSERT_TRUE(model->EnableSparsity(o).ok());
@@ -351,7 +351,7 @@ TEST(SparseModelTest, PredictorsDecodeEqualsWholeWindow) {
     // Whole window at once: masked per-token sparsity, logits for every position.
     auto kv = model->NewSequence(24);
     ASSERT_TRUE(kv.ok());
-    StepResult whole;
+    model::StepResult whole;
     ASSERT_TRUE(model->Forward({{kv->get(), window.data(), 24, true, true}}, &whole).ok());
     // Token by token: batch-1 decode steps through the gather kernels.
     auto kv2 = model->NewSequence(24);
@@ -360,7 +360,7 @@ TEST(SparseModelTest, PredictorsDecodeEqualsWholeWindow) {
     double diff = 0, scale = 0;
     int sparse_steps = 0;
     for (int32_t i = 0; i < 24; ++i) {
-      StepResult one;
+      model::StepResult one;
       ASSERT_TRUE(model->Forward({{kv2->get(), &window[i], 1, false, true}}, &one).ok());
       sparse_steps += one.active_neuron_fraction < 1.0f;
       for (int64_t v = 0; v < vocab; ++v) {
@@ -379,22 +379,22 @@ TEST(SparseModelTest, BadOptionsAreInvalidArgument) {
   auto model = LoadMini(backend.get());
   ASSERT_NE(model, nullptr);
   struct Case {
-    SparsityOptions o;
+    model::SparsityOptions o;
     std::string want;
   };
   std::vector<Case> cases;
-  cases.push_back({SparsityOptions{}, "predictors"});
-  SparsityOptions both = Oracle(0.5f);
+  cases.push_back({model::SparsityOptions{}, "predictors"});
+  model::SparsityOptions both = Oracle(0.5f);
   both.predictors = "x.safetensors";
   cases.push_back({both, "oracle_fraction"});
   cases.push_back({Oracle(1.5f), "oracle_fraction"});
-  SparsityOptions groups = Oracle(0.5f);
+  model::SparsityOptions groups = Oracle(0.5f);
   groups.selection_groups = 3;
   cases.push_back({groups, "selection_groups"});
-  SparsityOptions fallback = Oracle(0.5f);
+  model::SparsityOptions fallback = Oracle(0.5f);
   fallback.dense_fallback = 0.0f;
   cases.push_back({fallback, "dense_fallback"});
-  SparsityOptions layers = Oracle(0.5f);
+  model::SparsityOptions layers = Oracle(0.5f);
   layers.dense_layers = 99;
   cases.push_back({layers, "dense_layers"});
   for (const Case& c : cases) {
@@ -402,7 +402,7 @@ TEST(SparseModelTest, BadOptionsAreInvalidArgument) {
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
     EXPECT_NE(s.message().find(c.want), std::string::npos) << s.ToString();
   }
-  SparsityOptions missing;
+  model::SparsityOptions missing;
   missing.predictors = "/nonexistent/predictors.safetensors";
   Status s = model->EnableSparsity(missing);
   EXPECT_FALSE(s.ok());

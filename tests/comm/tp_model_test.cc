@@ -19,9 +19,9 @@
 #include "tests/worker/golden_util.h"
 #include "worker/comm/in_process_communicator.h"
 #include "worker/comm/timed_communicator.h"
-#include "worker/opt_model.h"
+#include "worker/model/model.h"
 
-namespace deja::comm {
+namespace deja::worker::comm {
 namespace {
 
 using namespace std::chrono_literals;
@@ -41,7 +41,7 @@ struct ThreadRun {
 
 ThreadRun RunThreads(const std::string& dir, int world,
                      const std::vector<std::vector<int32_t>>& prompts,
-                     const worker::LoadOptions& options = {}) {
+                     const model::LoadOptions& options = {}) {
   ThreadRun run;
   run.load.resize(world);
   run.cases.resize(world);
@@ -52,7 +52,7 @@ ThreadRun RunThreads(const std::string& dir, int world,
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       auto backend = kernels::MakeCpuBackend(1);
-      auto model = worker::OptModel::Load(dir, backend.get(), std::move((*group)[r]), options);
+      auto model = model::LoadModel(dir, backend.get(), std::move((*group)[r]), options);
       run.load[r] = model.status();
       if (!model.ok()) return;
       auto cases = test_util::RunTpCases(**model, prompts);
@@ -146,7 +146,7 @@ TEST_F(TpModelTest, ThreadsAtTp124Agree) {
 // bf16 rounding can amplify: measured 0, 0, 9.5e-4 and 2.3e-4 on the four cases at TP 2 and 4
 // (AVX512-BF16 path); 2e-3 allowed, a tenth of the bf16-vs-HF tolerance.
 TEST_F(TpModelTest, Bf16ThreadsAtTp124Agree) {
-  worker::LoadOptions bf16;
+  model::LoadOptions bf16;
   bf16.weight_dtype = DType::kBF16;
   ThreadRun solo = RunThreads(dir_, 1, prompts_, bf16);
   ASSERT_TRUE(solo.load[0].ok()) << solo.load[0].ToString();
@@ -260,4 +260,4 @@ TEST(TpLoadTest, FfnNotDivisibleIsInvalidArgumentAtLoad) {
 }
 
 }  // namespace
-}  // namespace deja::comm
+}  // namespace deja::worker::comm

@@ -9,8 +9,8 @@
 
 #include "common/status.h"
 #include "tests/worker/golden_util.h"
-#include "worker/generation.h"
-#include "worker/opt_model.h"
+#include "worker/model/generation.h"
+#include "worker/model/model.h"
 
 namespace deja::test_util {
 
@@ -44,23 +44,23 @@ inline std::vector<std::vector<int32_t>> TpPrompts(const nlohmann::json& golden)
   return prompts;
 }
 
-inline StatusOr<std::vector<TpCase>> RunTpCases(worker::OptModel& model,
+inline StatusOr<std::vector<TpCase>> RunTpCases(worker::model::Model& model,
                                                 const std::vector<std::vector<int32_t>>& prompts) {
   std::vector<TpCase> out;
   const int64_t vocab = model.config().vocab_size;
   for (const std::vector<int32_t>& ids : prompts) {
     TpCase c;
-    DEJA_ASSIGN_OR_RETURN(std::unique_ptr<worker::SequenceKv> kv,
+    DEJA_ASSIGN_OR_RETURN(std::unique_ptr<worker::kv::SequenceKv> kv,
                           model.NewSequence(static_cast<int32_t>(ids.size())));
-    worker::StepResult step;
+    worker::model::StepResult step;
     DEJA_RETURN_IF_ERROR(
         model.Forward({{kv.get(), ids.data(), static_cast<int32_t>(ids.size()), false}}, &step));
     c.last_logits.assign(step.logits.as<float>(), step.logits.as<float>() + vocab);
-    worker::GenerationOptions opt;
+    worker::model::GenerationOptions opt;
     opt.max_new_tokens = kTpNewTokens;
     opt.stop_at_eos = false;
-    DEJA_ASSIGN_OR_RETURN(worker::GenerationResult g, worker::Generate(model, ids, opt));
-    for (const worker::TokenChoice& t : g.tokens) c.tokens.push_back(t.id);
+    DEJA_ASSIGN_OR_RETURN(worker::model::GenerationResult g, worker::model::Generate(model, ids, opt));
+    for (const worker::sampling::TokenChoice& t : g.tokens) c.tokens.push_back(t.id);
     out.push_back(std::move(c));
   }
   return out;

@@ -18,7 +18,7 @@ class WorkerGroupTest : public ::testing::Test {
  protected:
   void SetUp() override {
     metrics_ = std::make_unique<CoordinatorMetrics>(&registry_, ModelInfoLabels{"m", "f16", 2});
-    rendezvous_ = std::make_unique<service::RendezvousService>(2);
+    rendezvous_ = std::make_unique<coordinator::RendezvousService>(2);
     options_.world_size = 2;
     options_.step_timeout = milliseconds(400);
     options_.heartbeat_interval = milliseconds(50);
@@ -61,7 +61,7 @@ class WorkerGroupTest : public ::testing::Test {
 
   metrics::Registry registry_;
   std::unique_ptr<CoordinatorMetrics> metrics_;
-  std::unique_ptr<service::RendezvousService> rendezvous_;
+  std::unique_ptr<coordinator::RendezvousService> rendezvous_;
   WorkerGroupOptions options_;
   std::unique_ptr<WorkerGroup> group_;
   std::vector<std::unique_ptr<test::FakeWorker>> workers_;

@@ -11,7 +11,7 @@
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
 #include "kernels/backend.h"
-#include "predictors/collect.h"
+#include "worker/dejavu/collect.h"
 #include "predictors/predictor_data.h"
 #include "predictors/predictors.h"
 #include "predictors/trainer.h"
@@ -31,7 +31,7 @@ class CollectTest : public ::testing::Test {
     dir_ = new test_util::TempDir();
     const std::string model_dir = test_util::ModelDir("opt-mini");
     backend_ = kernels::MakeCpuBackend(2).release();
-    auto model = worker::OptModel::Load(model_dir, backend_);
+    auto model = worker::model::LoadModel(model_dir, backend_);
     ASSERT_TRUE(model.ok()) << model.status().ToString();
     auto tok = Tokenizer::Load(model_dir);
     ASSERT_TRUE(tok.ok());

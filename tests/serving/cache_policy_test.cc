@@ -23,16 +23,16 @@ class CachePolicyServingTest : public ServerSuite {
 
   // Greedy single-process generation of `prompt` (BOS prepended) under `cache`.
   static std::vector<int32_t> Reference(const std::string& prompt, int max_new,
-                                        const worker::CachePolicyConfig& cache) {
-    worker::GenerationOptions o;
+                                        const worker::kv::CachePolicyConfig& cache) {
+    worker::model::GenerationOptions o;
     o.max_new_tokens = max_new;
     o.stop_at_eos = false;  // as the requests' ignore_eos
     o.cache = cache;
     return ref_->Generate(prompt, o);
   }
-  static worker::CachePolicyConfig Policy(worker::CachePolicyKind kind, int32_t heavy = -1,
+  static worker::kv::CachePolicyConfig Policy(worker::kv::CachePolicyKind kind, int32_t heavy = -1,
                                           int32_t recent = -1) {
-    worker::CachePolicyConfig c;
+    worker::kv::CachePolicyConfig c;
     c.kind = kind;
     c.heavy_tokens = heavy;
     c.recent_tokens = recent;
@@ -62,23 +62,23 @@ TEST_F(CachePolicyServingTest, EachRequestRunsUnderItsPolicyInOneBatch) {
   struct Case {
     const char* name;
     v1::CachePolicy cache;
-    worker::CachePolicyConfig reference;
+    worker::kv::CachePolicyConfig reference;
   };
   std::vector<Case> cases;
   cases.push_back({"unset: the server's h2o 4 + 4", v1::CachePolicy(),
-                   Policy(worker::CachePolicyKind::kH2O, 4, 4)});
+                   Policy(worker::kv::CachePolicyKind::kH2O, 4, 4)});
   v1::CachePolicy c;
   c.set_kind(v1::CachePolicy::KIND_FULL);
-  cases.push_back({"full", c, Policy(worker::CachePolicyKind::kFull)});
+  cases.push_back({"full", c, Policy(worker::kv::CachePolicyKind::kFull)});
   c.set_kind(v1::CachePolicy::KIND_H2O);  // the default's kind: its budgets
-  cases.push_back({"h2o without budgets", c, Policy(worker::CachePolicyKind::kH2O, 4, 4)});
+  cases.push_back({"h2o without budgets", c, Policy(worker::kv::CachePolicyKind::kH2O, 4, 4)});
   c.set_heavy_tokens(2);
   c.set_recent_tokens(6);
-  cases.push_back({"h2o 2 + 6", c, Policy(worker::CachePolicyKind::kH2O, 2, 6)});
+  cases.push_back({"h2o 2 + 6", c, Policy(worker::kv::CachePolicyKind::kH2O, 2, 6)});
   c = v1::CachePolicy();
   c.set_kind(v1::CachePolicy::KIND_WINDOW);  // another kind: 10% of the prompt
   cases.push_back(
-      {"window without budgets", c, Policy(worker::CachePolicyKind::kWindow, 0, tenth)});
+      {"window without budgets", c, Policy(worker::kv::CachePolicyKind::kWindow, 0, tenth)});
   std::vector<std::vector<int32_t>> want;
   for (const Case& k : cases) want.push_back(Reference(prompt, max_new, k.reference));
   // The budgets matter here: the h2o 4 + 4 and full references differ.

@@ -1,5 +1,5 @@
 // The single-process run the serving tests compare the service with: ModelDir() loaded in the
-// test on one CPU thread, and generation through worker::Generate.
+// test on one CPU thread, and generation through worker::model::Generate.
 #pragma once
 
 #include <memory>
@@ -9,23 +9,23 @@
 #include "common/tokenizer.h"
 #include "kernels/backend.h"
 #include "serving_util.h"
-#include "worker/generation.h"
-#include "worker/opt_model.h"
+#include "worker/model/generation.h"
+#include "worker/model/model.h"
 
 namespace deja::serving_test {
 
 struct ReferenceModel {
   // Declared before the model, destroyed after it.
   std::unique_ptr<kernels::Backend> backend;
-  std::unique_ptr<worker::OptModel> model;
+  std::unique_ptr<worker::model::Model> model;
   std::unique_ptr<Tokenizer> tokenizer;
 
   // Null members on failure (tests assert ok()).
   static std::unique_ptr<ReferenceModel> Load() {
     auto r = std::make_unique<ReferenceModel>();
     r->backend = kernels::MakeCpuBackend(1);
-    StatusOr<std::unique_ptr<worker::OptModel>> m =
-        worker::OptModel::Load(ModelDir(), r->backend.get());
+    StatusOr<std::unique_ptr<worker::model::Model>> m =
+        worker::model::LoadModel(ModelDir(), r->backend.get());
     if (m.ok()) r->model = std::move(*m);
     StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Load(ModelDir());
     if (t.ok()) r->tokenizer = std::move(*t);
@@ -35,12 +35,12 @@ struct ReferenceModel {
 
   // The tokens generated for `prompt` (BOS prepended) under `options`.
   std::vector<int32_t> Generate(const std::string& prompt,
-                                const worker::GenerationOptions& options) {
+                                const worker::model::GenerationOptions& options) {
     StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(prompt, true);
     EXPECT_TRUE(ids.ok());
     std::vector<int32_t> out;
     if (!ids.ok()) return out;
-    StatusOr<worker::GenerationResult> r = worker::Generate(*model, *ids, options);
+    StatusOr<worker::model::GenerationResult> r = worker::model::Generate(*model, *ids, options);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     if (r.ok()) {
       for (const auto& c : r->tokens) out.push_back(c.id);

@@ -21,9 +21,9 @@ class ServingTest : public ServerSuite {
   }
   // Single-process generation of `prompt` (BOS prepended) with the request's settings.
   static std::vector<int32_t> Reference(const std::string& prompt, int max_new,
-                                        const worker::SamplingParams& sampling = {}) {
+                                        const worker::sampling::SamplingParams& sampling = {}) {
     std::lock_guard<std::mutex> lock(reference_mu_);
-    worker::GenerationOptions o;
+    worker::model::GenerationOptions o;
     o.sampling = sampling;
     o.max_new_tokens = max_new;
     return ref_->Generate(prompt, o);
@@ -35,8 +35,8 @@ class ServingTest : public ServerSuite {
     r.mutable_response()->set_return_tokens(true);
     return r;
   }
-  static worker::SamplingParams Sampled(uint64_t seed) {
-    worker::SamplingParams p;
+  static worker::sampling::SamplingParams Sampled(uint64_t seed) {
+    worker::sampling::SamplingParams p;
     p.do_sample = true;
     p.temperature = 0.9f;
     p.top_k = 50;
@@ -44,7 +44,7 @@ class ServingTest : public ServerSuite {
     p.seed = seed;
     return p;
   }
-  static void SetSampling(const worker::SamplingParams& p, v1::GenerateRequest* r) {
+  static void SetSampling(const worker::sampling::SamplingParams& p, v1::GenerateRequest* r) {
     r->mutable_sampling()->set_do_sample(p.do_sample);
     r->mutable_sampling()->set_temperature(p.temperature);
     r->mutable_sampling()->set_top_k(p.top_k);
@@ -122,7 +122,7 @@ TEST_F(ServingTest, GreedyMatchesSingleProcessGeneration) {
 }
 
 TEST_F(ServingTest, SeededSamplingIsReproducibleAndMatchesSingleProcess) {
-  const worker::SamplingParams p = Sampled(1234);
+  const worker::sampling::SamplingParams p = Sampled(1234);
   v1::GenerateRequest req = Request("And God said", 24);
   SetSampling(p, &req);
   std::vector<std::vector<int32_t>> runs;
@@ -157,7 +157,7 @@ TEST_F(ServingTest, ThirtyTwoConcurrentStreamsWithMixedSettings) {
     const int max_new = 4 + (i * 7) % 29;
     c.request = Request(prompt, max_new);
     c.request.set_request_id("concurrent-" + std::to_string(i));
-    worker::SamplingParams sampling;
+    worker::sampling::SamplingParams sampling;
     switch (i % 4) {
       case 1:
         sampling = Sampled(1000 + i);

@@ -13,8 +13,9 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "tests/worker/golden_util.h"
-#include "worker/generation.h"
-#include "worker/opt_model.h"
+#include "worker/model/generation.h"
+#include "worker/model/model.h"
+#include "worker/model/opt_weights.h"
 
 namespace deja::worker {
 namespace {
@@ -30,7 +31,7 @@ constexpr double kLogitRelTol = 2e-2;
 constexpr double kPplRelTol = 1.5e-2;
 
 // The model's perplexity on each golden file within rel_tol of HF's.
-void ExpectGoldenPerplexity(OptModel& model, const std::string& name, const nlohmann::json& golden,
+void ExpectGoldenPerplexity(model::Model& model, const std::string& name, const nlohmann::json& golden,
                             double rel_tol) {
   auto tok = Tokenizer::Load(ModelDir(name));
   ASSERT_TRUE(tok.ok());
@@ -52,9 +53,9 @@ class Bf16ModelTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     backend_ = kernels::MakeCpuBackend(2);
-    LoadOptions load;
+    model::LoadOptions load;
     load.weight_dtype = DType::kBF16;
-    auto m = OptModel::Load(ModelDir(GetParam()), backend_.get(), nullptr, load);
+    auto m = model::LoadModel(ModelDir(GetParam()), backend_.get(), nullptr, load);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     model_ = std::move(*m);
     golden_ = LoadGolden(GetParam());
@@ -68,7 +69,7 @@ class Bf16ModelTest : public ::testing::TestWithParam<std::string> {
                                   bool sparse = false) {
     auto kv = model_->NewSequence(static_cast<int32_t>(ids.size()) + steps);
     EXPECT_TRUE(kv.ok());
-    StepResult r;
+    model::StepResult r;
     EXPECT_TRUE(model_->Forward({{kv->get(), ids.data(), static_cast<int32_t>(ids.size()), false,
                                   sparse}},
                                 &r)
@@ -81,13 +82,13 @@ class Bf16ModelTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::unique_ptr<kernels::Backend> backend_;
-  std::unique_ptr<OptModel> model_;
+  std::unique_ptr<model::Model> model_;
   nlohmann::json golden_;
 };
 
 TEST_P(Bf16ModelTest, WeightsAreBf16) {
   EXPECT_EQ(model_->weight_dtype(), DType::kBF16);
-  auto f16 = OptModel::Load(ModelDir(GetParam()), backend_.get());
+  auto f16 = model::LoadModel(ModelDir(GetParam()), backend_.get());
   ASSERT_TRUE(f16.ok());
   EXPECT_NE((*f16)->weight_dtype(), DType::kBF16);
   EXPECT_EQ(model_->weight_bytes(), (*f16)->weight_bytes());  // both 2 bytes per weight
@@ -97,7 +98,7 @@ TEST_P(Bf16ModelTest, LogitsAndPerplexityNearHf) {
   for (const auto& c : golden_["cases"]) {
     auto ids = c["input_ids"].get<std::vector<int32_t>>();
     auto kv = model_->NewSequence(static_cast<int32_t>(ids.size()));
-    StepResult r;
+    model::StepResult r;
     ASSERT_TRUE(
         model_->Forward({{kv->get(), ids.data(), static_cast<int32_t>(ids.size())}}, &r).ok());
     auto want = c["last_logits"].get<std::vector<double>>();
@@ -137,7 +138,7 @@ TEST_P(Bf16ModelTest, SparsityAfterTilingKeepsTheModel) {
   auto ids = golden_["cases"][0]["input_ids"].get<std::vector<int32_t>>();
   std::vector<float> tiled = DecodeLogits(ids, 3);
   std::vector<double> want(tiled.begin(), tiled.end());
-  SparsityOptions all;
+  model::SparsityOptions all;
   all.oracle_fraction = 1.0f;
   all.dense_fallback = 1.0f;  // the gather kernels even with every unit selected
   all.dense_layers = 0;
@@ -162,7 +163,7 @@ TEST_P(Bf16ModelTest, DecodeStepsEqualPrefill) {
   ASSERT_GT(ids.size(), 4u);
   const int32_t n = static_cast<int32_t>(ids.size());
   auto whole = model_->NewSequence(n);
-  StepResult r;
+  model::StepResult r;
   ASSERT_TRUE(model_->Forward({{whole->get(), ids.data(), n}}, &r).ok());
   std::vector<double> want(r.logits.as<float>(), r.logits.as<float>() + r.logits.numel());
   auto kv = model_->NewSequence(n);
@@ -182,9 +183,9 @@ TEST_P(Bf16ModelTest, BatchedDecodeEqualsSingle) {
     if (c["input_ids"].size() < 300) prompts.push_back(c["input_ids"].get<std::vector<int32_t>>());
   }
   ASSERT_GE(prompts.size(), 2u);
-  std::vector<std::unique_ptr<SequenceKv>> kvs;
-  std::vector<SequenceStep> batch;
-  StepResult r;
+  std::vector<std::unique_ptr<kv::SequenceKv>> kvs;
+  std::vector<model::SequenceStep> batch;
+  model::StepResult r;
   for (auto& p : prompts) {
     kvs.push_back(std::move(*model_->NewSequence(static_cast<int32_t>(p.size()) + 1)));
     ASSERT_TRUE(
@@ -204,15 +205,15 @@ TEST_P(Bf16ModelTest, BatchedDecodeEqualsSingle) {
 // Converting keeps what is already bf16 as it is: a row-parallel shard copied out of a bf16
 // checkpoint (LinearWeights::owned) keeps backing its view; f16 matrices get their own bf16 copy.
 TEST(ConvertMatricesTest, KeepsBf16ShardsAndConvertsTheRest) {
-  OptWeights w;
+  model::OptWeights w;
   w.layers.resize(1);
-  LinearWeights& out = w.layers[0].out;
+  model::LinearWeights& out = w.layers[0].out;
   out.owned = Tensor::Zeros(DType::kBF16, {4, 8});
   out.w = out.owned.view();
   Tensor f16 = Tensor::Empty(DType::kF16, {4, 8});
   for (int64_t i = 0; i < f16.numel(); ++i) StoreFromFloat(f16.data(), DType::kF16, i, 0.25f * i);
   w.layers[0].fc1.w = f16.view();
-  ASSERT_TRUE(ConvertMatrices(&w, DType::kBF16).ok());
+  ASSERT_TRUE(model::ConvertMatrices(&w, DType::kBF16).ok());
   EXPECT_EQ(out.w.data, out.owned.data());
   EXPECT_EQ(out.w.dtype, DType::kBF16);
   const TensorView& fc1 = w.layers[0].fc1.w;
@@ -221,7 +222,7 @@ TEST(ConvertMatricesTest, KeepsBf16ShardsAndConvertsTheRest) {
   for (int64_t i = 0; i < f16.numel(); ++i) {
     EXPECT_EQ(LoadAsFloat(fc1.data, DType::kBF16, i), 0.25f * i) << i;  // exact in bf16
   }
-  EXPECT_EQ(ConvertMatrices(&w, DType::kF16).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(model::ConvertMatrices(&w, DType::kF16).code(), StatusCode::kInvalidArgument);
 }
 
 // `--kv-dtype f16`: K and V stored in f16 (10-bit mantissa) keep the f32 engine's answers at the
@@ -231,20 +232,20 @@ TEST(F16KvCacheTest, MatchesHfGoldens) {
   for (const char* name : {"opt-mini", "opt-tiny-postln"}) {
     SCOPED_TRACE(name);
     auto backend = kernels::MakeCpuBackend(2);
-    LoadOptions load;
+    model::LoadOptions load;
     load.kv_dtype = DType::kF16;
-    auto m = OptModel::Load(ModelDir(name), backend.get(), nullptr, load);
+    auto m = model::LoadModel(ModelDir(name), backend.get(), nullptr, load);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
-    OptModel& model = **m;
+    model::Model& model = **m;
     EXPECT_EQ(model.kv_geometry().kv_dtype, DType::kF16);
     nlohmann::json golden = LoadGolden(name);
-    GenerationOptions opt;
+    model::GenerationOptions opt;
     opt.stop_at_eos = false;
     opt.prefill_chunk = 100;  // decode steps and chunked prefill both read the f16 cache
     for (const auto& c : golden["cases"]) {
       auto ids = c["input_ids"].get<std::vector<int32_t>>();
       auto kv = model.NewSequence(static_cast<int32_t>(ids.size()));
-      StepResult r;
+      model::StepResult r;
       ASSERT_TRUE(
           model.Forward({{kv->get(), ids.data(), static_cast<int32_t>(ids.size())}}, &r).ok());
       EXPECT_LE(RelError(r.logits.as<float>(), c["last_logits"].get<std::vector<double>>()), 1e-3)
@@ -254,7 +255,7 @@ TEST(F16KvCacheTest, MatchesHfGoldens) {
       auto g = Generate(model, ids, opt);
       ASSERT_TRUE(g.ok()) << g.status().ToString();
       std::vector<int32_t> got;
-      for (const TokenChoice& t : g->tokens) got.push_back(t.id);
+      for (const sampling::TokenChoice& t : g->tokens) got.push_back(t.id);
       EXPECT_EQ(got, want) << c["name"];
     }
     ExpectGoldenPerplexity(model, name, golden, 1e-3);

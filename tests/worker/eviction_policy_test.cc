@@ -1,7 +1,7 @@
 // Eviction policies on scripted score traces, and SequenceKv applying them: the budget is never
 // exceeded, the kept set is the recent window plus the top scorers (checked against a brute-force
 // oracle), evicted tokens never return, and memory stays bounded however long a sequence runs.
-#include "worker/eviction_policy.h"
+#include "worker/kv/eviction_policy.h"
 
 #include <gtest/gtest.h>
 
@@ -11,13 +11,13 @@
 #include <set>
 #include <vector>
 
-#include "worker/kv_cache.h"
+#include "worker/kv/kv_cache.h"
 
 namespace deja::worker {
 namespace {
 
-HeadSlots Head(const std::vector<int32_t>& pos, const std::vector<float>& score, int32_t length) {
-  HeadSlots h;
+kv::HeadSlots Head(const std::vector<int32_t>& pos, const std::vector<float>& score, int32_t length) {
+  kv::HeadSlots h;
   h.slot_pos = pos;
   h.score = score;
   h.occupied =
@@ -27,7 +27,7 @@ HeadSlots Head(const std::vector<int32_t>& pos, const std::vector<float>& score,
 }
 
 TEST(EvictionPolicyTest, WindowEvictsEverythingOlderThanTheWindow) {
-  auto p = MakeWindowPolicy(3);
+  auto p = kv::MakeWindowPolicy(3);
   std::vector<int32_t> pos = {0, 1, 2, 3, 4, -1};
   std::vector<int32_t> evict;
   p->Plan(Head(pos, {}, 5), &evict);
@@ -35,7 +35,7 @@ TEST(EvictionPolicyTest, WindowEvictsEverythingOlderThanTheWindow) {
 }
 
 TEST(EvictionPolicyTest, H2OKeepsRecentAndHeavyHitters) {
-  auto p = MakeH2OPolicy(/*heavy=*/2, /*recent=*/2);
+  auto p = kv::MakeH2OPolicy(/*heavy=*/2, /*recent=*/2);
   // Slots hold positions 0..6 (slot 7 free); positions 5 and 6 are recent.
   std::vector<int32_t> pos = {0, 1, 2, 3, 4, 5, 6, -1};
   std::vector<float> score = {5.0f, 0.1f, 3.0f, 0.2f, 0.3f, 0.0f, 0.0f, 0.0f};
@@ -53,19 +53,19 @@ TEST(EvictionPolicyTest, H2OMeanScoreRanksByAttentionPerQuery) {
   std::vector<float> score = {4.5f, 2.0f, 1.5f, 0.0f};
   std::vector<int32_t> evict;
   // Sum (the reference): keep 0 and 4, evict 7.
-  MakeH2OPolicy(/*heavy=*/2, /*recent=*/1)->Plan(Head(pos, score, 10), &evict);
+  kv::MakeH2OPolicy(/*heavy=*/2, /*recent=*/1)->Plan(Head(pos, score, 10), &evict);
   EXPECT_EQ(evict, (std::vector<int32_t>{2}));
   // Mean: keep 7 and 0, evict 4.
   evict.clear();
-  MakeH2OPolicy(2, 1, /*mean_score=*/true)->Plan(Head(pos, score, 10), &evict);
+  kv::MakeH2OPolicy(2, 1, /*mean_score=*/true)->Plan(Head(pos, score, 10), &evict);
   EXPECT_EQ(evict, (std::vector<int32_t>{1}));
   // Through the config: only h2o reads the flag.
-  CachePolicyConfig c;
-  c.kind = CachePolicyKind::kH2O;
+  kv::CachePolicyConfig c;
+  c.kind = kv::CachePolicyKind::kH2O;
   c.heavy_tokens = 2;
   c.recent_tokens = 1;
   c.h2o_mean_score = true;
-  auto p = MakeEvictionPolicy(c, 10);
+  auto p = kv::MakeEvictionPolicy(c, 10);
   ASSERT_TRUE(p.ok());
   evict.clear();
   (*p)->Plan(Head(pos, score, 10), &evict);
@@ -73,7 +73,7 @@ TEST(EvictionPolicyTest, H2OMeanScoreRanksByAttentionPerQuery) {
 }
 
 TEST(EvictionPolicyTest, H2OTiesEvictTheOlderToken) {
-  auto p = MakeH2OPolicy(1, 1);
+  auto p = kv::MakeH2OPolicy(1, 1);
   std::vector<int32_t> pos = {3, 1, 2};  // slot order differs from position order
   std::vector<float> score = {1.0f, 1.0f, 9.0f};
   std::vector<int32_t> evict;
@@ -110,7 +110,7 @@ TEST(EvictionPolicyTest, H2OPlanMatchesASortOnRandomTables) {
       if (std::find(pos.begin(), pos.end(), length - 1) == pos.end()) pos[0] = length - 1;
       std::shuffle(pos.begin(), pos.end(), rng);
       for (float& x : score) x = static_cast<float>(rng() % 4) * 0.5f;
-      HeadSlots head = Head(pos, score, length);
+      kv::HeadSlots head = Head(pos, score, length);
       auto rank = [&](int32_t s) {
         return mean ? score[s] / static_cast<float>(length - pos[s]) : score[s];
       };
@@ -124,7 +124,7 @@ TEST(EvictionPolicyTest, H2OPlanMatchesASortOnRandomTables) {
       const size_t go = std::min<size_t>(cand.size(), head.occupied - (heavy + recent));
       std::set<int32_t> want(cand.begin(), cand.begin() + go);
       std::vector<int32_t> evict;
-      MakeH2OPolicy(heavy, recent, mean)->Plan(head, &evict);
+      kv::MakeH2OPolicy(heavy, recent, mean)->Plan(head, &evict);
       ASSERT_EQ(evict.size(), want.size()) << "trial " << trial;
       ASSERT_EQ(std::set<int32_t>(evict.begin(), evict.end()), want) << "trial " << trial;
     }
@@ -132,35 +132,35 @@ TEST(EvictionPolicyTest, H2OPlanMatchesASortOnRandomTables) {
 }
 
 TEST(EvictionPolicyTest, RatiosResolveAgainstThePrompt) {
-  CachePolicyConfig c;
-  c.kind = CachePolicyKind::kH2O;
-  auto p = MakeEvictionPolicy(c, 100);
+  kv::CachePolicyConfig c;
+  c.kind = kv::CachePolicyKind::kH2O;
+  auto p = kv::MakeEvictionPolicy(c, 100);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ((*p)->budget(), 20);
-  c.kind = CachePolicyKind::kWindow;
-  EXPECT_EQ((*MakeEvictionPolicy(c, 100))->budget(), 20);
-  c.kind = CachePolicyKind::kH2O;
+  c.kind = kv::CachePolicyKind::kWindow;
+  EXPECT_EQ((*kv::MakeEvictionPolicy(c, 100))->budget(), 20);
+  c.kind = kv::CachePolicyKind::kH2O;
   c.heavy_tokens = 7;
   c.recent_tokens = 5;
-  EXPECT_EQ((*MakeEvictionPolicy(c, 100))->budget(), 12);
+  EXPECT_EQ((*kv::MakeEvictionPolicy(c, 100))->budget(), 12);
   c.recent_tokens = -1;
-  EXPECT_EQ(MakeEvictionPolicy(c, 100).status().code(), StatusCode::kInvalidArgument);
-  c = CachePolicyConfig{};
-  c.kind = CachePolicyKind::kH2O;
+  EXPECT_EQ(kv::MakeEvictionPolicy(c, 100).status().code(), StatusCode::kInvalidArgument);
+  c = kv::CachePolicyConfig{};
+  c.kind = kv::CachePolicyKind::kH2O;
   c.heavy_ratio = 1.5f;
-  Status s = MakeEvictionPolicy(c, 10).status();
+  Status s = kv::MakeEvictionPolicy(c, 10).status();
   EXPECT_NE(s.message().find("heavy_ratio"), std::string::npos);
-  EXPECT_EQ((*MakeEvictionPolicy(CachePolicyConfig{}, 10))->budget(), 0);  // full
+  EXPECT_EQ((*kv::MakeEvictionPolicy(kv::CachePolicyConfig{}, 10))->budget(), 0);  // full
 }
 
 // Drives SequenceKv with random score traces and checks every step against an oracle that
 // keeps, per head, its own list of (position, score) entries.
 TEST(SequenceKvTest, H2OMatchesOracleOnRandomScoreTraces) {
   const int32_t heavy = 5, recent = 4, budget = heavy + recent;
-  KvGeometry g{2, 3, 4};
-  auto kv_or = SequenceKv::Create(g, budget + 8, MakeH2OPolicy(heavy, recent));
+  kv::KvGeometry g{2, 3, 4};
+  auto kv_or = kv::SequenceKv::Create(g, budget + 8, kv::MakeH2OPolicy(heavy, recent));
   ASSERT_TRUE(kv_or.ok());
-  SequenceKv& kv = **kv_or;
+  kv::SequenceKv& kv = **kv_or;
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> u(0.f, 1.f);
   struct Entry {
@@ -228,8 +228,8 @@ TEST(SequenceKvTest, H2OMatchesOracleOnRandomScoreTraces) {
 TEST(SequenceKvTest, ResizeKeepsContentsAndShrinksMemory) {
   for (DType dt : {DType::kF32, DType::kF16}) {
     SCOPED_TRACE(DTypeName(dt));
-    KvGeometry g{1, 2, 3, dt};
-    auto kv = std::move(*SequenceKv::Create(g, 12, MakeWindowPolicy(4)));
+    kv::KvGeometry g{1, 2, 3, dt};
+    auto kv = std::move(*kv::SequenceKv::Create(g, 12, kv::MakeWindowPolicy(4)));
     ASSERT_TRUE(kv->AppendPositions(10).ok());
     std::vector<float> k(10 * 2 * 3), v(10 * 2 * 3);
     for (size_t i = 0; i < k.size(); ++i) {
@@ -267,9 +267,9 @@ TEST(SequenceKvTest, ResizeKeepsContentsAndShrinksMemory) {
 // mapped) as an empty cache: no position in any slot, zero H2O scores; the pool keeps at most
 // its limit.
 TEST(SequenceKvTest, FreedCachesAreReusedEmptyAndBounded) {
-  SetKvTensorPoolLimit(size_t{1} << 30);
-  const KvGeometry g{2, 3, 4, DType::kF16};
-  auto first = std::move(*SequenceKv::Create(g, 10, MakeH2OPolicy(2, 2)));
+  kv::SetKvTensorPoolLimit(size_t{1} << 30);
+  const kv::KvGeometry g{2, 3, 4, DType::kF16};
+  auto first = std::move(*kv::SequenceKv::Create(g, 10, kv::MakeH2OPolicy(2, 2)));
   ASSERT_TRUE(first->AppendPositions(6).ok());
   std::vector<float> k(6 * 3 * 4, 1.5f), v(6 * 3 * 4, -2.f);
   for (int32_t l = 0; l < 2; ++l) {
@@ -279,9 +279,9 @@ TEST(SequenceKvTest, FreedCachesAreReusedEmptyAndBounded) {
   }
   const void* k0 = first->View(0).k;
   first.reset();
-  EXPECT_GE(KvTensorPoolBytes(), 2 * (2 * 3 * 10 * 4 * 2 + 3 * 10 * 4));
+  EXPECT_GE(kv::KvTensorPoolBytes(), 2 * (2 * 3 * 10 * 4 * 2 + 3 * 10 * 4));
 
-  auto second = std::move(*SequenceKv::Create(g, 10, MakeH2OPolicy(2, 2)));
+  auto second = std::move(*kv::SequenceKv::Create(g, 10, kv::MakeH2OPolicy(2, 2)));
   const std::set<const void*> reused = {second->View(0).k, second->View(0).v, second->View(1).k,
                                         second->View(1).v};
   EXPECT_EQ(reused.count(k0), 1u) << "the freed K tensor was not reused";
@@ -297,26 +297,26 @@ TEST(SequenceKvTest, FreedCachesAreReusedEmptyAndBounded) {
   }
   // A shape the pool does not hold: allocating it releases pooled tensors first.
   second.reset();
-  const size_t pooled = KvTensorPoolBytes();
-  auto other = std::move(*SequenceKv::Create(g, 20, MakeH2OPolicy(2, 2)));
+  const size_t pooled = kv::KvTensorPoolBytes();
+  auto other = std::move(*kv::SequenceKv::Create(g, 20, kv::MakeH2OPolicy(2, 2)));
   const size_t fresh = 2 * (2 * 3 * 20 * 4 * 2 + 3 * 20 * 4);  // K, V (f16), scores: 20 slots
-  EXPECT_LE(KvTensorPoolBytes() + std::min(pooled, fresh), pooled);
+  EXPECT_LE(kv::KvTensorPoolBytes() + std::min(pooled, fresh), pooled);
   other.reset();
-  SetKvTensorPoolLimit(0);
-  EXPECT_EQ(KvTensorPoolBytes(), 0u);
-  auto third = std::move(*SequenceKv::Create(g, 10));
+  kv::SetKvTensorPoolLimit(0);
+  EXPECT_EQ(kv::KvTensorPoolBytes(), 0u);
+  auto third = std::move(*kv::SequenceKv::Create(g, 10));
   third.reset();
-  EXPECT_EQ(KvTensorPoolBytes(), 0u);
-  SetKvTensorPoolLimit(size_t{1} << 30);
+  EXPECT_EQ(kv::KvTensorPoolBytes(), 0u);
+  kv::SetKvTensorPoolLimit(size_t{1} << 30);
 }
 
 // An f16 cache costs 2 bytes per K/V element instead of 4 (score and position unchanged), and
 // WriteLayer rounds to nearest even; any other dtype is refused.
 TEST(SequenceKvTest, F16CacheHalvesKvBytesAndRounds) {
-  KvGeometry f32{2, 4, 64, DType::kF32}, f16{2, 4, 64, DType::kF16};
+  kv::KvGeometry f32{2, 4, 64, DType::kF32}, f16{2, 4, 64, DType::kF16};
   EXPECT_EQ(f32.SlotBytes(), 2u * 4 * (2 * 64 * 4 + 8));
   EXPECT_EQ(f16.SlotBytes(), 2u * 4 * (2 * 64 * 2 + 8));
-  auto kv = std::move(*SequenceKv::Create(KvGeometry{1, 1, 20, DType::kF16}, 2));
+  auto kv = std::move(*kv::SequenceKv::Create(kv::KvGeometry{1, 1, 20, DType::kF16}, 2));
   ASSERT_TRUE(kv->AppendPositions(1).ok());
   std::vector<float> k(20), v(20);
   for (int i = 0; i < 20; ++i) {
@@ -329,7 +329,7 @@ TEST(SequenceKvTest, F16CacheHalvesKvBytesAndRounds) {
     EXPECT_EQ(LoadAsFloat(view.k, DType::kF16, i), HalfToFloat(FloatToHalf(k[i]))) << i;
     EXPECT_EQ(LoadAsFloat(view.v, DType::kF16, i), HalfToFloat(FloatToHalf(v[i]))) << i;
   }
-  EXPECT_EQ(SequenceKv::Create(KvGeometry{1, 1, 4, DType::kBF16}, 2).status().code(),
+  EXPECT_EQ(kv::SequenceKv::Create(kv::KvGeometry{1, 1, 4, DType::kBF16}, 2).status().code(),
             StatusCode::kInvalidArgument);
 }
 

@@ -15,7 +15,7 @@ StatusOr<std::unique_ptr<ReferenceH2O>> ReferenceH2O::Load(const std::string& di
   DEJA_ASSIGN_OR_RETURN(r->config_, LoadOptConfig(dir));
   DEJA_ASSIGN_OR_RETURN(r->ckpt_, OpenCheckpoint(dir));
   DEJA_ASSIGN_OR_RETURN(OptTensorNames names, ResolveOptTensorNames(*r->ckpt_, r->config_));
-  DEJA_ASSIGN_OR_RETURN(r->w_, LoadOptWeights(*r->ckpt_, r->config_, names, ShardSpec{}));
+  DEJA_ASSIGN_OR_RETURN(r->w_, model::LoadOptWeights(*r->ckpt_, r->config_, names, model::ShardSpec{}));
   r->backend_ = kernels::MakeReferenceBackend();
   r->cache_.resize(r->config_.num_hidden_layers * r->config_.num_attention_heads);
   return r;
@@ -62,7 +62,7 @@ Status ReferenceH2O::Step(const std::vector<int32_t>& tokens, int32_t start,
   DEJA_RETURN_IF_ERROR(kernels::Embedding(be, w_.embed_positions, pos_rows.data(), n, true, h.view()));
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    const OptLayerWeights& lw = w_.layers[l];
+    const model::OptLayerWeights& lw = w_.layers[l];
     TensorView in = h.view();
     if (pre) {
       DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h.view(), lw.attn_ln.gamma, lw.attn_ln.beta,

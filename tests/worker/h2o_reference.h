@@ -11,7 +11,7 @@
 #include "common/opt_config.h"
 #include "common/safetensors.h"
 #include "kernels/backend.h"
-#include "worker/opt_weights.h"
+#include "worker/model/opt_weights.h"
 
 namespace deja::worker {
 
@@ -38,7 +38,7 @@ class ReferenceH2O {
 
   OptConfig config_;
   std::unique_ptr<Checkpoint> ckpt_;
-  OptWeights w_;
+  model::OptWeights w_;
   std::unique_ptr<kernels::Backend> backend_;
   int32_t heavy_ = -1, recent_ = -1;
   std::vector<std::vector<Entry>> cache_;  // [layer * heads + head]

@@ -8,8 +8,8 @@
 #include "kernels/backend.h"
 #include "tests/worker/golden_util.h"
 #include "tests/worker/h2o_reference.h"
-#include "worker/generation.h"
-#include "worker/opt_model.h"
+#include "worker/model/generation.h"
+#include "worker/model/model.h"
 
 namespace deja::worker {
 namespace {
@@ -22,7 +22,7 @@ class H2OTest : public ::testing::Test {
  protected:
   void SetUp() override {
     backend_ = kernels::MakeCpuBackend(2);
-    auto m = OptModel::Load(ModelDir("opt-mini"), backend_.get());
+    auto m = model::LoadModel(ModelDir("opt-mini"), backend_.get());
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     model_ = std::move(*m);
   }
@@ -53,12 +53,12 @@ class H2OTest : public ::testing::Test {
     std::vector<float> want_lp;
     ASSERT_TRUE((*ref)->Greedy(prompt, steps, &want_ids, &want_lp).ok());
 
-    GenerationOptions opt;
+    model::GenerationOptions opt;
     opt.max_new_tokens = steps;
     opt.stop_at_eos = false;
     opt.prefill_chunk = static_cast<int32_t>(prompt.size());
     if (heavy >= 0) {
-      opt.cache.kind = CachePolicyKind::kH2O;
+      opt.cache.kind = kv::CachePolicyKind::kH2O;
       opt.cache.heavy_tokens = heavy;
       opt.cache.recent_tokens = recent;
     }
@@ -73,7 +73,7 @@ class H2OTest : public ::testing::Test {
   }
 
   std::unique_ptr<kernels::Backend> backend_;
-  std::unique_ptr<OptModel> model_;
+  std::unique_ptr<model::Model> model_;
 };
 
 TEST_F(H2OTest, FastPathEqualsReferenceOnRealText) {
@@ -91,24 +91,24 @@ TEST_F(H2OTest, ReferenceWithoutEvictionEqualsFullCache) {
 // full, window and h2o sequences in one batch each give what they give alone.
 TEST_F(H2OTest, MixedPoliciesInOneBatch) {
   const int64_t vocab = model_->config().vocab_size;
-  std::vector<CachePolicyConfig> policies(3);
-  policies[1].kind = CachePolicyKind::kWindow;
-  policies[2].kind = CachePolicyKind::kH2O;
+  std::vector<kv::CachePolicyConfig> policies(3);
+  policies[1].kind = kv::CachePolicyKind::kWindow;
+  policies[2].kind = kv::CachePolicyKind::kH2O;
   std::vector<std::vector<int32_t>> prompts = {RandomPrompt(50, 1), RandomPrompt(70, 2),
                                                RandomPrompt(90, 3)};
   auto make = [&](size_t i) {
     return std::move(*model_->NewSequence(200, policies[i],
                                           static_cast<int32_t>(prompts[i].size()), 100));
   };
-  std::vector<std::unique_ptr<SequenceKv>> together, alone;
+  std::vector<std::unique_ptr<kv::SequenceKv>> together, alone;
   for (size_t i = 0; i < 3; ++i) {
     together.push_back(make(i));
     alone.push_back(make(i));
   }
-  std::vector<SequenceStep> batch;
+  std::vector<model::SequenceStep> batch;
   for (size_t i = 0; i < 3; ++i)
     batch.push_back({together[i].get(), prompts[i].data(), (int32_t)prompts[i].size(), false});
-  StepResult rt, ra;
+  model::StepResult rt, ra;
   for (int step = 0; step < 20; ++step) {
     ASSERT_TRUE(model_->Forward(batch, &rt).ok());
     for (size_t i = 0; i < 3; ++i) {
@@ -132,8 +132,8 @@ TEST_F(H2OTest, MixedPoliciesInOneBatch) {
 TEST_F(H2OTest, MemoryBoundedToThePositionLimit) {
   const int32_t limit = static_cast<int32_t>(model_->config().max_position_embeddings);
   std::vector<int32_t> prompt = RandomPrompt(64, 9);
-  GenerationOptions opt;
-  opt.cache.kind = CachePolicyKind::kH2O;
+  model::GenerationOptions opt;
+  opt.cache.kind = kv::CachePolicyKind::kH2O;
   opt.cache.heavy_tokens = 10;
   opt.cache.recent_tokens = 10;
   opt.stop_at_eos = false;

@@ -9,8 +9,8 @@
 #include "common/tokenizer.h"
 #include "kernels/backend.h"
 #include "tests/worker/golden_util.h"
-#include "worker/generation.h"
-#include "worker/opt_model.h"
+#include "worker/model/generation.h"
+#include "worker/model/model.h"
 
 namespace deja::worker {
 namespace {
@@ -27,7 +27,7 @@ class OptGoldenTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     backend_ = kernels::MakeCpuBackend(2);
-    auto m = OptModel::Load(ModelDir(GetParam()), backend_.get());
+    auto m = model::LoadModel(ModelDir(GetParam()), backend_.get());
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     model_ = std::move(*m);
     golden_ = LoadGolden(GetParam());
@@ -39,7 +39,7 @@ class OptGoldenTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::unique_ptr<kernels::Backend> backend_;
-  std::unique_ptr<OptModel> model_;
+  std::unique_ptr<model::Model> model_;
   nlohmann::json golden_;
 };
 
@@ -59,7 +59,7 @@ TEST_P(OptGoldenTest, LogitsAndLogprobsMatchHf) {
     std::vector<int32_t> ids = Ids(c);
     auto kv = model_->NewSequence(static_cast<int32_t>(ids.size()));
     ASSERT_TRUE(kv.ok());
-    StepResult r;
+    model::StepResult r;
     ASSERT_TRUE(model_->Forward({{kv->get(), ids.data(), static_cast<int32_t>(ids.size()), true}},
                                 &r).ok());
     const float* last = r.logits.as<float>() + (ids.size() - 1) * vocab;
@@ -82,7 +82,7 @@ TEST_P(OptGoldenTest, LogitsAndLogprobsMatchHf) {
 }
 
 TEST_P(OptGoldenTest, GreedyContinuationsIdentical) {
-  GenerationOptions opt;
+  model::GenerationOptions opt;
   opt.stop_at_eos = false;
   opt.prefill_chunk = 100;  // also exercises chunked prefill on the long prompts
   for (const auto& c : golden_["cases"]) {
@@ -91,7 +91,7 @@ TEST_P(OptGoldenTest, GreedyContinuationsIdentical) {
     auto r = Generate(*model_, Ids(c), opt);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     std::vector<int32_t> got;
-    for (const TokenChoice& t : r->tokens) got.push_back(t.id);
+    for (const sampling::TokenChoice& t : r->tokens) got.push_back(t.id);
     EXPECT_EQ(got, want) << c["name"];
   }
 }
@@ -124,22 +124,22 @@ TEST_P(OptGoldenTest, BatchedEqualsSingle) {
     if (c["input_ids"].size() < 300) prompts.push_back(Ids(c));
   }
   ASSERT_GE(prompts.size(), 3u);
-  std::vector<std::unique_ptr<SequenceKv>> kvs;
-  std::vector<SequenceStep> batch;
+  std::vector<std::unique_ptr<kv::SequenceKv>> kvs;
+  std::vector<model::SequenceStep> batch;
   for (auto& p : prompts) {
     kvs.push_back(std::move(*model_->NewSequence(static_cast<int32_t>(p.size()) + 1)));
     batch.push_back({kvs.back().get(), p.data(), static_cast<int32_t>(p.size()), false});
   }
-  StepResult together;
+  model::StepResult together;
   ASSERT_TRUE(model_->Forward(batch, &together).ok());
   // One decode step for all of them at once.
   std::vector<int32_t> next(prompts.size(), 7);
   for (size_t i = 0; i < batch.size(); ++i) batch[i] = {kvs[i].get(), &next[i], 1, false};
-  StepResult decoded;
+  model::StepResult decoded;
   ASSERT_TRUE(model_->Forward(batch, &decoded).ok());
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto kv = model_->NewSequence(static_cast<int32_t>(prompts[i].size()) + 1);
-    StepResult alone;
+    model::StepResult alone;
     ASSERT_TRUE(model_->Forward({{kv->get(), prompts[i].data(),
                                   static_cast<int32_t>(prompts[i].size()), false}},
                                 &alone).ok());
@@ -154,12 +154,12 @@ TEST_P(OptGoldenTest, BatchedEqualsSingle) {
 // The whole model on the plain reference backend agrees with the fast CPU backend.
 TEST_P(OptGoldenTest, ReferenceBackendAgrees) {
   auto ref_backend = kernels::MakeReferenceBackend();
-  auto ref = OptModel::Load(ModelDir(GetParam()), ref_backend.get());
+  auto ref = model::LoadModel(ModelDir(GetParam()), ref_backend.get());
   ASSERT_TRUE(ref.ok());
   const auto& c = golden_["cases"][2];
   std::vector<int32_t> ids = Ids(c);
   const int64_t vocab = model_->config().vocab_size;
-  StepResult a, b;
+  model::StepResult a, b;
   auto kva = model_->NewSequence(static_cast<int32_t>(ids.size()));
   auto kvb = (*ref)->NewSequence(static_cast<int32_t>(ids.size()));
   const int32_t n = static_cast<int32_t>(ids.size());
@@ -172,7 +172,7 @@ TEST_P(OptGoldenTest, ReferenceBackendAgrees) {
 TEST_P(OptGoldenTest, PositionLimitEnforced) {
   const int32_t limit = static_cast<int32_t>(model_->config().max_position_embeddings);
   EXPECT_EQ(model_->NewSequence(limit + 1).status().code(), StatusCode::kOutOfRange);
-  GenerationOptions opt;
+  model::GenerationOptions opt;
   opt.max_new_tokens = 2;
   std::vector<int32_t> prompt(limit - 1, 5);
   auto r = Generate(*model_, prompt, opt);
@@ -183,7 +183,7 @@ TEST_P(OptGoldenTest, PositionLimitEnforced) {
 TEST_P(OptGoldenTest, BadTokenIdRejected) {
   auto kv = model_->NewSequence(4);
   int32_t bad = static_cast<int32_t>(model_->config().vocab_size);
-  StepResult r;
+  model::StepResult r;
   Status s = model_->Forward({{kv->get(), &bad, 1, false}}, &r);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ((*kv)->length(), 0);

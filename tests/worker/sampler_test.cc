@@ -1,6 +1,6 @@
 // Sampling: greedy, temperature, top-k, top-p, repetition penalty, seeding, log-probs, top-n
 // (the fast path against a plain reference), and parameter validation.
-#include "worker/sampler.h"
+#include "worker/sampling/sampler.h"
 
 #include <gtest/gtest.h>
 
@@ -20,9 +20,9 @@ std::vector<float> LogitsFromProbs(const std::vector<double>& p) {
   return l;
 }
 
-std::vector<int> Histogram(const SamplingParams& params, const std::vector<float>& logits,
+std::vector<int> Histogram(const sampling::SamplingParams& params, const std::vector<float>& logits,
                            int draws) {
-  Sampler s(params);
+  sampling::Sampler s(params);
   std::vector<int> h(logits.size());
   for (int i = 0; i < draws; ++i) ++h[s.Choose(logits.data(), logits.size(), {}).id];
   return h;
@@ -30,8 +30,8 @@ std::vector<int> Histogram(const SamplingParams& params, const std::vector<float
 
 TEST(SamplerTest, GreedyPicksArgmaxAndReportsLogprob) {
   std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f};
-  Sampler s(SamplingParams{});
-  TokenChoice c = s.Choose(logits.data(), 4, {});
+  sampling::Sampler s(sampling::SamplingParams{});
+  sampling::TokenChoice c = s.Choose(logits.data(), 4, {});
   EXPECT_EQ(c.id, 1);  // ties go to the lower id
   double z = 0;
   for (float l : logits) z += std::exp(l);
@@ -68,10 +68,10 @@ TEST(SamplerTest, GreedyLogprobsAndTopNMatchAPlainReference) {
       for (int32_t i = 0; i < vocab; ++i) order[i] = i;
       std::stable_sort(order.begin(), order.end(),
                        [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-      SamplingParams p;
+      sampling::SamplingParams p;
       p.top_n = 5;
-      Sampler sampler(p);
-      TokenChoice c = sampler.Choose(logits.data(), vocab, {});
+      sampling::Sampler sampler(p);
+      sampling::TokenChoice c = sampler.Choose(logits.data(), vocab, {});
       EXPECT_EQ(c.id, argmax);
       EXPECT_NEAR(c.logprob, logits[argmax] - lse, 1e-5);
       ASSERT_EQ(c.top.size(), static_cast<size_t>(std::min(5, vocab)));
@@ -85,7 +85,7 @@ TEST(SamplerTest, GreedyLogprobsAndTopNMatchAPlainReference) {
 
 TEST(SamplerTest, SamplingFollowsTheDistribution) {
   std::vector<double> p = {0.1, 0.2, 0.3, 0.4};
-  SamplingParams params;
+  sampling::SamplingParams params;
   params.do_sample = true;
   params.seed = 7;
   const int n = 40000;
@@ -98,7 +98,7 @@ TEST(SamplerTest, SamplingFollowsTheDistribution) {
 
 TEST(SamplerTest, TemperatureSharpens) {
   std::vector<double> p = {0.1, 0.2, 0.3, 0.4};
-  SamplingParams params;
+  sampling::SamplingParams params;
   params.do_sample = true;
   params.temperature = 0.5f;  // p^2 renormalised: 1, 4, 9, 16 over 30
   const int n = 40000;
@@ -111,7 +111,7 @@ TEST(SamplerTest, TemperatureSharpens) {
 
 TEST(SamplerTest, TopKAndTopPRestrictTheSupport) {
   std::vector<double> p = {0.05, 0.15, 0.3, 0.5};
-  SamplingParams params;
+  sampling::SamplingParams params;
   params.do_sample = true;
   params.top_k = 2;
   auto h = Histogram(params, LogitsFromProbs(p), 5000);
@@ -130,12 +130,12 @@ TEST(SamplerTest, TopKAndTopPRestrictTheSupport) {
 TEST(SamplerTest, SeedMakesSamplingReproducible) {
   std::vector<float> logits(100);
   for (int i = 0; i < 100; ++i) logits[i] = std::sin(i * 0.37f);
-  SamplingParams params;
+  sampling::SamplingParams params;
   params.do_sample = true;
   params.seed = 42;
-  Sampler a(params), b(params);
+  sampling::Sampler a(params), b(params);
   params.seed = 43;
-  Sampler c(params);
+  sampling::Sampler c(params);
   bool differs = false;
   for (int i = 0; i < 50; ++i) {
     int x = a.Choose(logits.data(), 100, {}).id;
@@ -147,9 +147,9 @@ TEST(SamplerTest, SeedMakesSamplingReproducible) {
 
 TEST(SamplerTest, RepetitionPenaltyDemotesSeenTokens) {
   std::vector<float> logits = {1.0f, 3.0f, 2.9f, -1.0f};
-  SamplingParams params;
+  sampling::SamplingParams params;
   params.repetition_penalty = 1.5f;
-  Sampler s(params);
+  sampling::Sampler s(params);
   EXPECT_EQ(s.Choose(logits.data(), 4, {1, 1, 1}).id, 2);  // 3/1.5 = 2 < 2.9, penalised once
   logits = {-1.0f, -0.5f, -0.6f, -3.0f};
   EXPECT_EQ(s.Choose(logits.data(), 4, {1}).id, 2);  // negative: -0.5 * 1.5 = -0.75 < -0.6
@@ -157,10 +157,10 @@ TEST(SamplerTest, RepetitionPenaltyDemotesSeenTokens) {
 
 TEST(SamplerTest, TopNAlternativesAreSortedLogprobs) {
   std::vector<float> logits = {0.1f, 0.9f, 0.5f, 0.7f, -2.f};
-  SamplingParams params;
+  sampling::SamplingParams params;
   params.top_n = 3;
-  Sampler s(params);
-  TokenChoice c = s.Choose(logits.data(), 5, {});
+  sampling::Sampler s(params);
+  sampling::TokenChoice c = s.Choose(logits.data(), 5, {});
   ASSERT_EQ(c.top.size(), 3u);
   EXPECT_EQ(c.top[0].first, 1);
   EXPECT_EQ(c.top[1].first, 3);
@@ -171,7 +171,7 @@ TEST(SamplerTest, TopNAlternativesAreSortedLogprobs) {
 
 TEST(SamplerTest, ValidateNamesTheField) {
   struct Case {
-    SamplingParams p;
+    sampling::SamplingParams p;
     const char* field;
   };
   std::vector<Case> cases(5);
@@ -190,7 +190,7 @@ TEST(SamplerTest, ValidateNamesTheField) {
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(s.message().find(c.field), std::string::npos) << s.message();
   }
-  EXPECT_TRUE(SamplingParams{}.Validate().ok());
+  EXPECT_TRUE(sampling::SamplingParams{}.Validate().ok());
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // SelectTopKUnits (the Deja Vu runtime's radix select) against a plain sort by (score descending,
 // unit ascending) on fresh random scores: wide and narrow value ranges, heavy ties, signed zeros,
 // infinities, every k from 0 to units on small sizes.
-#include "worker/top_k.h"
+#include "worker/dejavu/top_k.h"
 
 #include <gtest/gtest.h>
 
@@ -29,7 +29,7 @@ std::vector<int32_t> Reference(const std::vector<float>& scores, int32_t k) {
 
 std::vector<int32_t> Fast(const std::vector<float>& scores, int32_t k) {
   std::vector<int32_t> out(k, -1);
-  SelectTopKUnits(scores.data(), static_cast<int64_t>(scores.size()), k, out.data());
+  dejavu::SelectTopKUnits(scores.data(), static_cast<int64_t>(scores.size()), k, out.data());
   return out;
 }
 

@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "worker/service/rendezvous_service.h"
+#include "coordinator/rendezvous_service.h"
 
 namespace deja::test_util {
 
@@ -30,10 +30,10 @@ class GrpcRendezvous {
   std::shared_ptr<grpc::Channel> Channel() const {
     return grpc::CreateChannel(address(), grpc::InsecureChannelCredentials());
   }
-  service::RendezvousService& service() { return service_; }
+  coordinator::RendezvousService& service() { return service_; }
 
  private:
-  service::RendezvousService service_;
+  coordinator::RendezvousService service_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
 };

@@ -2,7 +2,7 @@
 // model without sparsity and an unknown schedule INVALID_ARGUMENT, each naming the field and
 // changing nothing; with oracle sparsity (fraction 0.5) a sparse sequence prefills and decodes
 // with active fractions below 1 in its StepResponse, while a dense sequence on the same engine
-// still gives worker::Generate's tokens and reports fractions of 1.
+// still gives model::Generate's tokens and reports fractions of 1.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -15,7 +15,7 @@
 #include "tests/worker_service/step_util.h"
 #include "worker/service/step_engine.h"
 
-namespace deja::service {
+namespace deja::worker::service {
 namespace {
 
 using deja::v1::StepRequest;
@@ -29,7 +29,7 @@ class StepEngineSparsityTest : public ::testing::Test {
  protected:
   void SetUp() override {
     backend_ = kernels::MakeCpuBackend(1);
-    auto m = worker::OptModel::Load(test_util::ModelDir(test_util::TpModelName()), backend_.get());
+    auto m = model::LoadModel(test_util::ModelDir(test_util::TpModelName()), backend_.get());
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     model_ = std::move(*m);
     prompts_ = test_util::TpPrompts(test_util::LoadGolden(test_util::TpModelName()));
@@ -81,7 +81,7 @@ class StepEngineSparsityTest : public ::testing::Test {
   }
 
   std::unique_ptr<kernels::Backend> backend_;
-  std::unique_ptr<worker::OptModel> model_;
+  std::unique_ptr<model::Model> model_;
   std::unique_ptr<StepEngine> engine_;
   std::vector<std::vector<int32_t>> prompts_;
 };
@@ -116,7 +116,7 @@ TEST_F(StepEngineSparsityTest, OracleSparsityRunsSparseSequencesAndKeepsDenseOne
   // The dense reference first, before sparsity is enabled on the model.
   const std::vector<int32_t>& p = prompts_.front();
   const std::vector<int32_t> reference = test_util::ReferenceGreedy(*model_, p, kNewTokens);
-  worker::SparsityOptions so;
+  model::SparsityOptions so;
   so.oracle_fraction = 0.5f;
   ASSERT_TRUE(model_->EnableSparsity(so).ok());
   ASSERT_TRUE(model_->sparsity_enabled());
@@ -173,4 +173,4 @@ TEST_F(StepEngineSparsityTest, OracleSparsityRunsSparseSequencesAndKeepsDenseOne
 }
 
 }  // namespace
-}  // namespace deja::service
+}  // namespace deja::worker::service

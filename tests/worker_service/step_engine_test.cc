@@ -1,5 +1,5 @@
 // StepEngine on one rank (TP 1, in process): prefill (whole and chunked) then decode gives the
-// tokens worker::Generate gives; several sequences share a step; every bad request is a
+// tokens model::Generate gives; several sequences share a step; every bad request is a
 // per-step error that leaves the sequences as they were; KV usage returns to its baseline.
 #include "worker/service/step_engine.h"
 
@@ -8,11 +8,11 @@
 #include <memory>
 
 #include "kernels/backend.h"
-#include "worker/generation.h"
+#include "worker/model/generation.h"
 #include "tests/comm/tp_util.h"
 #include "tests/worker_service/step_util.h"
 
-namespace deja::service {
+namespace deja::worker::service {
 namespace {
 
 using deja::v1::StepRequest;
@@ -26,7 +26,7 @@ class StepEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
     backend_ = kernels::MakeCpuBackend(1);
-    auto m = worker::OptModel::Load(test_util::ModelDir(test_util::TpModelName()), backend_.get());
+    auto m = model::LoadModel(test_util::ModelDir(test_util::TpModelName()), backend_.get());
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     model_ = std::move(*m);
     auto engine = StepEngine::Create(model_.get(), 64ull << 20);
@@ -66,7 +66,7 @@ class StepEngineTest : public ::testing::Test {
   }
 
   std::unique_ptr<kernels::Backend> backend_;
-  std::unique_ptr<worker::OptModel> model_;
+  std::unique_ptr<model::Model> model_;
   std::unique_ptr<StepEngine> engine_;
   std::vector<std::vector<int32_t>> prompts_;
 };
@@ -99,7 +99,7 @@ TEST_F(StepEngineTest, PrefillAndDecodeMatchGenerate) {
   EXPECT_EQ(engine_->Usage().cached_tokens(), 0u);
 }
 
-// An H2O sequence through the step protocol gives what worker::Generate gives under the same
+// An H2O sequence through the step protocol gives what model::Generate gives under the same
 // budget; after its prompt its reservation shrinks to budget + 1 slots; release frees it all.
 TEST_F(StepEngineTest, H2OSequenceMatchesGenerateAndShrinksAfterPrefill) {
   const uint64_t baseline = engine_->Usage().free_bytes();
@@ -119,14 +119,14 @@ TEST_F(StepEngineTest, H2OSequenceMatchesGenerateAndShrinksAfterPrefill) {
   const uint64_t heads = model_->config().num_hidden_layers * model_->config().num_attention_heads;
   EXPECT_EQ(engine_->Usage().cached_tokens(), heads * (heavy + recent));
   EXPECT_GT(engine_->Usage().evicted_tokens_total(), 0u);
-  worker::GenerationOptions opt;
+  model::GenerationOptions opt;
   opt.max_new_tokens = kNewTokens;
   opt.stop_at_eos = false;
-  opt.cache.kind = worker::CachePolicyKind::kH2O;
+  opt.cache.kind = kv::CachePolicyKind::kH2O;
   opt.cache.heavy_tokens = heavy;
   opt.cache.recent_tokens = recent;
   opt.prefill_chunk = static_cast<int32_t>(p.size());
-  auto want = worker::Generate(*model_, p, opt);
+  auto want = model::Generate(*model_, p, opt);
   ASSERT_TRUE(want.ok()) << want.status().ToString();
   std::vector<int32_t> want_ids;
   for (const auto& t : want->tokens) want_ids.push_back(t.id);
@@ -247,4 +247,4 @@ TEST_F(StepEngineTest, AllLogprobsAreLogSoftmaxRows) {
 }
 
 }  // namespace
-}  // namespace deja::service
+}  // namespace deja::worker::service

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "deja/v1/worker.pb.h"
-#include "worker/generation.h"
-#include "worker/opt_model.h"
+#include "worker/model/generation.h"
+#include "worker/model/model.h"
 
 namespace deja::test_util {
 
@@ -41,17 +41,17 @@ inline deja::v1::SequenceWork NextChunk(uint64_t seq_id, const std::vector<int32
   return w;
 }
 
-// Greedy continuation of `prompt` by worker::Generate in this process (TP 1).
-inline std::vector<int32_t> ReferenceGreedy(worker::OptModel& model,
+// Greedy continuation of `prompt` by worker::model::Generate in this process (TP 1).
+inline std::vector<int32_t> ReferenceGreedy(worker::model::Model& model,
                                             const std::vector<int32_t>& prompt, int32_t n) {
-  worker::GenerationOptions opt;
+  worker::model::GenerationOptions opt;
   opt.max_new_tokens = n;
   opt.stop_at_eos = false;
-  auto r = worker::Generate(model, prompt, opt);
+  auto r = worker::model::Generate(model, prompt, opt);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   std::vector<int32_t> ids;
   if (r.ok()) {
-    for (const worker::TokenChoice& c : r->tokens) ids.push_back(c.id);
+    for (const worker::sampling::TokenChoice& c : r->tokens) ids.push_back(c.id);
   }
   return ids;
 }

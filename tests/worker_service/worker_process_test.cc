@@ -1,6 +1,6 @@
 // Real `deja worker` processes (TP 2) driven over gRPC as the coordinator drives them: the test
 // hosts the Rendezvous, the workers register, build their Gloo group through it, warm up and
-// answer Step streams. Greedy tokens equal the single-process worker::Generate; bad requests are
+// answer Step streams. Greedy tokens equal the single-process model::Generate; bad requests are
 // per-step errors and the group keeps serving; release and stream close return KV usage to its
 // baseline; a shutdown step or SIGTERM ends the workers with code 0; kill -9 of one rank makes
 // the other report a fatal step error and exit non-zero within 3 s.
@@ -18,7 +18,7 @@
 #include "tests/worker_service/grpc_rendezvous.h"
 #include "tests/worker_service/step_util.h"
 
-namespace deja::service {
+namespace deja::worker::service {
 namespace {
 
 using namespace std::chrono_literals;
@@ -144,7 +144,7 @@ TEST(WorkerProcessTest, ServesStepsLikeOneProcess) {
   EXPECT_EQ(baseline, st0.kv().total_bytes());
 
   auto backend = kernels::MakeCpuBackend(1);
-  auto model = worker::OptModel::Load(g.model_dir(), backend.get());
+  auto model = model::LoadModel(g.model_dir(), backend.get());
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   const auto prompts = Prompts();
   const std::vector<int32_t>& a = prompts.back();
@@ -289,4 +289,4 @@ TEST(WorkerProcessTest, KilledPeerTakesTheOtherRankDown) {
 }
 
 }  // namespace
-}  // namespace deja::service
+}  // namespace deja::worker::service

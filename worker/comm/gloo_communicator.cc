@@ -18,7 +18,7 @@
 
 #include "worker/comm/timed_communicator.h"
 
-namespace deja::comm {
+namespace deja::worker::comm {
 namespace {
 
 // Gloo's view of our store. Gloo's interface cannot return errors, so failures are thrown as
@@ -157,7 +157,7 @@ class GlooCommunicator final : public TimedCommunicator {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<worker::Communicator>> MakeGlooCommunicator(KeyValueStore& store,
+StatusOr<std::unique_ptr<comm::Communicator>> MakeGlooCommunicator(KeyValueStore& store,
                                                                      const GlooOptions& options) {
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
     return InvalidArgument("gloo: rank " + std::to_string(options.rank) +
@@ -193,8 +193,8 @@ StatusOr<std::unique_ptr<worker::Communicator>> MakeGlooCommunicator(KeyValueSto
   }
   LOG(INFO) << "gloo rank " << options.rank << "/" << options.world_size << " connected on "
             << device->str();
-  return std::unique_ptr<worker::Communicator>(
+  return std::unique_ptr<comm::Communicator>(
       std::make_unique<GlooCommunicator>(std::move(device), std::move(context)));
 }
 
-}  // namespace deja::comm
+}  // namespace deja::worker::comm

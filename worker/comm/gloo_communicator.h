@@ -12,9 +12,9 @@
 
 #include "common/status.h"
 #include "worker/comm/key_value_store.h"
-#include "worker/communicator.h"
+#include "worker/comm/communicator.h"
 
-namespace deja::comm {
+namespace deja::worker::comm {
 
 struct GlooOptions {
   int rank = 0;
@@ -35,7 +35,7 @@ struct GlooOptions {
 // The all-reduce is Gloo's ring algorithm, chosen explicitly: for a given world size and length
 // the order of the additions is fixed, so results are bitwise reproducible run to run and equal
 // on every rank. One thread at a time may call a communicator. Stats: StatsOf().
-StatusOr<std::unique_ptr<worker::Communicator>> MakeGlooCommunicator(KeyValueStore& store,
+StatusOr<std::unique_ptr<comm::Communicator>> MakeGlooCommunicator(KeyValueStore& store,
                                                                      const GlooOptions& options);
 
-}  // namespace deja::comm
+}  // namespace deja::worker::comm

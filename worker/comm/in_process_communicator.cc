@@ -8,7 +8,7 @@
 
 #include "worker/comm/timed_communicator.h"
 
-namespace deja::comm {
+namespace deja::worker::comm {
 namespace {
 
 // What one rank posts for a collective before the first barrier.
@@ -164,14 +164,14 @@ class InProcessCommunicator final : public TimedCommunicator {
 
 }  // namespace
 
-StatusOr<std::vector<std::unique_ptr<worker::Communicator>>> MakeInProcessGroup(
+StatusOr<std::vector<std::unique_ptr<comm::Communicator>>> MakeInProcessGroup(
     int world, std::chrono::milliseconds timeout) {
   if (world < 1) return InvalidArgument("world size must be >= 1, got " + std::to_string(world));
   if (timeout.count() <= 0) return InvalidArgument("timeout must be positive");
   auto hub = std::make_shared<Hub>(world, timeout);
-  std::vector<std::unique_ptr<worker::Communicator>> group;
+  std::vector<std::unique_ptr<comm::Communicator>> group;
   for (int r = 0; r < world; ++r) group.push_back(std::make_unique<InProcessCommunicator>(hub, r));
   return group;
 }
 
-}  // namespace deja::comm
+}  // namespace deja::worker::comm

@@ -9,15 +9,15 @@
 #include <vector>
 
 #include "common/status.h"
-#include "worker/communicator.h"
+#include "worker/comm/communicator.h"
 
-namespace deja::comm {
+namespace deja::worker::comm {
 
 // One communicator per rank (index = rank), each to be used by one thread. A rank that waits
 // longer than `timeout` at a collective, or whose peer's communicator was destroyed, gets an
 // error Status (DeadlineExceeded / Unavailable) and the group stays failed from then on: the
 // in-process analogue of a peer dying. Stats: StatsOf() in timed_communicator.h.
-StatusOr<std::vector<std::unique_ptr<worker::Communicator>>> MakeInProcessGroup(
+StatusOr<std::vector<std::unique_ptr<comm::Communicator>>> MakeInProcessGroup(
     int world, std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
-}  // namespace deja::comm
+}  // namespace deja::worker::comm

@@ -12,7 +12,7 @@
 #include <sstream>
 #include <thread>
 
-namespace deja::comm {
+namespace deja::worker::comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -136,4 +136,4 @@ StatusOr<std::unique_ptr<KeyValueStore>> MakeFileStore(const std::string& dir) {
   return std::unique_ptr<KeyValueStore>(std::make_unique<FileStore>(dir));
 }
 
-}  // namespace deja::comm
+}  // namespace deja::worker::comm

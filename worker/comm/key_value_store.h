@@ -12,7 +12,7 @@
 
 #include "common/status.h"
 
-namespace deja::comm {
+namespace deja::worker::comm {
 
 class KeyValueStore {
  public:
@@ -38,4 +38,4 @@ StatusOr<std::unique_ptr<KeyValueStore>> MakeFileStore(const std::string& dir);
 // DeadlineExceeded for a key that did not appear in time (shared by the implementations).
 Status KeyTimeout(const std::string& key, std::chrono::milliseconds timeout);
 
-}  // namespace deja::comm
+}  // namespace deja::worker::comm

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <utility>
 
-namespace deja::comm {
+namespace deja::worker::comm {
 namespace {
 
 Status CudaError(cudaError_t e, const char* what) {
@@ -20,7 +20,7 @@ Status NcclError(ncclResult_t r, const char* what) {
 }
 
 // Owns the NCCL communicator, its stream and a one-float scratch buffer for Barrier.
-class NcclCommunicator final : public worker::Communicator {
+class NcclCommunicator final : public comm::Communicator {
  public:
   NcclCommunicator(int rank, int world, ncclComm_t comm, cudaStream_t stream, float* scratch)
       : rank_(rank), world_(world), comm_(comm), stream_(stream), scratch_(scratch) {}
@@ -79,7 +79,7 @@ class NcclCommunicator final : public worker::Communicator {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<worker::Communicator>> MakeNcclCommunicator(KeyValueStore* store,
+StatusOr<std::unique_ptr<comm::Communicator>> MakeNcclCommunicator(KeyValueStore* store,
                                                                      const NcclOptions& o) {
   if (store == nullptr) return InvalidArgument("NCCL rendezvous needs a store");
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
@@ -126,8 +126,8 @@ StatusOr<std::unique_ptr<worker::Communicator>> MakeNcclCommunicator(KeyValueSto
     cudaStreamDestroy(stream);
     return NcclError(r, "ncclCommInitRank");
   }
-  return std::unique_ptr<worker::Communicator>(
+  return std::unique_ptr<comm::Communicator>(
       new NcclCommunicator(o.rank, o.world_size, comm, stream, scratch));
 }
 
-}  // namespace deja::comm
+}  // namespace deja::worker::comm

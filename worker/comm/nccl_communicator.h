@@ -10,9 +10,9 @@
 
 #include "common/status.h"
 #include "worker/comm/key_value_store.h"
-#include "worker/communicator.h"
+#include "worker/comm/communicator.h"
 
-namespace deja::comm {
+namespace deja::worker::comm {
 
 struct NcclOptions {
   int rank = 0;
@@ -23,7 +23,7 @@ struct NcclOptions {
 };
 
 // Unavailable (with the reason) when built without NCCL or when no CUDA device can be used.
-StatusOr<std::unique_ptr<worker::Communicator>> MakeNcclCommunicator(KeyValueStore* store,
+StatusOr<std::unique_ptr<comm::Communicator>> MakeNcclCommunicator(KeyValueStore* store,
                                                                      const NcclOptions& options);
 
-}  // namespace deja::comm
+}  // namespace deja::worker::comm

@@ -2,7 +2,7 @@
 
 #include <chrono>
 
-namespace deja::comm {
+namespace deja::worker::comm {
 
 Status TimedCommunicator::AllReduceSum(float* data, int64_t n) {
   const auto start = std::chrono::steady_clock::now();
@@ -30,10 +30,10 @@ void TimedCommunicator::ResetStats() {
   nanos_.store(0, std::memory_order_relaxed);
 }
 
-std::optional<CollectiveStats> StatsOf(const worker::Communicator& comm) {
+std::optional<CollectiveStats> StatsOf(const comm::Communicator& comm) {
   const auto* timed = dynamic_cast<const TimedCommunicator*>(&comm);
   if (timed == nullptr) return std::nullopt;
   return timed->stats();
 }
 
-}  // namespace deja::comm
+}  // namespace deja::worker::comm

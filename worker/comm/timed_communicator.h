@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <optional>
 
-#include "worker/communicator.h"
+#include "worker/comm/communicator.h"
 
-namespace deja::comm {
+namespace deja::worker::comm {
 
 struct CollectiveStats {
   int64_t all_reduce_calls = 0;
@@ -17,7 +17,7 @@ struct CollectiveStats {
   double all_reduce_seconds = 0;
 };
 
-class TimedCommunicator : public worker::Communicator {
+class TimedCommunicator : public comm::Communicator {
  public:
   // Times DoAllReduceSum; failed calls count too (their time is spent all the same).
   Status AllReduceSum(float* data, int64_t n) final;
@@ -35,6 +35,6 @@ class TimedCommunicator : public worker::Communicator {
 };
 
 // The stats of `comm` if it is one of deja's timed communicators, else nullopt (the solo one).
-std::optional<CollectiveStats> StatsOf(const worker::Communicator& comm);
+std::optional<CollectiveStats> StatsOf(const comm::Communicator& comm);
 
-}  // namespace deja::comm
+}  // namespace deja::worker::comm

@@ -4,9 +4,9 @@
 
 #include <algorithm>
 
-#include "worker/service/grpc_status.h"
+#include "proto/grpc_status.h"
 
-namespace deja::service {
+namespace deja::worker::service {
 namespace {
 
 void SetDeadline(grpc::ClientContext& ctx, std::chrono::milliseconds d) {
@@ -33,7 +33,7 @@ Status GrpcStore::Set(const std::string& key, std::string_view value) {
   req.set_key(key);
   req.set_value(std::string(value));
   deja::v1::SetResponse resp;
-  return FromGrpc(stub_->Set(&ctx, req, &resp)).WithContext("rendezvous Set " + key);
+  return proto::FromGrpc(stub_->Set(&ctx, req, &resp)).WithContext("rendezvous Set " + key);
 }
 
 StatusOr<std::string> GrpcStore::Get(const std::string& key, std::chrono::milliseconds timeout) {
@@ -43,7 +43,7 @@ StatusOr<std::string> GrpcStore::Get(const std::string& key, std::chrono::millis
   req.set_key(key);
   req.set_timeout_ms(static_cast<uint32_t>(std::max<int64_t>(timeout.count(), 0)));
   deja::v1::GetResponse resp;
-  DEJA_RETURN_IF_ERROR(FromGrpc(stub_->Get(&ctx, req, &resp)).WithContext("rendezvous Get"));
+  DEJA_RETURN_IF_ERROR(proto::FromGrpc(stub_->Get(&ctx, req, &resp)).WithContext("rendezvous Get"));
   return std::move(*resp.mutable_value());
 }
 
@@ -54,7 +54,7 @@ Status GrpcStore::Wait(const std::vector<std::string>& keys, std::chrono::millis
   for (const std::string& k : keys) req.add_keys(k);
   req.set_timeout_ms(static_cast<uint32_t>(std::max<int64_t>(timeout.count(), 0)));
   deja::v1::WaitResponse resp;
-  return FromGrpc(stub_->Wait(&ctx, req, &resp)).WithContext("rendezvous Wait");
+  return proto::FromGrpc(stub_->Wait(&ctx, req, &resp)).WithContext("rendezvous Wait");
 }
 
-}  // namespace deja::service
+}  // namespace deja::worker::service

@@ -14,7 +14,7 @@
 #include "deja/v1/worker.grpc.pb.h"
 #include "worker/comm/key_value_store.h"
 
-namespace deja::service {
+namespace deja::worker::service {
 
 class GrpcStore final : public comm::KeyValueStore {
  public:
@@ -31,4 +31,4 @@ class GrpcStore final : public comm::KeyValueStore {
   std::chrono::milliseconds rpc_timeout_;
 };
 
-}  // namespace deja::service
+}  // namespace deja::worker::service

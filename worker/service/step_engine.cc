@@ -11,7 +11,7 @@
 
 #include "worker/comm/timed_communicator.h"
 
-namespace deja::service {
+namespace deja::worker::service {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -34,20 +34,20 @@ void LogSoftmax(const float* x, int32_t n, float* out) {
   for (int32_t i = 0; i < n; ++i) out[i] = x[i] - lse;
 }
 
-comm::CollectiveStats Stats(const worker::Communicator& c) {
+comm::CollectiveStats Stats(const comm::Communicator& c) {
   return comm::StatsOf(c).value_or(comm::CollectiveStats{});
 }
 
 }  // namespace
 
-StatusOr<std::unique_ptr<StepEngine>> StepEngine::Create(worker::OptModel* model,
+StatusOr<std::unique_ptr<StepEngine>> StepEngine::Create(model::Model* model,
                                                          uint64_t kv_budget_bytes) {
   // A cache's size is linear in its capacity, with no fixed part.
-  DEJA_ASSIGN_OR_RETURN(std::unique_ptr<worker::SequenceKv> one, model->NewSequence(1));
+  DEJA_ASSIGN_OR_RETURN(std::unique_ptr<kv::SequenceKv> one, model->NewSequence(1));
   return std::unique_ptr<StepEngine>(new StepEngine(model, kv_budget_bytes, one->bytes()));
 }
 
-StepEngine::StepEngine(worker::OptModel* model, uint64_t kv_budget_bytes, uint64_t bytes_per_token)
+StepEngine::StepEngine(model::Model* model, uint64_t kv_budget_bytes, uint64_t bytes_per_token)
     : model_(model), budget_(kv_budget_bytes), bytes_per_token_(bytes_per_token) {
   vocab_ = static_cast<int32_t>(model_->config().vocab_size);
   rank_ = model_->comm().rank();
@@ -55,7 +55,7 @@ StepEngine::StepEngine(worker::OptModel* model, uint64_t kv_budget_bytes, uint64
 }
 
 Status StepEngine::WarmUp() {
-  DEJA_ASSIGN_OR_RETURN(std::unique_ptr<worker::SequenceKv> kv, model_->NewSequence(1));
+  DEJA_ASSIGN_OR_RETURN(std::unique_ptr<kv::SequenceKv> kv, model_->NewSequence(1));
   const int32_t bos = static_cast<int32_t>(model_->config().bos_token_id);
   return model_->Forward({{kv.get(), &bos, 1, false}}, &step_);
 }
@@ -69,12 +69,12 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
   const deja::v1::SequenceConfig& c = w.config();
   switch (c.cache().kind()) {
     case deja::v1::WorkerCachePolicy::KIND_WINDOW:
-      p->cache.kind = worker::CachePolicyKind::kWindow;
+      p->cache.kind = kv::CachePolicyKind::kWindow;
       p->cache.heavy_tokens = 0;
       p->cache.recent_tokens = static_cast<int32_t>(c.cache().recent_tokens());
       break;
     case deja::v1::WorkerCachePolicy::KIND_H2O:
-      p->cache.kind = worker::CachePolicyKind::kH2O;
+      p->cache.kind = kv::CachePolicyKind::kH2O;
       p->cache.heavy_tokens = static_cast<int32_t>(c.cache().heavy_tokens());
       p->cache.recent_tokens = static_cast<int32_t>(c.cache().recent_tokens());
       break;
@@ -111,12 +111,12 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
   // A bounded policy holds its budget plus at most one prompt's worth of chunk while
   // prefilling, then shrinks to budget + 1 (see Commit).
   int64_t capacity = max_tokens;
-  if (p->cache.kind != worker::CachePolicyKind::kFull) {
-    auto policy = worker::MakeEvictionPolicy(p->cache, static_cast<int32_t>(c.prompt_tokens()));
+  if (p->cache.kind != kv::CachePolicyKind::kFull) {
+    auto policy = kv::MakeEvictionPolicy(p->cache, static_cast<int32_t>(c.prompt_tokens()));
     if (!policy.ok()) return InvalidArgument(Seq(id) + "config.cache: " + policy.status().message());
     capacity = std::min<int64_t>(max_tokens, (*policy)->budget() + std::max<int64_t>(1, c.prompt_tokens()));
   }
-  worker::SamplingParams sp;
+  sampling::SamplingParams sp;
   const deja::v1::WorkerSampling& s = c.sampling();
   sp.do_sample = s.do_sample();
   sp.temperature = s.do_sample() ? s.temperature() : 1.0f;
@@ -139,7 +139,7 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
   p->fresh->sparse = c.sparse();
   p->fresh->prompt_tokens = static_cast<int32_t>(c.prompt_tokens());
   p->fresh->max_tokens = static_cast<int32_t>(max_tokens);
-  if (rank_ == 0) p->fresh->sampler = std::make_unique<worker::Sampler>(sp);
+  if (rank_ == 0) p->fresh->sampler = std::make_unique<sampling::Sampler>(sp);
   p->capacity = static_cast<int32_t>(capacity);
   return Status::Ok();
 }
@@ -212,7 +212,7 @@ Status StepEngine::Run(const deja::v1::StepRequest& req, deja::v1::StepResponse*
     resp->set_error_message(planned.message());
     VLOG(1) << "rank " << rank_ << " step " << req.step_id() << ": " << planned.ToString();
   } else if (!plan.empty()) {
-    std::vector<worker::SequenceStep> batch;
+    std::vector<model::SequenceStep> batch;
     uint32_t sparse_sequences = 0;
     for (const Planned& p : plan) {
       batch.push_back({p.seq->kv.get(), p.work->tokens().data(), p.work->tokens_size(),
@@ -288,7 +288,7 @@ void StepEngine::Sample(const std::vector<Planned>& plan, deja::v1::StepResponse
       }
     }
     if (p.work->sample() && row > first) {
-      worker::TokenChoice c =
+      sampling::TokenChoice c =
           p.seq->sampler->Choose(logits + (row - 1) * vocab_, vocab_, p.seq->history);
       r->set_token_id(c.id);
       r->set_logprob(c.logprob);
@@ -302,7 +302,7 @@ void StepEngine::Sample(const std::vector<Planned>& plan, deja::v1::StepResponse
 }
 
 void StepEngine::ShrinkAfterPrefill(Sequence* seq) {
-  worker::SequenceKv& kv = *seq->kv;
+  kv::SequenceKv& kv = *seq->kv;
   const int32_t budget = kv.policy().budget();
   if (budget == 0 || kv.length() < seq->prompt_tokens || kv.capacity() <= budget + 1) return;
   const size_t before = kv.bytes();
@@ -352,4 +352,4 @@ deja::v1::KvUsage StepEngine::Usage() const {
   return usage_;
 }
 
-}  // namespace deja::service
+}  // namespace deja::worker::service

@@ -14,17 +14,17 @@
 
 #include "common/status.h"
 #include "deja/v1/worker.pb.h"
-#include "worker/eviction_policy.h"
-#include "worker/kv_cache.h"
-#include "worker/opt_model.h"
-#include "worker/sampler.h"
+#include "worker/kv/eviction_policy.h"
+#include "worker/kv/kv_cache.h"
+#include "worker/model/model.h"
+#include "worker/sampling/sampler.h"
 
-namespace deja::service {
+namespace deja::worker::service {
 
 class StepEngine {
  public:
   // `model` outlives the engine. `kv_budget_bytes` is this rank's KV memory budget.
-  static StatusOr<std::unique_ptr<StepEngine>> Create(worker::OptModel* model,
+  static StatusOr<std::unique_ptr<StepEngine>> Create(model::Model* model,
                                                       uint64_t kv_budget_bytes);
 
   // Runs one dummy forward step (every rank must call it, as it runs collectives).
@@ -47,11 +47,11 @@ class StepEngine {
   uint64_t kv_bytes_per_token() const { return bytes_per_token_; }
 
  private:
-  StepEngine(worker::OptModel* model, uint64_t kv_budget_bytes, uint64_t bytes_per_token);
+  StepEngine(model::Model* model, uint64_t kv_budget_bytes, uint64_t bytes_per_token);
 
   struct Sequence {
-    std::unique_ptr<worker::SequenceKv> kv;
-    std::unique_ptr<worker::Sampler> sampler;  // rank 0
+    std::unique_ptr<kv::SequenceKv> kv;
+    std::unique_ptr<sampling::Sampler> sampler;  // rank 0
     std::vector<int32_t> history;              // every token fed so far
     uint32_t top_n = 0;
     bool sparse = false;                       // Deja Vu on every step of the sequence
@@ -64,7 +64,7 @@ class StepEngine {
     Sequence* seq = nullptr;
     std::unique_ptr<Sequence> fresh;  // new sequence, committed after a successful forward
     int32_t capacity = 0;
-    worker::CachePolicyConfig cache;
+    kv::CachePolicyConfig cache;
   };
 
   Status Plan(const deja::v1::StepRequest& req, std::vector<Planned>* plan);
@@ -75,7 +75,7 @@ class StepEngine {
   void Release(uint64_t seq_id);
   void PublishUsage();
 
-  worker::OptModel* model_;
+  model::Model* model_;
   const uint64_t budget_;
   const uint64_t bytes_per_token_;
   int32_t vocab_ = 0;
@@ -83,11 +83,11 @@ class StepEngine {
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   uint64_t reserved_bytes_ = 0;
   uint64_t evicted_released_ = 0;  // evictions of sequences already released
-  worker::StepResult step_;
+  model::StepResult step_;
   std::vector<float> logprob_row_;
 
   mutable std::mutex usage_mu_;
   deja::v1::KvUsage usage_;
 };
 
-}  // namespace deja::service
+}  // namespace deja::worker::service

@@ -12,13 +12,13 @@
 #include <thread>
 
 #include "deja/v1/worker.grpc.pb.h"
-#include "worker/kv_cache.h"
+#include "worker/kv/kv_cache.h"
 #include "worker/comm/gloo_communicator.h"
-#include "worker/service/grpc_status.h"
+#include "proto/grpc_status.h"
 #include "worker/service/grpc_store.h"
 #include "worker/service/step_engine.h"
 
-namespace deja::service {
+namespace deja::worker::service {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -65,7 +65,7 @@ class WorkerServiceImpl final : public deja::v1::Worker::Service {
       const bool written = stream->Write(resp);
       if (!fatal.ok()) {
         owner_->Finish(fatal);
-        result = ToGrpc(fatal);
+        result = proto::ToGrpc(fatal);
         break;
       }
       if (req.shutdown()) {
@@ -177,7 +177,7 @@ StatusOr<uint64_t> WorkerServer::Register() {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     ctx.set_wait_for_ready(true);
     deja::v1::RegisterResponse resp;
-    last = FromGrpc(stub->Register(&ctx, req, &resp));
+    last = proto::FromGrpc(stub->Register(&ctx, req, &resp));
     if (last.ok()) return resp.group_epoch();
     if (last.code() != StatusCode::kUnavailable && last.code() != StatusCode::kDeadlineExceeded) {
       return last.WithContext("registering with the coordinator at " + options_.coordinator);
@@ -193,7 +193,7 @@ StatusOr<uint64_t> WorkerServer::Register() {
 
 Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
   const Clock::time_point t0 = Clock::now();
-  std::unique_ptr<worker::Communicator> comm;
+  std::unique_ptr<comm::Communicator> comm;
   if (options_.world_size > 1) {
     GrpcStore store(grpc::CreateChannel(options_.coordinator, grpc::InsecureChannelCredentials()));
     comm::GlooOptions g;
@@ -208,10 +208,10 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
   }
   backend_ = kernels::MakeCpuBackend(options_.threads);
   DEJA_ASSIGN_OR_RETURN(
-      model_, worker::OptModel::Load(options_.model_dir, backend_.get(), std::move(comm),
+      model_, model::LoadModel(options_.model_dir, backend_.get(), std::move(comm),
                                                  options_.load));
   if (options_.sparsity_requested()) {
-    const worker::SparsityOptions& so = options_.sparsity;
+    const model::SparsityOptions& so = options_.sparsity;
     DEJA_RETURN_IF_ERROR(model_->EnableSparsity(so).WithContext(
         so.predictors.empty() ? "enabling oracle sparsity"
                               : "loading the sparsity predictors " + so.predictors));
@@ -223,7 +223,7 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
   }
   DEJA_ASSIGN_OR_RETURN(engine_, StepEngine::Create(model_.get(), options_.kv_memory_bytes));
   // Freed sequences' caches are kept for the next ones up to the budget the admission allows.
-  worker::SetKvTensorPoolLimit(options_.kv_memory_bytes);
+  kv::SetKvTensorPoolLimit(options_.kv_memory_bytes);
   service_->loaded.store(true);
   LOG(INFO) << "rank " << options_.rank << ": shard of " << options_.model_dir << " loaded ("
             << model_->weight_bytes() << " weight bytes)";
@@ -265,4 +265,4 @@ Status WorkerServer::Run() {
   return outcome;
 }
 
-}  // namespace deja::service
+}  // namespace deja::worker::service

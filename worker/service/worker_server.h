@@ -16,9 +16,9 @@
 
 #include "common/status.h"
 #include "kernels/backend.h"
-#include "worker/opt_model.h"
+#include "worker/model/model.h"
 
-namespace deja::service {
+namespace deja::worker::service {
 
 class StepEngine;
 class WorkerServiceImpl;
@@ -40,9 +40,9 @@ struct WorkerOptions {
   // Deja Vu: predictors or oracle mode (neither: every step dense, SequenceConfig.sparse is
   // refused), and what requests that leave Sparsity.mode unspecified get (reported to the
   // coordinator in WorkerStatus).
-  worker::SparsityOptions sparsity;
+  model::SparsityOptions sparsity;
   bool sparsity_default = false;
-  worker::LoadOptions load;  // --dtype
+  model::LoadOptions load;  // --dtype
   bool sparsity_requested() const {
     return !sparsity.predictors.empty() || sparsity.oracle_fraction > 0.0f;
   }
@@ -75,7 +75,7 @@ class WorkerServer {
   std::string address_;
   const std::chrono::steady_clock::time_point started_;
   std::unique_ptr<kernels::Backend> backend_;
-  std::unique_ptr<worker::OptModel> model_;
+  std::unique_ptr<model::Model> model_;
   std::unique_ptr<StepEngine> engine_;
   std::unique_ptr<WorkerServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
@@ -86,4 +86,4 @@ class WorkerServer {
   Status outcome_;
 };
 
-}  // namespace deja::service
+}  // namespace deja::worker::service

@@ -1,5 +1,5 @@
 // SelectTopKUnits: the Deja Vu runtime's per-layer top-k over predictor scores.
-#include "worker/top_k.h"
+#include "worker/dejavu/top_k.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <iterator>
 #include <vector>
 
-namespace deja::worker {
+namespace deja::worker::dejavu {
 
 namespace {
 
@@ -88,4 +88,4 @@ void SelectTopKUnits(const float* scores, int64_t units, int32_t k, int32_t* out
   }
 }
 
-}  // namespace deja::worker
+}  // namespace deja::worker::dejavu

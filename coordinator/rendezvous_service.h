@@ -24,7 +24,7 @@
 #include "common/status.h"
 #include "deja/v1/worker.grpc.pb.h"
 
-namespace deja::service {
+namespace deja::coordinator {
 
 class RendezvousService final : public deja::v1::Rendezvous::Service {
  public:
@@ -90,4 +90,4 @@ class RendezvousService final : public deja::v1::Rendezvous::Service {
   std::map<std::string, std::string> values_;
 };
 
-}  // namespace deja::service
+}  // namespace deja::coordinator

@@ -1,8 +1,8 @@
-#include "worker/eviction_policy.h"
+#include "worker/kv/eviction_policy.h"
 
 #include <cmath>
 
-namespace deja::worker {
+namespace deja::worker::kv {
 
 const char* CachePolicyConfig::KindName(CachePolicyKind kind) {
   switch (kind) {
@@ -61,4 +61,4 @@ StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(const CachePolicyCo
   return MakeH2OPolicy(heavy, recent, c.h2o_mean_score);
 }
 
-}  // namespace deja::worker
+}  // namespace deja::worker::kv

@@ -1,6 +1,7 @@
-// The OPT decoder (pre-LN, and the post-LN OPT-350m variant) as one tensor-parallel rank runs
-// it: a batch of sequences, each with some new tokens (a prefill chunk or one decode token), in
-// one forward pass. The two all-reduces per layer are explicit in Layer().
+// The model interface: what the worker service, generation, `deja collect` and the CLI need of a
+// decoder that one tensor-parallel rank runs, and the registry that builds one by the checkpoint's
+// `model_type`. An architecture is one file pair implementing Model (opt_model.{h,cc}) plus one
+// line in model_registry.cc; its layer code keeps the two all-reduces explicit.
 #pragma once
 
 #include <cstdint>
@@ -10,18 +11,17 @@
 #include <vector>
 
 #include "common/opt_config.h"
-#include "common/safetensors.h"
 #include "common/status.h"
 #include "common/tensor.h"
 #include "kernels/backend.h"
-#include "worker/communicator.h"
-#include "worker/kv_cache.h"
-#include "worker/opt_weights.h"
+#include "worker/comm/communicator.h"
+#include "worker/kv/eviction_policy.h"
+#include "worker/kv/kv_cache.h"
 
-namespace deja::worker {
+namespace deja::worker::model {
 
 struct SequenceStep {
-  SequenceKv* kv = nullptr;       // the sequence's cache; its length() is the first position
+  kv::SequenceKv* kv = nullptr;       // the sequence's cache; its length() is the first position
   const int32_t* tokens = nullptr;
   int32_t n = 0;                  // new tokens (>= 1)
   bool all_logits = false;        // logits for every new token, else only for the last one
@@ -53,7 +53,7 @@ struct StepResult {
   double predictor_seconds = 0.0;
 };
 
-// Deja Vu contextual sparsity (DESIGN.md §6.2) for OptModel::EnableSparsity.
+// Deja Vu contextual sparsity (docs/architecture.md#deja-vu) for Model::EnableSparsity.
 struct SparsityOptions {
   std::string predictors;         // predictor safetensors (its .json beside it); "" = none
   // > 0 (and no predictors): oracle mode for speed runs on random-weight checkpoints, which
@@ -81,7 +81,7 @@ struct SparsityOptions {
   PredictorThread predictor_thread = PredictorThread::kAuto;
 };
 
-// How OptModel::Load holds the weights.
+// How LoadModel holds the weights.
 struct LoadOptions {
   // Converts the matrices to this dtype at load (ConvertMatrices; only bf16: the `--dtype bf16`
   // of the CLI). Unset: they stay in the checkpoint's dtype, as views into the mmapped file.
@@ -91,73 +91,46 @@ struct LoadOptions {
   DType kv_dtype = DType::kF32;
 };
 
-class SparseRuntime;
-struct BlockPlan;
-
-class OptModel {
+class Model {
  public:
-  ~OptModel();
-  // Loads this rank's shard. `comm` may be null for a single process (world 1).
-  static StatusOr<std::unique_ptr<OptModel>> Load(const std::string& dir,
-                                                   kernels::Backend* backend,
-                                                   std::unique_ptr<Communicator> comm = nullptr,
-                                                   const LoadOptions& options = {});
+  virtual ~Model() = default;
 
-  const OptConfig& config() const { return config_; }
-  KvGeometry kv_geometry() const;
-  int64_t weight_bytes() const { return weight_bytes_; }
-  DType weight_dtype() const { return w_.lm_head.w.dtype; }
-  Communicator& comm() { return *comm_; }
+  // The decoder's description (the fields every architecture shares: vocabulary, widths, layers,
+  // heads, positions, special tokens).
+  virtual const OptConfig& config() const = 0;
+  virtual kv::KvGeometry kv_geometry() const = 0;
+  virtual int64_t weight_bytes() const = 0;
+  virtual DType weight_dtype() const = 0;
+  virtual comm::Communicator& comm() = 0;
   // Not owned; nullptr detaches. The observer must outlive the forward passes it watches.
-  void set_observer(LayerObserver* observer) { observer_ = observer; }
+  virtual void set_observer(LayerObserver* observer) = 0;
 
   // Creates an empty cache for a sequence of at most `max_tokens` tokens (full policy).
-  StatusOr<std::unique_ptr<SequenceKv>> NewSequence(int32_t max_tokens) const;
+  virtual StatusOr<std::unique_ptr<kv::SequenceKv>> NewSequence(int32_t max_tokens) const = 0;
   // The same under a cache policy whose ratios resolve against `prompt_tokens`; bounded policies
   // get budget + `max_chunk` slots per head (the largest number of tokens one step appends).
-  StatusOr<std::unique_ptr<SequenceKv>> NewSequence(int32_t max_tokens,
-                                                    const CachePolicyConfig& policy,
-                                                    int32_t prompt_tokens,
-                                                    int32_t max_chunk) const;
+  virtual StatusOr<std::unique_ptr<kv::SequenceKv>> NewSequence(
+      int32_t max_tokens, const kv::CachePolicyConfig& policy, int32_t prompt_tokens,
+      int32_t max_chunk) const = 0;
 
   // Loads this rank's predictors (or sets up oracle mode). Sequences then opt in per step with
   // SequenceStep::sparse; without this call every step is dense.
-  Status EnableSparsity(const SparsityOptions& options);
-  bool sparsity_enabled() const;
+  virtual Status EnableSparsity(const SparsityOptions& options) = 0;
+  virtual bool sparsity_enabled() const = 0;
 
   // Runs one step. Appends every step's tokens to its cache. Fails (leaving the caches of the
   // batch unspecified) on bad token ids or when a sequence would pass the position limit.
-  Status Forward(const std::vector<SequenceStep>& batch, StepResult* result);
-
- private:
-  OptModel() = default;
-  Status Layer(int32_t l, const std::vector<SequenceStep>& batch, int64_t rows);
-  Status Logits(const std::vector<SequenceStep>& batch, int64_t rows, StepResult* result);
-  Status AttentionBlock(int32_t l, const std::vector<SequenceStep>& batch, int64_t rows,
-                        const TensorView& attn_in, const BlockPlan* heads);
-  Status MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in, const BlockPlan* plan);
-  void EnsureWorkspace(int64_t rows);
-
-  OptConfig config_;
-  std::unique_ptr<Checkpoint> ckpt_;
-  OptWeights w_;
-  kernels::Backend* backend_ = nullptr;
-  std::unique_ptr<Communicator> comm_;
-  int64_t weight_bytes_ = 0;
-  DType kv_dtype_ = DType::kF32;
-  LayerObserver* observer_ = nullptr;
-  std::unique_ptr<SparseRuntime> sparse_;
-  bool step_sparse_ = false;  // this step has sparse rows (sparse_ plans the blocks)
-  std::unique_ptr<BlockPlan> heads_plan_, mlp_plan_;
-  std::vector<int32_t> sel_rows_;
-  std::vector<int64_t> seq_row_;  // first row of each sequence in the step
-
-  // Workspace, grown to the largest step seen and reused (no per-step allocation).
-  int64_t ws_rows_ = 0;
-  Tensor h_, a_, q_, k_, v_, ctx_, o_, u_, emb_;
-  Tensor qkv_;  // [rows, 3 * local]: the stacked q, k, v Linear's output (OptLayerWeights::qkv)
-  std::vector<int32_t> ids_, tok_pos_, pos_rows_;
-  std::vector<float> gather_;
+  virtual Status Forward(const std::vector<SequenceStep>& batch, StepResult* result) = 0;
 };
 
-}  // namespace deja::worker
+// Loads this rank's shard of the model in `dir` (a checkpoint directory with config.json), built
+// by the implementation registered for its `model_type` (a missing model_type reads as "opt").
+// `comm` may be null for a single process (world 1).
+StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& dir, kernels::Backend* backend,
+                                           std::unique_ptr<comm::Communicator> comm = nullptr,
+                                           const LoadOptions& options = {});
+
+// The model_type values LoadModel accepts, comma-separated (for messages and --help).
+std::string RegisteredModelTypes();
+
+}  // namespace deja::worker::model

@@ -1,4 +1,4 @@
-#include "worker/opt_model.h"
+#include "worker/model/opt_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,9 +6,9 @@
 
 #include "common/thread_pool.h"
 #include "kernels/ops.h"
-#include "worker/sparse_runtime.h"
+#include "worker/dejavu/sparse_runtime.h"
 
-namespace deja::worker {
+namespace deja::worker::model {
 namespace {
 
 constexpr float kLayerNormEps = 1e-5f;
@@ -28,11 +28,11 @@ int64_t LinearBytes(const LinearWeights& l) { return ViewBytes(l.w) + ViewBytes(
 
 StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
                                                    kernels::Backend* backend,
-                                                   std::unique_ptr<Communicator> comm,
+                                                   std::unique_ptr<comm::Communicator> comm,
                                                    const LoadOptions& options) {
   std::unique_ptr<OptModel> m(new OptModel());
   m->backend_ = backend;
-  m->comm_ = comm ? std::move(comm) : MakeSoloCommunicator();
+  m->comm_ = comm ? std::move(comm) : comm::MakeSoloCommunicator();
   DEJA_ASSIGN_OR_RETURN(m->config_, LoadOptConfig(dir));
   DEJA_ASSIGN_OR_RETURN(m->ckpt_, OpenCheckpoint(dir));
   DEJA_ASSIGN_OR_RETURN(OptTensorNames names, ResolveOptTensorNames(*m->ckpt_, m->config_));
@@ -78,26 +78,26 @@ OptModel::~OptModel() = default;
 
 Status OptModel::EnableSparsity(const SparsityOptions& options) {
   UntileMatrices(&w_);
-  DEJA_ASSIGN_OR_RETURN(sparse_, SparseRuntime::Create(options, config_, w_, *backend_,
+  DEJA_ASSIGN_OR_RETURN(sparse_, dejavu::SparseRuntime::Create(options, config_, w_, *backend_,
                                                        comm_->rank(), comm_->world_size()));
-  heads_plan_ = std::make_unique<BlockPlan>();
-  mlp_plan_ = std::make_unique<BlockPlan>();
+  heads_plan_ = std::make_unique<dejavu::BlockPlan>();
+  mlp_plan_ = std::make_unique<dejavu::BlockPlan>();
   return Status::Ok();
 }
 
 bool OptModel::sparsity_enabled() const { return sparse_ != nullptr; }
 
-KvGeometry OptModel::kv_geometry() const {
+kv::KvGeometry OptModel::kv_geometry() const {
   return {static_cast<int32_t>(config_.num_hidden_layers), static_cast<int32_t>(w_.local_heads),
           static_cast<int32_t>(config_.head_dim()), kv_dtype_};
 }
 
-StatusOr<std::unique_ptr<SequenceKv>> OptModel::NewSequence(int32_t max_tokens) const {
-  return NewSequence(max_tokens, CachePolicyConfig{}, max_tokens, max_tokens);
+StatusOr<std::unique_ptr<kv::SequenceKv>> OptModel::NewSequence(int32_t max_tokens) const {
+  return NewSequence(max_tokens, kv::CachePolicyConfig{}, max_tokens, max_tokens);
 }
 
-StatusOr<std::unique_ptr<SequenceKv>> OptModel::NewSequence(int32_t max_tokens,
-                                                            const CachePolicyConfig& policy,
+StatusOr<std::unique_ptr<kv::SequenceKv>> OptModel::NewSequence(int32_t max_tokens,
+                                                            const kv::CachePolicyConfig& policy,
                                                             int32_t prompt_tokens,
                                                             int32_t max_chunk) const {
   if (max_tokens > config_.max_position_embeddings) {
@@ -105,11 +105,11 @@ StatusOr<std::unique_ptr<SequenceKv>> OptModel::NewSequence(int32_t max_tokens,
                       " tokens exceeds the model's position limit of " +
                       std::to_string(config_.max_position_embeddings));
   }
-  DEJA_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> p,
-                        MakeEvictionPolicy(policy, prompt_tokens));
+  DEJA_ASSIGN_OR_RETURN(std::unique_ptr<kv::EvictionPolicy> p,
+                        kv::MakeEvictionPolicy(policy, prompt_tokens));
   int32_t capacity = max_tokens;
   if (p->budget() > 0) capacity = std::min(max_tokens, p->budget() + std::max(1, max_chunk));
-  return SequenceKv::Create(kv_geometry(), capacity, std::move(p));
+  return kv::SequenceKv::Create(kv_geometry(), capacity, std::move(p));
 }
 
 void OptModel::EnsureWorkspace(int64_t rows) {
@@ -197,8 +197,8 @@ Status OptModel::Layer(int32_t l, const std::vector<SequenceStep>& batch, int64_
   const int64_t d = config_.hidden_size;
   kernels::Backend& be = *backend_;
   TensorView h = Rows(h_, rows, d), a = Rows(a_, rows, d), o = Rows(o_, rows, d);
-  const BlockPlan* heads = nullptr;
-  const BlockPlan* mlp = nullptr;
+  const dejavu::BlockPlan* heads = nullptr;
+  const dejavu::BlockPlan* mlp = nullptr;
 
   // Attention block. Deja Vu: the heads of this layer were predicted during the previous
   // layer's MLP; the MLP of this layer is predicted from this block's input meanwhile.
@@ -247,7 +247,7 @@ Status OptModel::Layer(int32_t l, const std::vector<SequenceStep>& batch, int64_
 // o_. Gather plans compute q, attention and out_proj for the selected heads only; k and v are
 // computed for every head (the exact rule: later tokens always see a complete cache).
 Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batch, int64_t rows,
-                                const TensorView& attn_in, const BlockPlan* plan) {
+                                const TensorView& attn_in, const dejavu::BlockPlan* plan) {
   using kernels::Activation;
   const OptLayerWeights& lw = w_.layers[l];
   const int64_t d = config_.hidden_size;
@@ -255,8 +255,8 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
   const int32_t hd = static_cast<int32_t>(config_.head_dim());
   const int64_t local = static_cast<int64_t>(heads) * hd;
   kernels::Backend& be = *backend_;
-  const BlockPlan::Mode mode = plan ? plan->mode : BlockPlan::Mode::kDense;
-  const bool gather = mode == BlockPlan::Mode::kGather;
+  const dejavu::BlockPlan::Mode mode = plan ? plan->mode : dejavu::BlockPlan::Mode::kDense;
+  const bool gather = mode == dejavu::BlockPlan::Mode::kGather;
   const int32_t n_heads = gather ? static_cast<int32_t>(plan->units.size()) : heads;
   const int64_t width = static_cast<int64_t>(n_heads) * hd;
   TensorView o = Rows(o_, rows, d);
@@ -327,10 +327,9 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
     s.kv->EvictLayer(l);
     return Status::Ok();
   };
-  if (all_decode && batch.size() > 1 && be.kind() == kernels::BackendKind::kCpu &&
-      be.pool() != nullptr) {
-    // A decode step: one pool job over the sequences (each attention then runs on its thread)
-    // instead of one job per sequence. Batch 16 on the 1.3B shape makes 384 attention calls
+  if (all_decode && batch.size() > 1 && be.pool() != nullptr) {
+    // A decode step on a backend whose ops run on host threads (it has a pool): one pool job over
+    // the sequences (each attention then runs on its thread) instead of one job per sequence. Batch 16 on the 1.3B shape makes 384 attention calls
     // per step; each hand-off costs more than a one-token attention over a few hundred slots.
     std::vector<Status> status(batch.size());
     be.pool()->ParallelFor(static_cast<int64_t>(batch.size()), [&](int64_t i0, int64_t i1) {
@@ -344,7 +343,7 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
     return kernels::GatherLinearT(be, ctx, sparse_->out_t(l).view(), sel_rows_.data(), width,
                                   false, o);
   }
-  if (mode == BlockPlan::Mode::kMasked) {
+  if (mode == dejavu::BlockPlan::Mode::kMasked) {
     // Each row skips the heads its own selection left out (zero context -> no contribution).
     float* c = ctx.as<float>();
     for (int64_t r = 0; r < rows; ++r) {
@@ -360,14 +359,14 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
 // fc1 with bias and ReLU, then this rank's partial fc2 into o_. Gather plans compute only the
 // selected neurons (rows of W1, rows of W2ᵀ).
 Status OptModel::MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in,
-                          const BlockPlan* plan) {
+                          const dejavu::BlockPlan* plan) {
   using kernels::Activation;
   const OptLayerWeights& lw = w_.layers[l];
   const int64_t d = config_.hidden_size;
   kernels::Backend& be = *backend_;
   TensorView o = Rows(o_, rows, d);
-  const BlockPlan::Mode mode = plan ? plan->mode : BlockPlan::Mode::kDense;
-  if (mode == BlockPlan::Mode::kGather) {
+  const dejavu::BlockPlan::Mode mode = plan ? plan->mode : dejavu::BlockPlan::Mode::kDense;
+  if (mode == dejavu::BlockPlan::Mode::kGather) {
     const int64_t n = static_cast<int64_t>(plan->units.size());
     TensorView u = Rows(u_, rows, n);
     DEJA_RETURN_IF_ERROR(kernels::GatherLinear(be, mlp_in, lw.fc1.w, lw.fc1.bias,
@@ -380,7 +379,7 @@ Status OptModel::MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in,
   TensorView u = Rows(u_, rows, ffn);
   DEJA_RETURN_IF_ERROR(kernels::Linear(be, mlp_in, lw.fc1.w, lw.fc1.bias, Activation::kRelu,
                                        false, u));
-  if (mode == BlockPlan::Mode::kMasked) {
+  if (mode == dejavu::BlockPlan::Mode::kMasked) {
     float* x = u.as<float>();
     const uint8_t* keep = plan->keep.data();
     for (int64_t i = 0; i < rows * ffn; ++i) {
@@ -460,4 +459,4 @@ Status OptModel::Logits(const std::vector<SequenceStep>& batch, int64_t rows,
   return Status::Ok();
 }
 
-}  // namespace deja::worker
+}  // namespace deja::worker::model

@@ -1,7 +1,7 @@
 // `full`: every token stays; the cache grows to the sequence's length.
-#include "worker/eviction_policy.h"
+#include "worker/kv/eviction_policy.h"
 
-namespace deja::worker {
+namespace deja::worker::kv {
 namespace {
 
 class FullPolicy final : public EvictionPolicy {
@@ -16,4 +16,4 @@ class FullPolicy final : public EvictionPolicy {
 
 std::unique_ptr<EvictionPolicy> MakeFullPolicy() { return std::make_unique<FullPolicy>(); }
 
-}  // namespace deja::worker
+}  // namespace deja::worker::kv

@@ -9,7 +9,7 @@
 
 #include "common/status.h"
 
-namespace deja::worker {
+namespace deja::worker::comm {
 
 class Communicator {
  public:
@@ -27,4 +27,4 @@ class Communicator {
 // World of one: every collective is the identity.
 std::unique_ptr<Communicator> MakeSoloCommunicator();
 
-}  // namespace deja::worker
+}  // namespace deja::worker::comm

@@ -1,8 +1,8 @@
-#include "worker/communicator.h"
+#include "worker/comm/communicator.h"
 
 #include <cstring>
 
-namespace deja::worker {
+namespace deja::worker::comm {
 namespace {
 
 class SoloCommunicator final : public Communicator {
@@ -27,4 +27,4 @@ std::unique_ptr<Communicator> MakeSoloCommunicator() {
   return std::make_unique<SoloCommunicator>();
 }
 
-}  // namespace deja::worker
+}  // namespace deja::worker::comm

@@ -1,4 +1,4 @@
-#include "worker/sampler.h"
+#include "worker/sampling/sampler.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,21 +6,21 @@
 #include <numeric>
 #include <string>
 
-#include "kernels/cpu/simd.h"
+#include "common/vec_math.h"
 
-namespace deja::worker {
+namespace deja::worker::sampling {
 namespace {
 
 // log(sum_i exp(x[i])), numerically stable: the max by SIMD, then exp(x - max) summed by SIMD in
 // chunks whose f32 sums are added in double (a 50,272-entry row: relative error ~1e-7).
 float LogSumExp(const float* x, int32_t n, float* max_out) {
-  const float mx = kernels::cpu::MaxOf(x, n);
+  const float mx = MaxOf(x, n);
   *max_out = mx;
   if (!std::isfinite(mx)) return mx;
   constexpr int32_t kChunk = 1024;
   double sum = 0.0;
   for (int32_t i = 0; i < n; i += kChunk) {
-    sum += kernels::cpu::SumExpShift(x + i, std::min(kChunk, n - i), mx);
+    sum += SumExpShift(x + i, std::min(kChunk, n - i), mx);
   }
   return mx + static_cast<float>(std::log(sum));
 }
@@ -148,4 +148,4 @@ TokenChoice Sampler::Choose(const float* logits, int32_t vocab,
   return choice;
 }
 
-}  // namespace deja::worker
+}  // namespace deja::worker::sampling

@@ -1,7 +1,7 @@
 // RendezvousService: blocking Get/Wait with timeouts, cancellation and shutdown; Register's
 // validation, idempotence and group epochs; and GrpcStore reaching it over loopback gRPC, good
 // enough for Gloo to build a group through it.
-#include "worker/service/rendezvous_service.h"
+#include "coordinator/rendezvous_service.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 #include "worker/comm/gloo_communicator.h"
 #include "worker/service/grpc_store.h"
 
-namespace deja::service {
+namespace deja::coordinator {
 namespace {
 
 using namespace std::chrono_literals;
@@ -128,12 +128,12 @@ TEST(GrpcStoreTest, GlooBuildsAGroupThroughIt) {
   for (int r = 0; r < 2; ++r) {
     ranks.emplace_back([&, r] {
       GrpcStore store(rv.Channel());
-      comm::GlooOptions o;
+      worker::comm::GlooOptions o;
       o.rank = r;
       o.world_size = 2;
       o.timeout = 20s;
       o.key_prefix = "epoch1/gloo";
-      auto c = comm::MakeGlooCommunicator(store, o);
+      auto c = worker::comm::MakeGlooCommunicator(store, o);
       status[r] = c.status();
       if (!c.ok()) return;
       float x = static_cast<float>(r + 1);
@@ -149,4 +149,4 @@ TEST(GrpcStoreTest, GlooBuildsAGroupThroughIt) {
 }
 
 }  // namespace
-}  // namespace deja::service
+}  // namespace deja::coordinator

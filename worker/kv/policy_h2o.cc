@@ -8,10 +8,10 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cpu/simd.h"
-#include "worker/eviction_policy.h"
+#include "common/vec_math.h"
+#include "worker/kv/eviction_policy.h"
 
-namespace deja::worker {
+namespace deja::worker::kv {
 namespace {
 
 class H2OPolicy final : public EvictionPolicy {
@@ -31,7 +31,7 @@ class H2OPolicy final : public EvictionPolicy {
       // list (the general path below took 27% of a 299-sequence opt-mini decode step).
       const int32_t victim =
           mean_score_ ? LowestCandidate<true>(head, oldest_recent)
-                      : kernels::cpu::LowestScoreSlot(head.slot_pos.data(), head.score.data(),
+                      : LowestScoreSlot(head.slot_pos.data(), head.score.data(),
                                                       static_cast<int64_t>(head.slot_pos.size()),
                                                       oldest_recent);
       if (victim >= 0) evict->push_back(victim);
@@ -94,4 +94,4 @@ std::unique_ptr<EvictionPolicy> MakeH2OPolicy(int32_t heavy, int32_t recent, boo
   return std::make_unique<H2OPolicy>(heavy, recent, mean_score);
 }
 
-}  // namespace deja::worker
+}  // namespace deja::worker::kv

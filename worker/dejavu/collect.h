@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "common/status.h"
-#include "worker/opt_model.h"
+#include "worker/model/model.h"
 
-namespace deja::predictors {
+namespace deja::worker::dejavu {
 
 struct CollectOptions {
   int32_t context = 512;      // window length in tokens, BOS included
@@ -32,9 +32,9 @@ struct CollectSummary {
 // a BOS in front, like `deja ppl`. The windows run in a seeded random order until max_rows
 // rows per layer are recorded (the last window partly), so a text larger than the cap
 // contributes a uniform sample of its windows. Writes `out_dir` (created if needed).
-StatusOr<CollectSummary> Collect(worker::OptModel& model,
+StatusOr<CollectSummary> Collect(model::Model& model,
                                  const std::vector<std::vector<int32_t>>& documents,
                                  const CollectOptions& options, const std::string& out_dir,
                                  const std::function<void(const std::string&)>& progress);
 
-}  // namespace deja::predictors
+}  // namespace deja::worker::dejavu

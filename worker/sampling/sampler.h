@@ -11,7 +11,7 @@
 
 #include "common/status.h"
 
-namespace deja::worker {
+namespace deja::worker::sampling {
 
 struct SamplingParams {
   bool do_sample = false;
@@ -49,4 +49,4 @@ class Sampler {
   std::vector<int32_t> order_;
 };
 
-}  // namespace deja::worker
+}  // namespace deja::worker::sampling

@@ -1,4 +1,4 @@
-#include "worker/kv_cache.h"
+#include "worker/kv/kv_cache.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,9 +7,9 @@
 #include <mutex>
 #include <new>
 
-#include "kernels/cpu/simd.h"
+#include "common/vec_math.h"
 
-namespace deja::worker {
+namespace deja::worker::kv {
 namespace {
 
 // Freed K, V and score tensors, kept for the next sequence that asks for the same dtype and shape
@@ -194,8 +194,8 @@ void SequenceKv::WriteLayer(int32_t layer, int32_t n, const float* k, const floa
     const int32_t* slots = new_slots_.data() + HeadIndex(layer, h) * last_n_;
     for (int32_t i = 0; i < n; ++i) {
       const int64_t dst = (static_cast<int64_t>(h) * capacity_ + slots[i]) * hd;
-      kernels::cpu::ConvertFromF32(k + i * row + h * hd, hd, dt, kc + dst * es);
-      kernels::cpu::ConvertFromF32(v + i * row + h * hd, hd, dt, vc + dst * es);
+      ConvertFromF32(k + i * row + h * hd, hd, dt, kc + dst * es);
+      ConvertFromF32(v + i * row + h * hd, hd, dt, vc + dst * es);
     }
   }
 }
@@ -284,4 +284,4 @@ Status SequenceKv::Resize(int32_t capacity) {
   return Status::Ok();
 }
 
-}  // namespace deja::worker
+}  // namespace deja::worker::kv

@@ -1,6 +1,6 @@
 // `deja collect`: runs windows densely with a LayerObserver that turns the block inputs and
 // activations into predictor rows, then writes them per layer.
-#include "predictors/collect.h"
+#include "worker/dejavu/collect.h"
 
 #include <algorithm>
 #include <chrono>
@@ -16,7 +16,12 @@
 #include "common/dtype.h"
 #include "predictors/predictor_data.h"
 
-namespace deja::predictors {
+namespace deja::worker::dejavu {
+
+using predictors::BlockData;
+using predictors::HeadTopCount;
+using predictors::kDataFormat;
+using predictors::WriteLayerData;
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -26,7 +31,7 @@ float At(const TensorView& v, int64_t i) {
 }
 
 // Records one window's tensors per layer: xa, xm (f16) and the two label sets (bit-packed).
-class Recorder : public worker::LayerObserver {
+class Recorder : public model::LayerObserver {
  public:
   explicit Recorder(const OptConfig& c)
       : d_(c.hidden_size), ffn_(c.ffn_dim), heads_(c.num_attention_heads),
@@ -116,7 +121,7 @@ struct Window {
 
 }  // namespace
 
-StatusOr<CollectSummary> Collect(worker::OptModel& model,
+StatusOr<CollectSummary> Collect(model::Model& model,
                                  const std::vector<std::vector<int32_t>>& documents,
                                  const CollectOptions& o, const std::string& out_dir,
                                  const std::function<void(const std::string&)>& progress) {
@@ -169,7 +174,7 @@ StatusOr<CollectSummary> Collect(worker::OptModel& model,
   auto last = t0;
   const int32_t bos = static_cast<int32_t>(c.bos_token_id);
   std::vector<int32_t> tokens;
-  worker::StepResult step;
+  model::StepResult step;
   Status st;
   for (const Window& w : windows) {
     if (sum.rows >= cap) break;
@@ -177,7 +182,7 @@ StatusOr<CollectSummary> Collect(worker::OptModel& model,
     tokens.assign(1, bos);
     tokens.insert(tokens.end(), doc.begin() + w.begin, doc.begin() + w.end);
     const int32_t n = static_cast<int32_t>(tokens.size());
-    StatusOr<std::unique_ptr<worker::SequenceKv>> kv = model.NewSequence(n);
+    StatusOr<std::unique_ptr<kv::SequenceKv>> kv = model.NewSequence(n);
     if (!kv.ok()) {
       st = kv.status();
       break;
@@ -244,4 +249,4 @@ StatusOr<CollectSummary> Collect(worker::OptModel& model,
   return sum;
 }
 
-}  // namespace deja::predictors
+}  // namespace deja::worker::dejavu

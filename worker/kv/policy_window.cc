@@ -1,7 +1,7 @@
 // `window`: only the `recent` most recent tokens stay (the baseline H2O is measured against).
-#include "worker/eviction_policy.h"
+#include "worker/kv/eviction_policy.h"
 
-namespace deja::worker {
+namespace deja::worker::kv {
 namespace {
 
 class WindowPolicy final : public EvictionPolicy {
@@ -29,4 +29,4 @@ std::unique_ptr<EvictionPolicy> MakeWindowPolicy(int32_t recent) {
   return std::make_unique<WindowPolicy>(recent);
 }
 
-}  // namespace deja::worker
+}  // namespace deja::worker::kv

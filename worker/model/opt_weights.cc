@@ -1,13 +1,12 @@
-#include "worker/opt_weights.h"
+#include "worker/model/opt_weights.h"
 
 #include <algorithm>
 #include <cstring>
 #include <string>
 
-#include "kernels/cpu/bf16_dot.h"
-#include "kernels/cpu/simd.h"
+#include "common/vec_math.h"
 
-namespace deja::worker {
+namespace deja::worker::model {
 namespace {
 
 TensorView Slice1D(TensorView v, int64_t begin, int64_t end) {
@@ -142,9 +141,9 @@ TensorView Converted(const TensorView& v, DType dtype, std::vector<Tensor>* stor
   const size_t es = DTypeSize(v.dtype);
   for (int64_t i = 0; i < n; i += kChunk) {
     const int64_t len = std::min(kChunk, n - i);
-    kernels::cpu::ConvertToF32(static_cast<const char*>(v.data) + i * es, v.dtype, len, f32.data(),
+    ConvertToF32(static_cast<const char*>(v.data) + i * es, v.dtype, len, f32.data(),
                                false);
-    kernels::cpu::RoundToBF16(f32.data(), len, t.as<uint16_t>() + i);
+    ConvertFromF32(f32.data(), len, DType::kBF16, t.as<uint16_t>() + i);
   }
   store->push_back(std::move(t));
   return store->back().view();
@@ -286,4 +285,4 @@ void UntileMatrices(OptWeights* w) {
   }
 }
 
-}  // namespace deja::worker
+}  // namespace deja::worker::model

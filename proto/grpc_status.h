@@ -6,7 +6,7 @@
 
 #include "common/status.h"
 
-namespace deja::service {
+namespace deja::proto {
 
 inline grpc::Status ToGrpc(const Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -18,4 +18,4 @@ inline Status FromGrpc(const grpc::Status& s) {
   return Status(static_cast<StatusCode>(s.error_code()), s.error_message());
 }
 
-}  // namespace deja::service
+}  // namespace deja::proto

@@ -12,9 +12,9 @@
 #include "common/status.h"
 #include "common/tensor.h"
 #include "kernels/op_table.h"
-#include "worker/eviction_policy.h"
+#include "worker/kv/eviction_policy.h"
 
-namespace deja::worker {
+namespace deja::worker::kv {
 
 struct KvGeometry {
   int32_t layers = 0;
@@ -91,4 +91,4 @@ class SequenceKv {
   std::vector<int32_t> plan_;                // scratch for eviction plans
 };
 
-}  // namespace deja::worker
+}  // namespace deja::worker::kv

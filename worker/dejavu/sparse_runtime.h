@@ -31,10 +31,11 @@
 #include "common/tensor.h"
 #include "kernels/backend.h"
 #include "predictors/predictors.h"
-#include "worker/opt_model.h"
-#include "worker/opt_weights.h"
+#include "worker/model/model.h"
+#include "worker/model/opt_weights.h"
+#include "worker/model/opt_weights.h"
 
-namespace deja::worker {
+namespace deja::worker::dejavu {
 
 // Runs one job at a time on a dedicated thread.
 class AsyncRunner {
@@ -70,14 +71,14 @@ struct BlockPlan {
 
 class SparseRuntime {
  public:
-  static StatusOr<std::unique_ptr<SparseRuntime>> Create(const SparsityOptions& options,
+  static StatusOr<std::unique_ptr<SparseRuntime>> Create(const model::SparsityOptions& options,
                                                          const OptConfig& config,
-                                                         const OptWeights& weights,
+                                                         const model::OptWeights& weights,
                                                          kernels::Backend& backend, int rank,
                                                          int world);
   ~SparseRuntime();
 
-  const SparsityOptions& options() const { return options_; }
+  const model::SparsityOptions& options() const { return options_; }
   // Transposed copies of the row-parallel weights, for the gather-transposed kernels.
   const Tensor& fc2_t(int32_t layer) const { return fc2_t_[layer]; }
   const Tensor& out_t(int32_t layer) const { return out_t_[layer]; }
@@ -87,7 +88,7 @@ class SparseRuntime {
 
   // Sets up a step: which rows are sparse and whether the step is decode-shaped. Returns false
   // when no row is sparse (the step runs dense and no predictor runs).
-  bool BeginStep(const std::vector<SequenceStep>& batch, int64_t rows);
+  bool BeginStep(const std::vector<model::SequenceStep>& batch, int64_t rows);
   // Lookahead: predicts MLP `layer` from its attention-block input on the predictor thread.
   // `xa` is copied before returning.
   void StartMlp(int32_t layer, const TensorView& xa);
@@ -119,7 +120,7 @@ class SparseRuntime {
   // On the predictor thread: fills p.selected for `rows` rows.
   Status Predict(Kind kind, int32_t layer, int64_t rows, Prediction& p);
 
-  SparsityOptions options_;
+  model::SparsityOptions options_;
   OptConfig config_;
   int rank_ = 0, world_ = 1;
   int64_t local_heads_ = 0, local_ffn_ = 0, head_dim_ = 0;
@@ -145,4 +146,4 @@ class SparseRuntime {
   AsyncRunner runner_;
 };
 
-}  // namespace deja::worker
+}  // namespace deja::worker::dejavu

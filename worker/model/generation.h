@@ -9,22 +9,22 @@
 #include <vector>
 
 #include "common/status.h"
-#include "worker/opt_model.h"
-#include "worker/sampler.h"
+#include "worker/model/model.h"
+#include "worker/sampling/sampler.h"
 
-namespace deja::worker {
+namespace deja::worker::model {
 
 struct GenerationOptions {
-  SamplingParams sampling;
+  sampling::SamplingParams sampling;
   int32_t max_new_tokens = 32;
   bool stop_at_eos = true;
   int32_t prefill_chunk = 512;  // prompt tokens per forward step
-  CachePolicyConfig cache;      // KV eviction policy (ratios resolve against the prompt)
+  kv::CachePolicyConfig cache;      // KV eviction policy (ratios resolve against the prompt)
   bool sparse = false;          // Deja Vu sparsity (the model must have it enabled)
 };
 
 struct GenerationResult {
-  std::vector<TokenChoice> tokens;
+  std::vector<sampling::TokenChoice> tokens;
   std::string finish_reason;  // "length" or "eos"
   double prefill_seconds = 0, decode_seconds = 0;
   size_t kv_bytes = 0;        // the sequence's KV allocation while decoding
@@ -33,9 +33,9 @@ struct GenerationResult {
 
 // Runs prompt (which already holds the BOS) then up to max_new_tokens decode steps. `on_token`
 // (optional) sees each token as it is chosen.
-StatusOr<GenerationResult> Generate(OptModel& model, const std::vector<int32_t>& prompt,
+StatusOr<GenerationResult> Generate(Model& model, const std::vector<int32_t>& prompt,
                                     const GenerationOptions& options,
-                                    const std::function<void(const TokenChoice&)>& on_token = {});
+                                    const std::function<void(const sampling::TokenChoice&)>& on_token = {});
 
 struct PerplexityResult {
   double perplexity = 0;
@@ -49,7 +49,7 @@ struct PerplexityResult {
 // chunk counts. perplexity = exp(total NLL / scored tokens).
 // sparse: every token of the window computed under Deja Vu sparsity (each token with its own
 // predicted heads and neurons, exactly as a batch-1 decode of it would).
-StatusOr<PerplexityResult> Perplexity(OptModel& model, const std::vector<int32_t>& tokens,
+StatusOr<PerplexityResult> Perplexity(Model& model, const std::vector<int32_t>& tokens,
                                       int32_t context, bool sparse = false);
 
 // Each window evaluated the way serving runs it: the first `prompt_tokens` tokens of the window
@@ -61,10 +61,10 @@ struct PolicyPerplexityResult {
   size_t kv_bytes_per_sequence = 0;  // steady-state allocation while decoding
   int64_t evictions = 0;
 };
-StatusOr<PolicyPerplexityResult> PolicyPerplexity(OptModel& model,
+StatusOr<PolicyPerplexityResult> PolicyPerplexity(Model& model,
                                                   const std::vector<int32_t>& tokens,
                                                   int32_t context, int32_t prompt_tokens,
-                                                  const CachePolicyConfig& cache,
+                                                  const kv::CachePolicyConfig& cache,
                                                   bool sparse = false);
 
-}  // namespace deja::worker
+}  // namespace deja::worker::model

@@ -1,10 +1,10 @@
-#include "worker/generation.h"
+#include "worker/model/generation.h"
 
 #include <chrono>
 #include <cmath>
 
 
-namespace deja::worker {
+namespace deja::worker::model {
 namespace {
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
@@ -21,9 +21,9 @@ double NextTokenNll(const float* row, int64_t vocab, int32_t next) {
 
 }  // namespace
 
-StatusOr<GenerationResult> Generate(OptModel& model, const std::vector<int32_t>& prompt,
+StatusOr<GenerationResult> Generate(Model& model, const std::vector<int32_t>& prompt,
                                     const GenerationOptions& options,
-                                    const std::function<void(const TokenChoice&)>& on_token) {
+                                    const std::function<void(const sampling::TokenChoice&)>& on_token) {
   DEJA_RETURN_IF_ERROR(options.sampling.Validate());
   if (prompt.empty()) return InvalidArgument("prompt must hold at least one token");
   if (options.max_new_tokens < 0) return InvalidArgument("max_new_tokens must be >= 0");
@@ -38,7 +38,7 @@ StatusOr<GenerationResult> Generate(OptModel& model, const std::vector<int32_t>&
   }
   const int32_t chunk = static_cast<int32_t>(
       std::min<int64_t>(options.prefill_chunk, static_cast<int64_t>(prompt.size())));
-  DEJA_ASSIGN_OR_RETURN(std::unique_ptr<SequenceKv> kv,
+  DEJA_ASSIGN_OR_RETURN(std::unique_ptr<kv::SequenceKv> kv,
                         model.NewSequence(static_cast<int32_t>(std::max<int64_t>(total, 1)),
                                           options.cache, static_cast<int32_t>(prompt.size()),
                                           chunk));
@@ -46,7 +46,7 @@ StatusOr<GenerationResult> Generate(OptModel& model, const std::vector<int32_t>&
   result.finish_reason = "length";
   if (options.max_new_tokens == 0) return result;
 
-  Sampler sampler(options.sampling);
+  sampling::Sampler sampler(options.sampling);
   std::vector<int32_t> history = prompt;
   StepResult step;
   const int32_t vocab = static_cast<int32_t>(model.config().vocab_size);
@@ -67,7 +67,7 @@ StatusOr<GenerationResult> Generate(OptModel& model, const std::vector<int32_t>&
   result.kv_bytes = kv->bytes();
   const int32_t eos = static_cast<int32_t>(model.config().eos_token_id);
   for (int32_t i = 0; i < options.max_new_tokens; ++i) {
-    TokenChoice c = sampler.Choose(step.logits.as<float>(), vocab, history);
+    sampling::TokenChoice c = sampler.Choose(step.logits.as<float>(), vocab, history);
     history.push_back(c.id);
     if (on_token) on_token(c);
     result.tokens.push_back(c);
@@ -84,7 +84,7 @@ StatusOr<GenerationResult> Generate(OptModel& model, const std::vector<int32_t>&
   return result;
 }
 
-StatusOr<PerplexityResult> Perplexity(OptModel& model, const std::vector<int32_t>& tokens,
+StatusOr<PerplexityResult> Perplexity(Model& model, const std::vector<int32_t>& tokens,
                                       int32_t context, bool sparse) {
   if (context < 2) return InvalidArgument("context must be >= 2");
   if (context > model.config().max_position_embeddings) {
@@ -102,7 +102,7 @@ StatusOr<PerplexityResult> Perplexity(OptModel& model, const std::vector<int32_t
     size_t end = std::min(tokens.size(), begin + context - 1);
     window.assign(1, bos);
     window.insert(window.end(), tokens.begin() + begin, tokens.begin() + end);
-    DEJA_ASSIGN_OR_RETURN(std::unique_ptr<SequenceKv> kv,
+    DEJA_ASSIGN_OR_RETURN(std::unique_ptr<kv::SequenceKv> kv,
                           model.NewSequence(static_cast<int32_t>(window.size())));
     SequenceStep s{kv.get(), window.data(), static_cast<int32_t>(window.size()), true, sparse};
     DEJA_RETURN_IF_ERROR(model.Forward({s}, &step));
@@ -118,10 +118,10 @@ StatusOr<PerplexityResult> Perplexity(OptModel& model, const std::vector<int32_t
 }
 
 
-StatusOr<PolicyPerplexityResult> PolicyPerplexity(OptModel& model,
+StatusOr<PolicyPerplexityResult> PolicyPerplexity(Model& model,
                                                   const std::vector<int32_t>& tokens,
                                                   int32_t context, int32_t prompt_tokens,
-                                                  const CachePolicyConfig& cache, bool sparse) {
+                                                  const kv::CachePolicyConfig& cache, bool sparse) {
   if (prompt_tokens < 1 || prompt_tokens >= context) {
     return InvalidArgument("prompt_tokens must be in [1, context)");
   }
@@ -142,7 +142,7 @@ StatusOr<PolicyPerplexityResult> PolicyPerplexity(OptModel& model,
     window.insert(window.end(), tokens.begin() + begin, tokens.begin() + end);
     const int32_t n = static_cast<int32_t>(window.size());
     if (n <= prompt_tokens) continue;
-    DEJA_ASSIGN_OR_RETURN(std::unique_ptr<SequenceKv> kv,
+    DEJA_ASSIGN_OR_RETURN(std::unique_ptr<kv::SequenceKv> kv,
                           model.NewSequence(n, cache, prompt_tokens, prompt_tokens));
     DEJA_RETURN_IF_ERROR(model.Forward({{kv.get(), window.data(), prompt_tokens, false, sparse}}, &step));
     if (kv->policy().budget() > 0 && kv->policy().budget() + 1 < kv->capacity()) {
@@ -163,4 +163,4 @@ StatusOr<PolicyPerplexityResult> PolicyPerplexity(OptModel& model,
   return out;
 }
 
-}  // namespace deja::worker
+}  // namespace deja::worker::model

@@ -13,7 +13,7 @@
 #include "common/status.h"
 #include "common/tensor.h"
 
-namespace deja::worker {
+namespace deja::worker::model {
 
 struct ShardSpec {
   int rank = 0;
@@ -77,4 +77,4 @@ void TileMatrices(OptWeights* w);
 // transposes out and fc2 (k and v, always computed whole, stay tiled).
 void UntileMatrices(OptWeights* w);
 
-}  // namespace deja::worker
+}  // namespace deja::worker::model

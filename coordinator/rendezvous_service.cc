@@ -1,10 +1,10 @@
-#include "worker/service/rendezvous_service.h"
+#include "coordinator/rendezvous_service.h"
 
 #include <glog/logging.h>
 
-#include "worker/service/grpc_status.h"
+#include "proto/grpc_status.h"
 
-namespace deja::service {
+namespace deja::coordinator {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -160,7 +160,7 @@ grpc::Status RendezvousService::Register(grpc::ServerContext*, const deja::v1::R
                                          deja::v1::RegisterResponse* resp) {
   StatusOr<uint64_t> epoch =
       RegisterWorker(req->rank(), req->world_size(), req->address(), req->pid());
-  if (!epoch.ok()) return ToGrpc(epoch.status());
+  if (!epoch.ok()) return proto::ToGrpc(epoch.status());
   resp->set_group_epoch(*epoch);
   return grpc::Status::OK;
 }
@@ -180,7 +180,7 @@ grpc::Status RendezvousService::Get(grpc::ServerContext* ctx, const deja::v1::Ge
                                     deja::v1::GetResponse* resp) {
   StatusOr<std::string> v = GetValue(req->key(), std::chrono::milliseconds(req->timeout_ms()),
                                      [ctx] { return ctx->IsCancelled(); });
-  if (!v.ok()) return ToGrpc(v.status());
+  if (!v.ok()) return proto::ToGrpc(v.status());
   resp->set_value(std::move(*v));
   return grpc::Status::OK;
 }
@@ -188,8 +188,8 @@ grpc::Status RendezvousService::Get(grpc::ServerContext* ctx, const deja::v1::Ge
 grpc::Status RendezvousService::Wait(grpc::ServerContext* ctx, const deja::v1::WaitRequest* req,
                                      deja::v1::WaitResponse*) {
   std::vector<std::string> keys(req->keys().begin(), req->keys().end());
-  return ToGrpc(WaitKeys(keys, std::chrono::milliseconds(req->timeout_ms()),
+  return proto::ToGrpc(WaitKeys(keys, std::chrono::milliseconds(req->timeout_ms()),
                          [ctx] { return ctx->IsCancelled(); }));
 }
 
-}  // namespace deja::service
+}  // namespace deja::coordinator

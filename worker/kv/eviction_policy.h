@@ -12,7 +12,7 @@
 
 #include "common/status.h"
 
-namespace deja::worker {
+namespace deja::worker::kv {
 
 enum class CachePolicyKind { kFull, kWindow, kH2O };
 
@@ -67,4 +67,4 @@ std::unique_ptr<EvictionPolicy> MakeWindowPolicy(int32_t recent);
 std::unique_ptr<EvictionPolicy> MakeH2OPolicy(int32_t heavy, int32_t recent,
                                               bool mean_score = false);
 
-}  // namespace deja::worker
+}  // namespace deja::worker::kv

@@ -1,4 +1,4 @@
-#include "worker/sparse_runtime.h"
+#include "worker/dejavu/sparse_runtime.h"
 
 #include <algorithm>
 #include <chrono>
@@ -9,9 +9,9 @@
 
 #include "common/thread_pool.h"
 #include "kernels/ops.h"
-#include "worker/top_k.h"
+#include "worker/dejavu/top_k.h"
 
-namespace deja::worker {
+namespace deja::worker::dejavu {
 namespace {
 
 // [rows, cols] -> [cols, rows], any 2- or 4-byte dtype.
@@ -80,9 +80,9 @@ void AsyncRunner::Loop() {
   }
 }
 
-StatusOr<std::unique_ptr<SparseRuntime>> SparseRuntime::Create(const SparsityOptions& options,
+StatusOr<std::unique_ptr<SparseRuntime>> SparseRuntime::Create(const model::SparsityOptions& options,
                                                                const OptConfig& config,
-                                                               const OptWeights& weights,
+                                                               const model::OptWeights& weights,
                                                                kernels::Backend& backend,
                                                                int rank, int world) {
   const bool oracle = options.oracle_fraction > 0.0f;
@@ -132,7 +132,7 @@ StatusOr<std::unique_ptr<SparseRuntime>> SparseRuntime::Create(const SparsityOpt
                           predictors::LoadPredictors(options.predictors, config, rank, world));
     rt->have_predictors_ = true;
   }
-  using PredictorThread = SparsityOptions::PredictorThread;
+  using PredictorThread = model::SparsityOptions::PredictorThread;
   const int pool_threads = backend.pool() != nullptr ? backend.pool()->num_threads() : 1;
   rt->async_ = options.predictor_thread == PredictorThread::kOwnThread ||
                (options.predictor_thread == PredictorThread::kAuto &&
@@ -200,14 +200,14 @@ StatusOr<std::unique_ptr<SparseRuntime>> SparseRuntime::Create(const SparsityOpt
 
 SparseRuntime::~SparseRuntime() { runner_.Wait(); }
 
-bool SparseRuntime::BeginStep(const std::vector<SequenceStep>& batch, int64_t rows) {
+bool SparseRuntime::BeginStep(const std::vector<model::SequenceStep>& batch, int64_t rows) {
   runner_.Wait();
   rows_ = rows;
   row_sparse_.assign(rows, 0);
   bool any = false;
   all_sparse_decode_ = true;
   int64_t row = 0;
-  for (const SequenceStep& s : batch) {
+  for (const model::SequenceStep& s : batch) {
     any |= s.sparse;
     all_sparse_decode_ &= s.sparse && s.n == 1;
     std::fill(row_sparse_.begin() + row, row_sparse_.begin() + row + s.n, s.sparse ? 1 : 0);
@@ -393,4 +393,4 @@ Status SparseRuntime::Finish(Kind kind, int32_t layer, BlockPlan* plan) {
   return Status::Ok();
 }
 
-}  // namespace deja::worker
+}  // namespace deja::worker::dejavu

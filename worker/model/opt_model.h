@@ -1,0 +1,85 @@
+// The OPT decoder (pre-LN, and the post-LN OPT-350m variant) as one tensor-parallel rank runs
+// it: a batch of sequences, each with some new tokens (a prefill chunk or one decode token), in
+// one forward pass. The two all-reduces per layer are explicit in Layer().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/opt_config.h"
+#include "common/safetensors.h"
+#include "common/status.h"
+#include "common/tensor.h"
+#include "kernels/backend.h"
+#include "worker/comm/communicator.h"
+#include "worker/kv/kv_cache.h"
+#include "worker/model/model.h"
+#include "worker/model/opt_weights.h"
+
+namespace deja::worker::dejavu {
+class SparseRuntime;
+struct BlockPlan;
+}  // namespace deja::worker::dejavu
+
+namespace deja::worker::model {
+
+class OptModel final : public Model {
+ public:
+  ~OptModel() override;
+  // Loads this rank's shard. `comm` may be null for a single process (world 1).
+  static StatusOr<std::unique_ptr<OptModel>> Load(const std::string& dir,
+                                                  kernels::Backend* backend,
+                                                  std::unique_ptr<comm::Communicator> comm = nullptr,
+                                                  const LoadOptions& options = {});
+
+  const OptConfig& config() const override { return config_; }
+  kv::KvGeometry kv_geometry() const override;
+  int64_t weight_bytes() const override { return weight_bytes_; }
+  DType weight_dtype() const override { return w_.lm_head.w.dtype; }
+  comm::Communicator& comm() override { return *comm_; }
+  void set_observer(LayerObserver* observer) override { observer_ = observer; }
+
+  StatusOr<std::unique_ptr<kv::SequenceKv>> NewSequence(int32_t max_tokens) const override;
+  StatusOr<std::unique_ptr<kv::SequenceKv>> NewSequence(int32_t max_tokens,
+                                                        const kv::CachePolicyConfig& policy,
+                                                        int32_t prompt_tokens,
+                                                        int32_t max_chunk) const override;
+  Status EnableSparsity(const SparsityOptions& options) override;
+  bool sparsity_enabled() const override;
+  Status Forward(const std::vector<SequenceStep>& batch, StepResult* result) override;
+
+ private:
+  OptModel() = default;
+  Status Layer(int32_t l, const std::vector<SequenceStep>& batch, int64_t rows);
+  Status Logits(const std::vector<SequenceStep>& batch, int64_t rows, StepResult* result);
+  Status AttentionBlock(int32_t l, const std::vector<SequenceStep>& batch, int64_t rows,
+                        const TensorView& attn_in, const dejavu::BlockPlan* heads);
+  Status MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in, const dejavu::BlockPlan* plan);
+  void EnsureWorkspace(int64_t rows);
+
+  OptConfig config_;
+  std::unique_ptr<Checkpoint> ckpt_;
+  OptWeights w_;
+  kernels::Backend* backend_ = nullptr;
+  std::unique_ptr<comm::Communicator> comm_;
+  int64_t weight_bytes_ = 0;
+  DType kv_dtype_ = DType::kF32;
+  LayerObserver* observer_ = nullptr;
+  std::unique_ptr<dejavu::SparseRuntime> sparse_;
+  bool step_sparse_ = false;  // this step has sparse rows (sparse_ plans the blocks)
+  std::unique_ptr<dejavu::BlockPlan> heads_plan_, mlp_plan_;
+  std::vector<int32_t> sel_rows_;
+  std::vector<int64_t> seq_row_;  // first row of each sequence in the step
+
+  // Workspace, grown to the largest step seen and reused (no per-step allocation).
+  int64_t ws_rows_ = 0;
+  Tensor h_, a_, q_, k_, v_, ctx_, o_, u_, emb_;
+  Tensor qkv_;  // [rows, 3 * local]: the stacked q, k, v Linear's output (OptLayerWeights::qkv)
+  std::vector<int32_t> ids_, tok_pos_, pos_rows_;
+  std::vector<float> gather_;
+};
+
+}  // namespace deja::worker::model
