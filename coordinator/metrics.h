@@ -1,5 +1,5 @@
-// Every Prometheus family the coordinator process exports (STYLE.md rule 8, DESIGN.md section
-// 8), declared in one place. Names are deja_<subsystem>_<name>_<unit>: `coordinator` for
+// Every Prometheus family the coordinator process exports (docs/architecture.md#metrics),
+// declared in one place. Names are deja_<subsystem>_<name>_<unit>: `coordinator` for
 // requests, scheduling and steps, `worker` for what the coordinator observes of each rank
 // (heartbeats, step timings and KV usage the ranks report), `sparsity` for Deja Vu. Children that
 // hot paths touch are created up front and kept as references.

@@ -2,7 +2,7 @@
 // in a Registry that renders the text exposition format 0.0.4. Updates are lock-free atomics;
 // only creating a child (Family::Add) and rendering take a lock.
 //
-// Usage (declare all families of a process in one metrics.{h,cc}, STYLE.md rule 8):
+// Usage (declare all families of a process in one metrics.{h,cc}):
 //   Registry registry;
 //   auto& requests = registry.AddCounter("deja_coordinator_requests_total",
 //                                        "Finished requests by gRPC code.", {"code"});
@@ -146,7 +146,7 @@ class Registry {
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
 
-  // Counter names must end in "_total" (Prometheus convention, DESIGN.md section 8).
+  // Counter names must end in "_total" (Prometheus convention, docs/architecture.md#metrics).
   Family<Counter>& AddCounter(const std::string& name, const std::string& help,
                               std::vector<std::string> label_names = {});
   Family<Gauge>& AddGauge(const std::string& name, const std::string& help,

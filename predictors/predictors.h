@@ -1,4 +1,4 @@
-// Deja Vu lookahead predictors (DESIGN.md §6.2): per layer, an MLP predictor d -> r -> ffn and a
+// Deja Vu lookahead predictors (docs/architecture.md#deja-vu-lookahead): per layer, an MLP predictor d -> r -> ffn and a
 // head predictor d -> r -> n_heads, each two bias-free linear maps. On disk a predictor set is
 // `<stem>.safetensors` (f16 tensors) plus `<stem>.json` (rank r, the per-layer top-k schedule,
 // the trainer's per-layer recall and precision).

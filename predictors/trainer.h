@@ -1,4 +1,4 @@
-// Training the Deja Vu predictors (DESIGN.md §6.2) from `deja collect` data: per layer and kind
+// Training the Deja Vu predictors (docs/architecture.md#deja-vu-lookahead) from `deja collect` data: per layer and kind
 // two bias-free linear maps d -> r -> units (no activation between them), class-balanced BCE on
 // the logits (positive weight 1 - w, negative weight w, w = mean training label), AdamW,
 // minibatches, a deterministic 90/10 train/validation split, early stopping on validation

@@ -154,7 +154,7 @@ TEST(SparseModelTest, OracleKeepsTheFractionAskedFor) {
   EXPECT_GT(RelErr(*sparse, *dense), 1e-3) << "skipping half the units changed nothing";
 }
 
-// Deja Vu with H2O (DESIGN.md §6.2): a head the predictor skips for a token still appends that
+// Deja Vu with H2O (docs/architecture.md#deja-vu-lookahead): a head the predictor skips for a token still appends that
 // token's K/V (the exact rule) and keeps its accumulated scores as they were (the token did not
 // attend there), and eviction keeps every head within its budget. Oracle at 0.5: layer 0 runs
 // every head, layers 1-3 four of eight per token.

@@ -98,6 +98,7 @@ TEST(RendezvousServiceTest, RegisterValidatesAndTracksEpochs) {
 }
 
 using test_util::GrpcRendezvous;
+using worker::service::GrpcStore;
 
 TEST(GrpcStoreTest, SetGetWaitOverLoopback) {
   GrpcRendezvous rv(2);

@@ -21,6 +21,10 @@
 namespace deja::predictors {
 namespace {
 
+using worker::dejavu::Collect;
+using worker::dejavu::CollectOptions;
+using worker::dejavu::CollectSummary;
+
 constexpr int64_t kRows = 600;
 
 float F(const TensorView& v, int64_t i) { return LoadAsFloat(v.data, v.dtype, i); }

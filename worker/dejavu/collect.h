@@ -1,5 +1,5 @@
 // `deja collect`: a dense run of the model over tokenized text that records the Deja Vu
-// predictor training rows (DESIGN.md §4 pairing, format in predictors/predictor_data.h).
+// predictor training rows (docs/architecture.md#deja-vu-lookahead, format in predictors/predictor_data.h).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Deja Vu contextual sparsity at run time (DESIGN.md §6.2), for one tensor-parallel rank: the
+// Deja Vu contextual sparsity at run time (docs/architecture.md#deja-vu-lookahead), for one tensor-parallel rank: the
 // lookahead predictors (or the oracle used for speed runs on random weights), run on their own
 // thread while the current block computes, and the per-block plans OptModel::Layer follows.
 //

@@ -1,4 +1,4 @@
-// Top-k selection over predictor scores (Deja Vu, DESIGN.md §6.2).
+// Top-k selection over predictor scores (Deja Vu, docs/architecture.md#deja-vu-lookahead).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Per-sequence KV cache storage (DESIGN §6.1): for each layer and each local head, `capacity`
+// Per-sequence KV cache storage (docs/architecture.md#kv-cache): for each layer and each local head, `capacity`
 // slots of key and value (f32, or f16 for half the bytes), a slot -> position table and an accumulated attention score per
 // slot. Slots are reused in place (a free list per head), never compacted during a step. The
 // eviction policy plans which slots go; this class applies the plan. With the full policy,
