@@ -53,7 +53,7 @@ TensorView TensorView::RowSlice(int64_t begin, int64_t end) const {
   return v;
 }
 
-void Tensor::Free::operator()(void* p) const { std::free(p); }
+void internal::FreeHostMemory(void* p) { std::free(p); }
 
 Tensor Tensor::Empty(DType dtype, Shape shape) {
   Tensor t;
@@ -71,6 +71,16 @@ Tensor Tensor::Empty(DType dtype, Shape shape) {
   return t;
 }
 
+Tensor Tensor::Adopt(void* data, DType dtype, Shape shape, Device device, FreeFn release) {
+  CHECK(release != nullptr);
+  Tensor t;
+  t.data_ = std::unique_ptr<void, internal::TensorFree>(data, internal::TensorFree{release});
+  t.dtype_ = dtype;
+  t.shape_ = shape;
+  t.device_ = device;
+  return t;
+}
+
 Tensor Tensor::Zeros(DType dtype, Shape shape) {
   Tensor t = Empty(dtype, shape);
   std::memset(t.data(), 0, t.bytes());
@@ -79,6 +89,7 @@ Tensor Tensor::Zeros(DType dtype, Shape shape) {
 
 Tensor Tile16(const TensorView& v, TensorView* tiled) {
   CHECK(v.layout == Layout::kRowMajor && v.shape.rank == 2 && DTypeSize(v.dtype) == 2);
+  CHECK(v.device.is_host()) << "Tile16 reads host memory, not " << v.device.ToString();
   const int64_t rows = v.rows(), cols = v.cols();
   Tensor t = Tensor::Zeros(v.dtype, {TiledRows(rows), TiledCols(cols)});
   const auto* src = static_cast<const uint16_t*>(v.data);
@@ -92,6 +103,7 @@ Tensor Tile16(const TensorView& v, TensorView* tiled) {
 
 Tensor Untile16(const TensorView& tiled) {
   CHECK(tiled.layout == Layout::kTiled16 && tiled.shape.rank == 2 && DTypeSize(tiled.dtype) == 2);
+  CHECK(tiled.device.is_host()) << "Untile16 reads host memory, not " << tiled.device.ToString();
   const int64_t rows = tiled.rows(), cols = tiled.cols();
   Tensor t = Tensor::Empty(tiled.dtype, tiled.shape);
   const auto* src = static_cast<const uint16_t*>(tiled.data);

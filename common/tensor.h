@@ -1,5 +1,7 @@
-// Tensors: an owning, 64-byte-aligned, contiguous row-major buffer (Tensor) and a non-owning
-// view of one (TensorView) that ops take. At most 4 dimensions.
+// Tensors: an owning, contiguous row-major buffer (Tensor) and a non-owning view of one
+// (TensorView) that ops take. At most 4 dimensions. Both say which device's memory they are in:
+// Tensor::Empty/Zeros give 64-byte-aligned host memory; a backend hands out memory on its device
+// as a Tensor that frees it with the backend's function (kernels::Backend::Allocate).
 #pragma once
 
 #include <array>
@@ -8,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "common/device.h"
 #include "common/dtype.h"
 
 namespace deja {
@@ -45,6 +48,8 @@ struct TensorView {
   DType dtype = DType::kF32;
   Shape shape;
   Layout layout = Layout::kRowMajor;
+  // Last, so the aggregate initialisations {data, dtype, shape[, layout]} stay host views.
+  Device device = Device::Host();
 
   int64_t numel() const { return shape.numel(); }
   // Bytes of storage (for kTiled16 with the padding).
@@ -61,13 +66,30 @@ struct TensorView {
   TensorView RowSlice(int64_t begin, int64_t end) const;
 };
 
+namespace internal {
+void FreeHostMemory(void* p);
+// Tensor's deleter: std::free for host memory, else the allocating backend's function. Outside
+// Tensor so its default member initializer is usable in Tensor's defaulted constructor.
+struct TensorFree {
+  void (*fn)(void* data) = &FreeHostMemory;
+  void operator()(void* p) const { fn(p); }
+};
+}  // namespace internal
+
 class Tensor {
  public:
+  // Releases memory a backend allocated.
+  using FreeFn = void (*)(void* data);
+
   Tensor() = default;
+  // Host memory, 64-byte aligned (uninitialised / zeroed).
   static Tensor Empty(DType dtype, Shape shape);
   static Tensor Zeros(DType dtype, Shape shape);
+  // Takes ownership of `data`, memory on `device` for `dtype` x `shape` that `release` frees: how
+  // a backend hands out its device's memory in the one owning type.
+  static Tensor Adopt(void* data, DType dtype, Shape shape, Device device, FreeFn release);
 
-  TensorView view() const { return {data_.get(), dtype_, shape_}; }
+  TensorView view() const { return {data_.get(), dtype_, shape_, Layout::kRowMajor, device_}; }
   void* data() const { return data_.get(); }
   template <typename T>
   T* as() const {
@@ -78,17 +100,16 @@ class Tensor {
   int64_t numel() const { return shape_.numel(); }
   size_t bytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype_); }
   bool empty() const { return data_ == nullptr; }
+  const Device& device() const { return device_; }
 
  private:
-  struct Free {
-    void operator()(void* p) const;
-  };
-  std::unique_ptr<void, Free> data_;
+  std::unique_ptr<void, internal::TensorFree> data_;
   DType dtype_ = DType::kF32;
   Shape shape_;
+  Device device_;
 };
 
-// Tiles the 2-D row-major view v of a 2-byte dtype (kTiled16): returns the storage and sets
+// Tiles the 2-D row-major host view v of a 2-byte dtype (kTiled16): returns the storage and sets
 // *tiled to the view of it (v's dtype and shape, layout kTiled16).
 Tensor Tile16(const TensorView& v, TensorView* tiled);
 // The kTiled16 view back in row-major order (a tensor of its shape).

@@ -2,13 +2,26 @@
 // functions (ops.h) that dispatch through the table of the backend they are given. A backend
 // declares which (op, weight dtype) pairs it supports; the test harness runs every supported
 // pair against the reference backend.
+//
+// Memory. Every tensor an op takes is in the memory of the backend's device(): the views say so
+// (TensorView::device, KvView::device) and the ops refuse others by name. Host backends (the
+// reference and the CPU backend) take host memory; the CUDA backend takes its device's memory,
+// which Allocate and ToBackend hand out. The index arrays the ops validate on the host (Embedding
+// ids, Attention q_pos and head_ids, the gathers' rows) are host pointers on every backend.
+//
+// Ordering. A device backend may enqueue an op and return before it has run; the copies to the
+// host below wait for it, and Synchronize waits for everything enqueued and reports the first
+// asynchronous error. Host backends run each op to completion before returning.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/device.h"
 #include "common/status.h"
+#include "common/tensor.h"
 #include "kernels/op_table.h"
 
 namespace deja {
@@ -33,6 +46,24 @@ class Backend {
   virtual bool PrefersTiled(DType) const { return false; }
   // Worker threads for CPU backends (nullptr elsewhere).
   virtual ThreadPool* pool() const { return nullptr; }
+
+  // Where this backend's ops read and write tensors.
+  virtual Device device() const = 0;
+  // Uninitialised memory for a row-major `dtype` x `shape` tensor on device(). The defaults here
+  // are the host backends' (aligned host memory, memcpy); a device backend overrides all four.
+  virtual StatusOr<Tensor> Allocate(DType dtype, Shape shape);
+  // `bytes` from host memory to memory on device(), and back. Both wait for the work enqueued
+  // before them and for the copy itself, so the host side may be reused or read at once.
+  virtual Status CopyHostToDevice(void* dst, const void* host_src, size_t bytes);
+  virtual Status CopyDeviceToHost(void* host_dst, const void* src, size_t bytes);
+  // Waits for all enqueued work; reports the first asynchronous error.
+  virtual Status Synchronize();
+
+  // A copy on device() of the row-major host view `host` (of the tensor).
+  StatusOr<Tensor> ToBackend(const TensorView& host);
+  StatusOr<Tensor> ToBackend(const Tensor& host) { return ToBackend(host.view()); }
+  // A host copy of the row-major view `v`, in device() or host memory.
+  StatusOr<Tensor> ToHost(const TensorView& v);
 };
 
 // The plain, single-threaded reference implementations: the ground truth in tests.

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "common/device.h"
 #include "common/status.h"
 #include "common/tensor.h"
 
@@ -51,6 +52,8 @@ struct KvView {
   // score[h * capacity + s] (H2O heavy-hitter accumulation).
   float* score = nullptr;
   DType dtype = DType::kF32;  // of k and v
+  // Where k, v, slot_pos and score are (last, so existing aggregate initialisations stay host).
+  Device device = Device::Host();
 };
 
 struct AttentionArgs {

@@ -1,6 +1,7 @@
 #include "kernels/ops.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -119,6 +120,33 @@ Status CheckNoOverlap(const char* op, const char* out_arg, const TensorView& out
   return Status::Ok();
 }
 
+std::string MemoryOf(const Device& d) {
+  return d.is_host() ? "host memory" : d.ToString() + " memory";
+}
+
+// Memory `backend` cannot reach is refused before anything reads it. A view without data (an
+// absent bias) is in no memory.
+Status CheckDevice(const Backend& backend, const Device& want, const char* op, const char* arg,
+                   const void* data, const Device& d) {
+  if (data == nullptr || d == want) return Status::Ok();
+  return Bad(op, arg,
+             "is in " + MemoryOf(d) + " but backend " + backend.name() + " takes tensors in " +
+                 MemoryOf(want));
+}
+
+struct NamedView {
+  const char* name;
+  const TensorView& view;
+};
+
+Status CheckDevices(const Backend& backend, const char* op, std::initializer_list<NamedView> args) {
+  const Device want = backend.device();
+  for (const NamedView& a : args) {
+    DEJA_RETURN_IF_ERROR(CheckDevice(backend, want, op, a.name, a.view.data, a.view.device));
+  }
+  return Status::Ok();
+}
+
 Status CheckSupport(Backend& backend, OpId op, DType dtype, const void* fn) {
   if (fn == nullptr || !backend.Supports(op, dtype)) {
     return Unimplemented(std::string(OpName(op)) + ": backend " + backend.name() +
@@ -150,6 +178,7 @@ Status CheckRowIds(const char* op, const int32_t* rows, int64_t n_rows, int64_t 
 Status Embedding(Backend& backend, TensorView table, const int32_t* ids, int64_t n, bool accumulate,
                  TensorView out) {
   constexpr const char* kOp = "embedding";
+  DEJA_RETURN_IF_ERROR(CheckDevices(backend, kOp, {{"table", table}, {"out", out}}));
   DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "table", table, 2, &backend, OpId::kEmbedding));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", out));
   if (n < 0) return Bad(kOp, "n", "is negative");
@@ -174,6 +203,8 @@ Status Embedding(Backend& backend, TensorView table, const int32_t* ids, int64_t
 Status LayerNorm(Backend& backend, TensorView x, TensorView gamma, TensorView beta, float eps,
                  TensorView out) {
   constexpr const char* kOp = "layer_norm";
+  DEJA_RETURN_IF_ERROR(
+      CheckDevices(backend, kOp, {{"x", x}, {"gamma", gamma}, {"beta", beta}, {"out", out}}));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "x", x));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", out));
   DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "gamma", gamma, 1));
@@ -200,6 +231,8 @@ Status LayerNorm(Backend& backend, TensorView x, TensorView gamma, TensorView be
 Status Linear(Backend& backend, TensorView x, TensorView w, TensorView bias, Activation act,
               bool accumulate, TensorView out) {
   constexpr const char* kOp = "linear";
+  DEJA_RETURN_IF_ERROR(
+      CheckDevices(backend, kOp, {{"x", x}, {"w", w}, {"bias", bias}, {"out", out}}));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "x", x));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", out));
   DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "w", w, 2, &backend, OpId::kLinear));
@@ -234,6 +267,8 @@ Status GatherLinear(Backend& backend, TensorView x, TensorView w, TensorView bia
                     const int32_t* rows, int64_t n_rows, Activation act, bool accumulate,
                     TensorView out) {
   constexpr const char* kOp = "gather_linear";
+  DEJA_RETURN_IF_ERROR(
+      CheckDevices(backend, kOp, {{"x", x}, {"w", w}, {"bias", bias}, {"out", out}}));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "x", x));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", out));
   DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "w", w, 2));
@@ -270,6 +305,7 @@ Status GatherLinear(Backend& backend, TensorView x, TensorView w, TensorView bia
 Status GatherLinearT(Backend& backend, TensorView x, TensorView wt, const int32_t* rows,
                      int64_t n_rows, bool accumulate, TensorView out) {
   constexpr const char* kOp = "gather_linear_t";
+  DEJA_RETURN_IF_ERROR(CheckDevices(backend, kOp, {{"x", x}, {"wt", wt}, {"out", out}}));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "x", x));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", out));
   DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "wt", wt, 2));
@@ -293,6 +329,9 @@ Status GatherLinearT(Backend& backend, TensorView x, TensorView wt, const int32_
 
 Status Attention(Backend& backend, const AttentionArgs& args) {
   constexpr const char* kOp = "attention";
+  DEJA_RETURN_IF_ERROR(CheckDevices(backend, kOp, {{"q", args.q}, {"out", args.out}}));
+  DEJA_RETURN_IF_ERROR(
+      CheckDevice(backend, backend.device(), kOp, "kv", args.kv.k, args.kv.device));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "q", args.q));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", args.out));
   if (args.heads <= 0) return Bad(kOp, "heads", "must be positive");
@@ -364,6 +403,7 @@ Status Attention(Backend& backend, const AttentionArgs& args) {
 
 Status Add(Backend& backend, TensorView x, TensorView bias, TensorView out) {
   constexpr const char* kOp = "add";
+  DEJA_RETURN_IF_ERROR(CheckDevices(backend, kOp, {{"x", x}, {"bias", bias}, {"out", out}}));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "x", x));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", out));
   if (!(out.shape == x.shape)) {
@@ -389,6 +429,7 @@ Status Add(Backend& backend, TensorView x, TensorView bias, TensorView out) {
 
 Status LogSoftmax(Backend& backend, TensorView x, TensorView out) {
   constexpr const char* kOp = "log_softmax";
+  DEJA_RETURN_IF_ERROR(CheckDevices(backend, kOp, {{"x", x}, {"out", out}}));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "x", x));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", out));
   if (!(out.shape == x.shape)) {
@@ -403,6 +444,7 @@ Status LogSoftmax(Backend& backend, TensorView x, TensorView out) {
 
 Status TopK(Backend& backend, TensorView x, int32_t k, float* values, int32_t* indices) {
   constexpr const char* kOp = "top_k";
+  DEJA_RETURN_IF_ERROR(CheckDevices(backend, kOp, {{"x", x}}));
   DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "x", x));
   if (k < 1 || k > x.cols()) {
     return Bad(kOp, "k", std::to_string(k) + " is outside [1, " + std::to_string(x.cols()) + "]");

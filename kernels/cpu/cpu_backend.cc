@@ -158,6 +158,7 @@ class CpuBackend final : public Backend {
            " threads)";
   }
   const OpTable& ops() const override { return table_; }
+  Device device() const override { return Device::Host(); }
   bool Supports(OpId op, DType dtype) const override {
     return SupportedByFullBackend(op, dtype);
   }

@@ -1,8 +1,9 @@
 // The CUDA backend: MakeCudaBackend (Unavailable with the runtime's reason when there is no
-// usable device), the backend object owning the per-device context, its op table, and the
-// host <-> device copy helpers of cuda_backend.h.
+// usable device) and the backend object owning the per-device context, its op table and its
+// memory (cudaMalloc'd tensors, copies on its stream).
 #include "kernels/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -15,6 +16,9 @@ namespace {
 
 // cuBLAS's recommended workspace for Hopper; ample for Ampere.
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+// A failing free (a dead context) leaves nothing to recover; the memory goes with the context.
+void FreeDevice(void* data) { cudaFree(data); }
 
 class CudaBackendImpl final : public CudaBackend {
  public:
@@ -41,21 +45,25 @@ class CudaBackendImpl final : public CudaBackend {
     return SupportedByFullBackend(op, dtype);
   }
 
-  int device() const override { return ctx_.device; }
+  Device device() const override { return Device::Cuda(ctx_.device); }
 
-  StatusOr<DeviceTensor> Allocate(DType dtype, Shape shape) override {
+  StatusOr<Tensor> Allocate(DType dtype, Shape shape) override {
     DEJA_RETURN_IF_ERROR(Enter());
-    const size_t bytes = static_cast<size_t>(shape.numel()) * DTypeSize(dtype);
-    DEJA_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(bytes));
-    return DeviceTensor(std::move(buffer), dtype, shape);
+    // At least a byte, so an empty tensor still owns a distinct (non-null) allocation, as host
+    // tensors do.
+    const size_t bytes = std::max<size_t>(1, static_cast<size_t>(shape.numel()) * DTypeSize(dtype));
+    void* data = nullptr;
+    DEJA_CUDA_RETURN_IF_ERROR(cudaMalloc(&data, bytes),
+                              ("cudaMalloc of " + std::to_string(bytes) + " bytes").c_str());
+    return Tensor::Adopt(data, dtype, shape, device(), &FreeDevice);
   }
 
-  Status CopyToDevice(const void* host, size_t bytes, void* device_dst) override {
-    return Copy(device_dst, host, bytes, cudaMemcpyHostToDevice, "copy to device");
+  Status CopyHostToDevice(void* dst, const void* host_src, size_t bytes) override {
+    return Copy(dst, host_src, bytes, cudaMemcpyHostToDevice, "copy to device");
   }
 
-  Status CopyToHost(const void* device_src, size_t bytes, void* host) override {
-    return Copy(host, device_src, bytes, cudaMemcpyDeviceToHost, "copy to host");
+  Status CopyDeviceToHost(void* host_dst, const void* src, size_t bytes) override {
+    return Copy(host_dst, src, bytes, cudaMemcpyDeviceToHost, "copy to host");
   }
 
   Status Synchronize() override {
@@ -129,18 +137,6 @@ CudaContext& ContextOf(Backend& backend) {
 
 CudaBackend* AsCuda(Backend& backend) {
   return backend.kind() == BackendKind::kCuda ? static_cast<CudaBackend*>(&backend) : nullptr;
-}
-
-StatusOr<DeviceTensor> ToDevice(CudaBackend& backend, const Tensor& host) {
-  DEJA_ASSIGN_OR_RETURN(DeviceTensor t, backend.Allocate(host.dtype(), host.shape()));
-  DEJA_RETURN_IF_ERROR(backend.CopyToDevice(host.data(), host.bytes(), t.data()));
-  return t;
-}
-
-StatusOr<Tensor> ToHost(CudaBackend& backend, const DeviceTensor& device) {
-  Tensor t = Tensor::Empty(device.dtype(), device.shape());
-  DEJA_RETURN_IF_ERROR(backend.CopyToHost(device.data(), device.bytes(), t.data()));
-  return t;
 }
 
 }  // namespace cuda

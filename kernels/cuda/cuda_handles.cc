@@ -1,4 +1,4 @@
-// The RAII handles of cuda_handles.h and the device buffers of cuda_backend.h.
+// The RAII handles of cuda_handles.h and the CUDA/cuBLAS error translation.
 #include "kernels/cuda/cuda_handles.h"
 
 #include <algorithm>
@@ -35,8 +35,6 @@ Status CublasStatus(cublasStatus_t status, const char* what) {
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) return Unimplemented(std::move(m));
   return Internal(std::move(m));
 }
-
-// DeviceBuffer (declared in the public header, defined here next to the other owners).
 
 StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {
   DeviceBuffer b;

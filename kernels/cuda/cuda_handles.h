@@ -1,6 +1,6 @@
-// RAII owners of the CUDA runtime and cuBLAS handles the backend uses (stream, event, cuBLAS
-// handle, a grow-only device workspace) and the translation of CUDA/cuBLAS error codes into
-// Status. Internal to kernels/cuda/: this header exposes CUDA types.
+// RAII owners of the CUDA runtime and cuBLAS handles the backend uses (device buffer, stream,
+// event, cuBLAS handle, a grow-only device workspace) and the translation of CUDA/cuBLAS error
+// codes into Status. Internal to kernels/cuda/: this header exposes CUDA types.
 #pragma once
 
 #include <cublas_v2.h>
@@ -9,7 +9,6 @@
 #include <cstddef>
 
 #include "common/status.h"
-#include "kernels/cuda/cuda_backend.h"
 
 namespace deja::kernels::cuda {
 
@@ -22,6 +21,28 @@ Status CublasStatus(cublasStatus_t status, const char* what);
   DEJA_RETURN_IF_ERROR(::deja::kernels::cuda::CudaStatus((expr), (what)))
 #define DEJA_CUBLAS_RETURN_IF_ERROR(expr, what) \
   DEJA_RETURN_IF_ERROR(::deja::kernels::cuda::CublasStatus((expr), (what)))
+
+// Move-only owner of one cudaMalloc allocation (the backend's own buffers; tensors it hands out
+// own their memory through Tensor::Adopt).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  // Allocates on the current device; bytes == 0 gives an empty buffer.
+  static StatusOr<DeviceBuffer> Allocate(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void Release();
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
 
 class Stream {
  public:

@@ -6,7 +6,7 @@
 // weights would double their memory and bandwidth, so the activations are rounded to the weight
 // dtype (one conversion kernel) and the GEMM multiplies f16 x f16 (or bf16 x bf16) with f32
 // accumulation and f32 output. The rounding of x dominates the error: a relative error of about
-// the dtype's unit roundoff (f16 2^-11, bf16 2^-8), which tests/kernels_cuda bounds per dtype.
+// the dtype's unit roundoff (f16 2^-11, bf16 2^-8), which tests/kernels bounds per dtype on CUDA.
 #include <climits>
 #include <string>
 

@@ -219,6 +219,7 @@ class ReferenceBackend final : public Backend {
   }
   BackendKind kind() const override { return BackendKind::kReference; }
   std::string name() const override { return "reference"; }
+  Device device() const override { return Device::Host(); }
   const OpTable& ops() const override { return table_; }
   bool Supports(OpId op, DType dtype) const override { return SupportedByFullBackend(op, dtype); }
   bool SupportsTiled(OpId op) const override {

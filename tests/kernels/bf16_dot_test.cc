@@ -18,7 +18,7 @@
 namespace deja::kernels {
 namespace {
 
-using testing::BackendsUnderTest;
+using testing::CpuBackends;
 using testing::BaseSeed;
 using testing::Close;
 using testing::CopyOf;
@@ -104,7 +104,7 @@ void CheckAllOps(uint32_t seed) {
                              Activation::kNone, false, want_g.view()).ok());
     ASSERT_TRUE(GatherLinearT(*ref, xt.view(), wt.view(), rows.data(), nr, true,
                               want_t.view()).ok());
-    for (auto& bc : BackendsUnderTest()) {
+    for (auto& bc : CpuBackends()) {
       SCOPED_TRACE(bc.label);
       Tensor got = CopyOf(init), got_g = CopyOf(init_g), got_t = CopyOf(init_t);
       ASSERT_TRUE(Linear(*bc.backend, x.view(), w.view(), bias.view(), Activation::kRelu, true,
@@ -159,7 +159,7 @@ TEST_F(Bf16DotTest, RoundingIsVisibleAboveTolerance) {
   for (int64_t i = 0; i < w.numel(); ++i) {
     w32.as<float>()[i] = LoadAsFloat(w.data(), DType::kBF16, static_cast<size_t>(i));
   }
-  auto& cpu_backend = *BackendsUnderTest().front().backend;
+  auto& cpu_backend = *CpuBackends().front().backend;
   Tensor bf = Tensor::Empty(DType::kF32, {m, n}), f32 = Tensor::Empty(DType::kF32, {m, n});
   ASSERT_TRUE(Linear(cpu_backend, x.view(), w.view(), TensorView{}, Activation::kNone, false,
                      bf.view()).ok());
@@ -179,7 +179,7 @@ TEST(TiledWeightsTest, OtherOpsRejectThemByName) {
   Tensor xt = RandomTensor(rng, DType::kF32, {2, 3});
   Tensor out = Tensor::Empty(DType::kF32, {2, 3}), out8 = Tensor::Empty(DType::kF32, {2, 8});
   const int32_t rows[3] = {0, 5, 17};
-  for (auto& bc : BackendsUnderTest()) {
+  for (auto& bc : CpuBackends()) {
     SCOPED_TRACE(bc.label);
     Status s = GatherLinear(*bc.backend, x.view(), tiled, TensorView{}, rows, 3,
                             Activation::kNone, false, out.view());
@@ -212,7 +212,7 @@ TEST(TiledWeightsTest, EmbeddingAndRowSlice) {
     Tensor want = CopyOf(init);
     ASSERT_TRUE(Embedding(*ref, table.view(), ids, 5, acc, want.view()).ok());
     std::vector<Backend*> all = {ref.get()};
-    for (auto& bc : BackendsUnderTest()) all.push_back(bc.backend.get());
+    for (auto& bc : CpuBackends()) all.push_back(bc.backend);
     for (Backend* b : all) {
       SCOPED_TRACE(b->name());
       Tensor got = CopyOf(init);

@@ -1,5 +1,11 @@
-// Helpers of the kernel comparison harness: seeded random tensors, the backends under test and a
-// norm-wise closeness check against the reference.
+// The kernel comparison harness (after llama.cpp's test-backend-ops): each op case is written
+// once as a check against the reference backend on the host, and runs on every backend under
+// test (a gtest parameter: the CPU backend with one thread per core, one thread and three, and
+// CUDA device 0). A check copies its inputs to the backend's device with Backend::ToBackend, runs
+// the op there and copies the result back with Backend::ToHost; on host backends the copies are
+// memcpys. A backend that cannot be made (no CUDA device, or a build without CUDA) skips every
+// case, printing why; an (op, dtype, layout) a backend does not support is skipped with a note.
+// Also seeded random tensors and the norm-wise closeness check.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,11 +14,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
+#include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/tensor.h"
@@ -20,26 +29,138 @@
 
 namespace deja::kernels::testing {
 
-// Backends compared against the reference: the CPU backend with all cores and with one thread
-// (the threaded split must not change results), and CUDA when this build and machine have it.
-struct BackendCase {
-  std::string label;
+// ---- Backends under test ----
+
+// A backend by its parameter name, or why there is none.
+struct BackendUnderTest {
   std::unique_ptr<Backend> backend;
+  std::string reason;
 };
 
-// Built once per test binary (each CPU backend owns a thread pool).
-inline std::vector<BackendCase>& BackendsUnderTest() {
-  static std::vector<BackendCase>* cases = [] {
-    auto* out = new std::vector<BackendCase>;
-    out->push_back({"cpu", MakeCpuBackend(0)});
-    out->push_back({"cpu_1thread", MakeCpuBackend(1)});
-    // Three threads on a two-core box exercise uneven chunking and the sleep/wake path.
-    out->push_back({"cpu_3threads", MakeCpuBackend(3)});
-    // The CUDA backend takes device pointers: tests/kernels_cuda compares it on device memory.
-    return out;
-  }();
-  return *cases;
+// Made once per test binary, on first use (so listing the tests makes none): "reference", "cpu"
+// (one thread per core), "cpu_1thread", "cpu_3threads" (three threads on a two-core box exercise
+// uneven chunking and the sleep/wake path) and "cuda" (device 0).
+inline BackendUnderTest& BackendNamed(const std::string& name) {
+  static auto* made = new std::map<std::string, BackendUnderTest>;
+  auto it = made->find(name);
+  if (it != made->end()) return it->second;
+  BackendUnderTest b;
+  if (name == "reference") {
+    b.backend = MakeReferenceBackend();
+  } else if (name == "cpu") {
+    b.backend = MakeCpuBackend(0);
+  } else if (name == "cpu_1thread") {
+    b.backend = MakeCpuBackend(1);
+  } else if (name == "cpu_3threads") {
+    b.backend = MakeCpuBackend(3);
+  } else if (name == "cuda") {
+    auto cuda = MakeCudaBackend(0);
+    if (cuda.ok()) {
+      b.backend = std::move(cuda).value();
+    } else {
+      b.reason = cuda.status().ToString();
+    }
+  } else {
+    b.reason = "no backend is called '" + name + "'";
+  }
+  return (*made)[name] = std::move(b);
 }
+
+// The backends compared against the reference.
+inline std::vector<std::string> ComparedBackends() {
+  return {"cpu", "cpu_1thread", "cpu_3threads", "cuda"};
+}
+// Those and the reference itself, for checks that do not take the reference as ground truth
+// (known answers, identities between ops).
+inline std::vector<std::string> AllBackends() {
+  std::vector<std::string> names = {"reference"};
+  for (const std::string& n : ComparedBackends()) names.push_back(n);
+  return names;
+}
+
+// The CPU backends, for the tests of CPU-only machinery (SIMD targets, the bf16 dot path).
+struct NamedBackend {
+  std::string label;
+  Backend* backend;
+};
+inline const std::vector<NamedBackend>& CpuBackends() {
+  static const auto* cpus =
+      new std::vector<NamedBackend>{{"cpu", BackendNamed("cpu").backend.get()},
+                                    {"cpu_1thread", BackendNamed("cpu_1thread").backend.get()},
+                                    {"cpu_3threads", BackendNamed("cpu_3threads").backend.get()}};
+  return *cpus;
+}
+
+// A test run once per backend name; skips, printing why, where that backend cannot be made.
+class BackendTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    BackendUnderTest& b = BackendNamed(GetParam());
+    if (b.backend == nullptr) GTEST_SKIP() << "no " << GetParam() << " backend: " << b.reason;
+    backend_ = b.backend.get();
+  }
+  Backend& backend() const { return *backend_; }
+
+ private:
+  Backend* backend_ = nullptr;
+};
+
+// Test names end in the backend's name (Backends/CompareLinear.ShapeGrid/cuda): the CMake file
+// labels the cuda ones gpu by that suffix.
+#define DEJA_INSTANTIATE_BACKEND_TEST(suite, names) \
+  INSTANTIATE_TEST_SUITE_P(                         \
+      Backends, suite, ::testing::ValuesIn(names),  \
+      [](const ::testing::TestParamInfo<std::string>& info) { return info.param; })
+
+// Why `b` does not run `op` over `dtype` (weights, or the KV cache for attention) in `layout`, or
+// "" when it does.
+inline std::string Unsupported(const Backend& b, OpId op, DType dtype,
+                               Layout layout = Layout::kRowMajor) {
+  if (!b.Supports(op, dtype)) {
+    return b.name() + " does not run " + OpName(op) + " over " + DTypeName(dtype);
+  }
+  if (layout == Layout::kTiled16 && !b.SupportsTiled(op)) {
+    return b.name() + " does not read kTiled16 weights in " + OpName(op);
+  }
+  return "";
+}
+
+// Whether `b` runs the combination; where not, the case is skipped rather than failed, with a
+// note printed once per test (not gtest's skip marker: the test's other cases did run).
+inline bool Runs(const Backend& b, OpId op, DType dtype, Layout layout = Layout::kRowMajor) {
+  const std::string why = Unsupported(b, op, dtype, layout);
+  if (why.empty()) return true;
+  static auto* noted = new std::set<std::string>;
+  const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string key =
+      test != nullptr ? std::string(test->test_suite_name()) + "." + test->name() + why : why;
+  if (noted->insert(key).second) {
+    std::printf("[   note   ] cases skipped: %s\n", why.c_str());
+  }
+  return false;
+}
+
+// Skips the whole test, with the reason, where `b` does not run (op, dtype[, layout]).
+#define DEJA_SKIP_UNLESS_SUPPORTED(b, ...)                                                 \
+  do {                                                                                     \
+    const std::string deja_why_ = ::deja::kernels::testing::Unsupported((b), __VA_ARGS__); \
+    if (!deja_why_.empty()) GTEST_SKIP() << deja_why_;                                     \
+  } while (0)
+
+// lhs = value of a StatusOr expression, or a fatal test failure naming the status.
+#define DEJA_ASSERT_OK_AND_ASSIGN(lhs, expr)                       \
+  auto DEJA_CONCAT(deja_test_or_, __LINE__) = (expr);              \
+  ASSERT_TRUE(DEJA_CONCAT(deja_test_or_, __LINE__).ok())           \
+      << DEJA_CONCAT(deja_test_or_, __LINE__).status().ToString(); \
+  lhs = std::move(DEJA_CONCAT(deja_test_or_, __LINE__)).value()
+
+#define DEJA_ASSERT_OK(expr)                                   \
+  do {                                                         \
+    ::deja::Status deja_test_s_ = (expr);                      \
+    ASSERT_TRUE(deja_test_s_.ok()) << deja_test_s_.ToString(); \
+  } while (0)
+
+// ---- Inputs ----
 
 inline const std::vector<DType>& WeightDTypes() {
   static const std::vector<DType> kTypes = {DType::kF32, DType::kF16, DType::kBF16};
@@ -62,10 +183,49 @@ inline Tensor CopyOf(const Tensor& t) {
   return c;
 }
 
+// The base seed of a comparison test binary: DEJA_TEST_SEED when set (to replay a failure), else
+// a fresh random one; printed once with the binary's name.
+inline uint32_t BaseSeed(const char* binary) {
+  static const uint32_t seed = [binary] {
+    const char* env = std::getenv("DEJA_TEST_SEED");
+    uint32_t s = env != nullptr ? static_cast<uint32_t>(std::strtoul(env, nullptr, 10))
+                                : std::random_device{}();
+    std::printf("%s seed: %u (replay with DEJA_TEST_SEED=%u)\n", binary, s, s);
+    return s;
+  }();
+  return seed;
+}
+
+// n_rows indices into [0, r): unsorted, with repeats whenever n_rows > r / 2 allows them.
+inline std::vector<int32_t> RandomRows(std::mt19937& rng, int64_t r, int64_t n_rows) {
+  std::vector<int32_t> rows(static_cast<size_t>(n_rows));
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(r - 1));
+  for (auto& v : rows) v = pick(rng);
+  return rows;
+}
+
+// ---- Tolerances ----
+
 // Per-dtype tolerances (STYLE.md rule 3). f16/bf16 weights are widened exactly and bf16 weights
-// see x rounded to bf16 in the reference as in the backends (kernels/op_table.h), so all weight
-// dtypes share the f32 bound: only summation order differs.
+// see x rounded to bf16 in the reference as in the host backends (kernels/op_table.h), so all
+// weight dtypes share the f32 bound: only summation order differs.
 constexpr double kRelTol = 1e-5;
+
+// Linear's bound on `b`. CUDA with f16/bf16 weights rounds the activations to the weight dtype
+// before the GEMM (kernels/cuda/linear.cc), a relative error up to the unit roundoff (f16 4.9e-4,
+// bf16 3.9e-3; a host simulation of the grid measured at most 4.8e-4 and 3.5e-3); the bounds leave
+// a factor of about 4. f32 weights there: f32 GEMM without TF32, the shared bound.
+inline double LinearTolerance(const Backend& b, DType weight_dtype) {
+  if (b.kind() != BackendKind::kCuda) return kRelTol;
+  switch (weight_dtype) {
+    case DType::kF16:
+      return 2e-3;
+    case DType::kBF16:
+      return 1.6e-2;
+    default:
+      return kRelTol;
+  }
+}
 
 // ||got - want|| / ||want|| <= rel_tol and max |got - want| <= 10 * rel_tol * max |want|:
 // the norm-wise bound for the bulk, the max-abs bound so no single element may be far off.
@@ -96,27 +256,6 @@ inline ::testing::AssertionResult Close(const float* got, const float* want, int
     << " (bound " << max_bound << ")";
   if (worst >= 0) f << " at " << worst << ": got " << got[worst] << ", want " << want[worst];
   return f;
-}
-
-// The base seed of a comparison test binary: DEJA_TEST_SEED when set (to replay a failure), else
-// a fresh random one; printed once with the binary's name.
-inline uint32_t BaseSeed(const char* binary) {
-  static const uint32_t seed = [binary] {
-    const char* env = std::getenv("DEJA_TEST_SEED");
-    uint32_t s = env != nullptr ? static_cast<uint32_t>(std::strtoul(env, nullptr, 10))
-                                : std::random_device{}();
-    std::printf("%s seed: %u (replay with DEJA_TEST_SEED=%u)\n", binary, s, s);
-    return s;
-  }();
-  return seed;
-}
-
-// n_rows indices into [0, r): unsorted, with repeats whenever n_rows > r / 2 allows them.
-inline std::vector<int32_t> RandomRows(std::mt19937& rng, int64_t r, int64_t n_rows) {
-  std::vector<int32_t> rows(static_cast<size_t>(n_rows));
-  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(r - 1));
-  for (auto& v : rows) v = pick(rng);
-  return rows;
 }
 
 }  // namespace deja::kernels::testing

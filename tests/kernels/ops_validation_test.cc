@@ -1,7 +1,11 @@
 // The validating op wrappers: every bad argument is rejected with InvalidArgument naming it, and
-// never reaches a backend (which would read out of bounds).
+// never reaches a backend (which would read out of bounds), memory on another device included;
+// and the host backends' memory API.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <set>
 #include <string>
@@ -301,6 +305,153 @@ TEST_F(OpsValidationTest, AddLogSoftmaxTopKRejectBadArguments) {
   EXPECT_TRUE(RejectsArg(TopK(*b_, x_.view(), 9, vals, idx), "k"));
   EXPECT_TRUE(RejectsArg(TopK(*b_, x_.view(), 2, nullptr, idx), "values"));
   EXPECT_TRUE(RejectsArg(TopK(*b_, x_.view(), 2, vals, nullptr), "indices"));
+}
+
+// A view says which memory it is in; a backend refuses any other, naming the op, the argument
+// and both devices, before anything reads it. A host backend is given a view marked cuda:0 (its
+// pointer is host memory; the check must stop the call by the mark alone).
+::testing::AssertionResult RefusesDevice(const Status& s, const std::string& op,
+                                         const std::string& arg) {
+  const std::string want = op + ": argument '" + arg + "' is in cuda:0 memory but backend ";
+  if (s.code() != StatusCode::kInvalidArgument || s.message().find(want) != 0 ||
+      s.message().find("takes tensors in host memory") == std::string::npos) {
+    return ::testing::AssertionFailure() << "want \"" << want << "... takes tensors in host "
+                                         << "memory\", got " << s.ToString();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST_F(OpsValidationTest, ViewsOnAnotherDeviceAreRefusedByName) {
+  auto on_cuda = [](TensorView v) {
+    v.device = Device::Cuda(0);
+    return v;
+  };
+  TensorView x = x_.view(), w = w_.view(), bias = bias_.view(), out = out_.view();
+  Status s = Linear(*b_, on_cuda(x), w, bias, Activation::kNone, false, out);
+  EXPECT_TRUE(RefusesDevice(s, "linear", "x")) << s.ToString();
+  EXPECT_TRUE(RefusesDevice(Linear(*b_, x, on_cuda(w), bias, Activation::kNone, false, out),
+                            "linear", "w"));
+  EXPECT_TRUE(RefusesDevice(Linear(*b_, x, w, on_cuda(bias), Activation::kNone, false, out),
+                            "linear", "bias"));
+  EXPECT_TRUE(RefusesDevice(Linear(*b_, x, w, bias, Activation::kNone, false, on_cuda(out)),
+                            "linear", "out"));
+  // An absent bias is in no memory.
+  EXPECT_TRUE(Linear(*b_, x, w, on_cuda(TensorView{}), Activation::kNone, false, out).ok());
+
+  const int32_t rows[2] = {0, 3};
+  Tensor out2 = Tensor::Zeros(DType::kF32, {2, 2});
+  EXPECT_TRUE(RefusesDevice(GatherLinear(*b_, x, on_cuda(w), TensorView{}, rows, 2,
+                                         Activation::kNone, false, out2.view()),
+                            "gather_linear", "w"));
+  Tensor xt = Tensor::Zeros(DType::kF32, {2, 2}), out8 = Tensor::Zeros(DType::kF32, {2, 8});
+  Tensor wt = Tensor::Zeros(DType::kF16, {4, 8});
+  EXPECT_TRUE(
+      RefusesDevice(GatherLinearT(*b_, xt.view(), wt.view(), rows, 2, false, on_cuda(out8.view())),
+                    "gather_linear_t", "out"));
+  Tensor table = Tensor::Zeros(DType::kF32, {4, 8});
+  EXPECT_TRUE(RefusesDevice(Embedding(*b_, on_cuda(table.view()), rows, 2, false, x_.view()),
+                            "embedding", "table"));
+  Tensor gamma = Tensor::Zeros(DType::kF32, {8});
+  EXPECT_TRUE(RefusesDevice(
+      LayerNorm(*b_, x_.view(), gamma.view(), on_cuda(gamma.view()), 1e-5f, x_.view()),
+      "layer_norm", "beta"));
+  Tensor y = Tensor::Zeros(DType::kF32, {2, 8});
+  EXPECT_TRUE(RefusesDevice(Add(*b_, on_cuda(x_.view()), TensorView{}, y.view()), "add", "x"));
+  EXPECT_TRUE(RefusesDevice(LogSoftmax(*b_, x_.view(), on_cuda(y.view())), "log_softmax", "out"));
+  float vals[16];
+  int32_t idx[16];
+  EXPECT_TRUE(RefusesDevice(TopK(*b_, on_cuda(x_.view()), 2, vals, idx), "top_k", "x"));
+}
+
+TEST_F(OpsValidationTest, AttentionRefusesQueriesAndCacheOnAnotherDevice) {
+  const int32_t heads = 2, d = 4, cap = 3;
+  Tensor q = Tensor::Zeros(DType::kF32, {1, heads * d});
+  Tensor o = Tensor::Zeros(DType::kF32, {1, heads * d});
+  std::vector<float> k(heads * cap * d), v(heads * cap * d);
+  std::vector<int32_t> slot_pos(heads * cap, 0);
+  int32_t q_pos = 0;
+  AttentionArgs a;
+  a.q = q.view();
+  a.q_pos = &q_pos;
+  a.kv = {k.data(), v.data(), slot_pos.data(), cap, cap, nullptr};
+  a.heads = heads;
+  a.head_dim = d;
+  a.out = o.view();
+  EXPECT_TRUE(Attention(*b_, a).ok());
+  a.kv.device = Device::Cuda(0);
+  EXPECT_TRUE(RefusesDevice(Attention(*b_, a), "attention", "kv"));
+  a.kv.device = Device::Host();
+  a.q.device = Device::Cuda(0);
+  EXPECT_TRUE(RefusesDevice(Attention(*b_, a), "attention", "q"));
+}
+
+// Allocate, the raw copies and the whole-tensor copies round-trip on the host backends, whose
+// memory is the host's.
+TEST(BackendMemory, HostBackendsRoundTrip) {
+  for (auto& b : {MakeReferenceBackend(), MakeCpuBackend(1)}) {
+    SCOPED_TRACE(b->name());
+    EXPECT_EQ(b->device(), Device::Host());
+    EXPECT_EQ(b->device().ToString(), "host");
+    auto t = b->Allocate(DType::kBF16, Shape{3, 5});
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_EQ(t->device(), Device::Host());
+    EXPECT_EQ(t->view().device, Device::Host());
+    EXPECT_EQ(t->shape(), (Shape{3, 5}));
+    EXPECT_EQ(t->dtype(), DType::kBF16);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t->data()) % 64, 0u);
+
+    Tensor host = Tensor::Empty(DType::kF32, {4, 3});
+    for (int i = 0; i < 12; ++i) host.as<float>()[i] = 0.5f * i - 2.f;
+    auto on = b->ToBackend(host);
+    ASSERT_TRUE(on.ok()) << on.status().ToString();
+    EXPECT_NE(on->data(), host.data());
+    EXPECT_EQ(on->shape(), host.shape());
+    auto back = b->ToHost(on->view());
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(std::memcmp(back->data(), host.data(), host.bytes()), 0);
+
+    std::vector<float> raw(12, -1.f);
+    ASSERT_TRUE(b->CopyHostToDevice(on->data(), raw.data(), 12 * sizeof(float)).ok());
+    std::vector<float> again(12, 0.f);
+    ASSERT_TRUE(b->CopyDeviceToHost(again.data(), on->data(), 12 * sizeof(float)).ok());
+    EXPECT_EQ(again, raw);
+    EXPECT_TRUE(b->Synchronize().ok());
+
+    // Empty tensors copy too; tiled views and memory on another device are refused by name.
+    auto none = b->ToBackend(Tensor::Empty(DType::kF32, {0, 7}));
+    ASSERT_TRUE(none.ok()) << none.status().ToString();
+    EXPECT_EQ(none->numel(), 0);
+    TensorView tiled;
+    Tensor tiles = Tile16(Tensor::Zeros(DType::kBF16, {16, 4}).view(), &tiled);
+    EXPECT_EQ(b->ToBackend(tiled).status().code(), StatusCode::kInvalidArgument);
+    TensorView elsewhere = host.view();
+    elsewhere.device = Device::Cuda(0);
+    auto refused = b->ToHost(elsewhere);
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find("cuda:0"), std::string::npos);
+    EXPECT_EQ(b->ToBackend(elsewhere).status().code(), StatusCode::kInvalidArgument);
+  }
+}
+
+// A tensor owning memory through a backend's free function releases it with that function.
+int adopted_frees = 0;
+void CountingFree(void* p) {
+  ++adopted_frees;
+  std::free(p);
+}
+
+TEST(BackendMemory, AdoptedTensorsFreeWithTheirFunction) {
+  {
+    Tensor t =
+        Tensor::Adopt(std::malloc(64), DType::kF32, Shape{4, 4}, Device::Cuda(1), &CountingFree);
+    EXPECT_EQ(t.device().ToString(), "cuda:1");
+    EXPECT_EQ(t.view().device, Device::Cuda(1));
+    Tensor moved = std::move(t);
+    EXPECT_EQ(adopted_frees, 0);
+  }
+  EXPECT_EQ(adopted_frees, 1);
+  Tensor host = Tensor::Zeros(DType::kF32, {2});
+  EXPECT_TRUE(host.device().is_host());
 }
 
 TEST(Backends, CudaReportsWhyUnavailable) {
