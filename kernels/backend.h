@@ -42,10 +42,15 @@ class Backend {
   // Whether `op` accepts weights in Layout::kTiled16 (bf16 only; Linear and Embedding at most).
   virtual bool SupportsTiled(OpId) const { return false; }
   // Whether Linear reads weights of this dtype fastest tiled: the model then tiles its layers'
-  // matrices at load (worker/opt_weights.h TileMatrices).
+  // matrices at load (worker/model/opt_weights.h TileMatrices).
   virtual bool PrefersTiled(DType) const { return false; }
   // Worker threads for CPU backends (nullptr elsewhere).
   virtual ThreadPool* pool() const { return nullptr; }
+  // A backend on the same device for work overlapped with this one's (the Deja Vu predictors run
+  // on it while the model computes a block): the CPU backend gives one with a thread of its own,
+  // a GPU backend would give one on a second stream. nullptr when there is none: the side work
+  // then runs inline on this backend.
+  virtual std::unique_ptr<Backend> MakeSideBackend() const { return nullptr; }
 
   // Where this backend's ops read and write tensors.
   virtual Device device() const = 0;

@@ -159,6 +159,8 @@ class CpuBackend final : public Backend {
   }
   const OpTable& ops() const override { return table_; }
   Device device() const override { return Device::Host(); }
+  // One thread of its own: this backend's pool is busy with the block the side work overlaps.
+  std::unique_ptr<Backend> MakeSideBackend() const override { return MakeCpuBackend(1); }
   bool Supports(OpId op, DType dtype) const override {
     return SupportedByFullBackend(op, dtype);
   }

@@ -220,6 +220,8 @@ class ReferenceBackend final : public Backend {
   BackendKind kind() const override { return BackendKind::kReference; }
   std::string name() const override { return "reference"; }
   Device device() const override { return Device::Host(); }
+  // Stateless: another instance serves overlapped work on its own thread.
+  std::unique_ptr<Backend> MakeSideBackend() const override { return MakeReferenceBackend(); }
   const OpTable& ops() const override { return table_; }
   bool Supports(OpId op, DType dtype) const override { return SupportedByFullBackend(op, dtype); }
   bool SupportsTiled(OpId op) const override {

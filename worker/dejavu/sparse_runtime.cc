@@ -104,9 +104,10 @@ StatusOr<std::unique_ptr<SparseRuntime>> SparseRuntime::Create(const model::Spar
                            " exceeds the model's " + std::to_string(config.num_hidden_layers) +
                            " layers");
   }
-  if (backend.kind() == kernels::BackendKind::kCuda) {
-    return Unimplemented("sparsity: the CUDA backend's sparse path (side-stream predictors) is "
-                         "not wired into the worker yet");
+  if (!backend.device().is_host()) {
+    // The runtime reads the blocks' inputs and writes its plans in host memory.
+    return Unimplemented("sparsity: the predictors run on host memory; the " + backend.name() +
+                         " backend's tensors are on " + backend.device().ToString());
   }
   std::unique_ptr<SparseRuntime> rt(new SparseRuntime());
   rt->options_ = options;
@@ -137,11 +138,11 @@ StatusOr<std::unique_ptr<SparseRuntime>> SparseRuntime::Create(const model::Spar
   rt->async_ = options.predictor_thread == PredictorThread::kOwnThread ||
                (options.predictor_thread == PredictorThread::kAuto &&
                 static_cast<int>(std::thread::hardware_concurrency()) > pool_threads);
-  if (backend.kind() == kernels::BackendKind::kCpu && rt->async_) {
-    // Its own single thread: the model's pool is busy with the block it overlaps.
-    rt->predictor_backend_ = kernels::MakeCpuBackend(1);
-    rt->backend_ = rt->predictor_backend_.get();
+  if (rt->async_) rt->predictor_backend_ = backend.MakeSideBackend();
+  if (rt->predictor_backend_ != nullptr) {
+    rt->backend_ = rt->predictor_backend_.get();  // overlapped with the block it predicts for
   } else {
+    rt->async_ = false;
     rt->backend_ = &backend;  // inline: the model's backend (all its threads)
   }
 
