@@ -15,7 +15,7 @@ namespace deja::cli {
 int RunBenchKv(int argc, char** argv, int first) {
   Args args("bench kv", "Concurrent sequences in a KV memory limit, and their decode speed.");
   AddModelFlags(args);
-  AddCachePolicyFlags(args, "full");
+  AddCachePolicyFlags(args, worker::kv::CachePolicyKind::kFull);
   args.Flag("kv-memory-mb", "KV memory limit", "256")
       .Flag("seq-len", "tokens per sequence (prompt + generated)", "1024")
       .Flag("prompt-tokens", "prompt tokens per sequence", "256")

@@ -9,9 +9,12 @@
 #include "cli/args.h"
 #include "cli/client_bench.h"
 #include "cli/commands.h"
+#include "common/enum_table.h"
+#include "coordinator/sparsity_mode.h"
 #include "deja/v1/text_generation.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "proto/grpc_status.h"
+#include "worker/kv/policy_table.h"
 
 namespace deja::cli {
 namespace {
@@ -72,11 +75,9 @@ StatusOr<v1::GenerateRequest> RequestFromFlags(const Args& args) {
   }
   if (args.On("logprobs")) r.mutable_response()->set_logprobs(true);
   if (args.Has("sparsity")) {
-    const std::string mode = args.Str("sparsity");
-    if (mode != "on" && mode != "off") {
-      return InvalidArgument("--sparsity must be on or off, got '" + mode + "'");
-    }
-    r.mutable_sparsity()->set_mode(mode == "on" ? v1::Sparsity::MODE_ON : v1::Sparsity::MODE_OFF);
+    DEJA_ASSIGN_OR_RETURN(const bool on, coordinator::ParseSparsity(args.Str("sparsity"),
+                                                                    "--sparsity"));
+    r.mutable_sparsity()->set_mode(coordinator::SparsityToProto(on));
   }
   if (args.Has("sparsity-schedule")) {
     r.mutable_sparsity()->set_schedule(args.Str("sparsity-schedule"));
@@ -84,16 +85,9 @@ StatusOr<v1::GenerateRequest> RequestFromFlags(const Args& args) {
   // The cache policy's fields go as given; the server checks them (and fills in the rest).
   v1::CachePolicy* c = r.mutable_cache();
   if (args.Has("kv-policy")) {
-    const std::string kind = args.Str("kv-policy");
-    if (kind == "full") {
-      c->set_kind(v1::CachePolicy::KIND_FULL);
-    } else if (kind == "window") {
-      c->set_kind(v1::CachePolicy::KIND_WINDOW);
-    } else if (kind == "h2o") {
-      c->set_kind(v1::CachePolicy::KIND_H2O);
-    } else {
-      return InvalidArgument("--kv-policy must be full, window or h2o, got '" + kind + "'");
-    }
+    DEJA_ASSIGN_OR_RETURN(const worker::kv::CachePolicyKind kind,
+                          worker::kv::ParseCachePolicy(args.Str("kv-policy"), "--kv-policy"));
+    c->set_kind(worker::kv::ToApiProto(kind));
   }
   for (const char* flag : {"heavy-ratio", "recent-ratio"}) {
     if (!args.Has(flag)) continue;
@@ -247,9 +241,11 @@ int RunClient(int argc, char** argv, int first) {
       .Bool("ignore-eos", "keep generating after EOS")
       .Flag("time-limit-ms", "end the request after this long with FINISH_REASON_TIME_LIMIT")
       .Flag("top-n", "alternatives per token, 0..5")
-      .Flag("sparsity", "Deja Vu sparsity: on or off (unset: the server's default)")
+      .Flag("sparsity", "Deja Vu sparsity: " + OneOf(RowNames(coordinator::SparsityModeTable())) +
+                            " (unset: the server's default)")
       .Flag("sparsity-schedule", "a sparsity schedule of ModelInfo.sparsity_schedules")
-      .Flag("kv-policy", "KV cache policy: full, window or h2o (unset: the server's default)")
+      .Flag("kv-policy", "KV cache policy: " + OneOf(RowNames(worker::kv::CachePolicyTable())) +
+                             " (unset: the server's default)")
       .Flag("heavy-ratio", "h2o heavy-hitter budget, a fraction of the prompt")
       .Flag("recent-ratio", "recent-token budget, a fraction of the prompt")
       .Flag("heavy-tokens", "h2o heavy-hitter budget in tokens per head")

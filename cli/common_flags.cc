@@ -3,9 +3,43 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
+#include "common/enum_table.h"
+#include "coordinator/sparsity_mode.h"
+#include "worker/kv/policy_table.h"
+
 namespace deja::cli {
+namespace {
+
+// --dtype: the matrices' dtype in memory. `checkpoint` keeps the file's, as views into the
+// mmapped file; another value converts them at load (ConvertMatrices takes bf16).
+struct WeightDTypeRow {
+  const char* name;
+  const char* help;
+  std::optional<DType> dtype;
+};
+const WeightDTypeRow kWeightDTypes[] = {
+    {"checkpoint", "as stored", std::nullopt},
+    {DTypeName(DType::kBF16),
+     "converted at load; activations meet them as bf16, with AVX512-BF16 dot products where the "
+     "CPU has them",
+     DType::kBF16},
+};
+
+// --kv-dtype: how K and V are stored (the attention kernels read f32 and f16).
+struct KvDTypeRow {
+  const char* name;
+  const char* help;
+  DType dtype;
+};
+const KvDTypeRow kKvDTypes[] = {
+    {DTypeName(DType::kF32), "", DType::kF32},
+    {DTypeName(DType::kF16), "half the bytes per cached token", DType::kF16},
+};
+
+}  // namespace
 
 void AddModelFlags(Args& args) {
   args.Flag("model", "model directory (HF OPT checkpoint: config.json, safetensors, tokenizer)",
@@ -15,27 +49,18 @@ void AddModelFlags(Args& args) {
 }
 
 void AddDtypeFlag(Args& args) {
-  args.Flag("dtype",
-            "weights in memory: checkpoint (as stored) or bf16 (converted at load; activations "
-            "meet them as bf16, with AVX512-BF16 dot products where the CPU has them)",
-            "checkpoint")
-      .Flag("kv-dtype", "KV cache storage: f32 or f16 (half the bytes per cached token)", "f32");
+  args.Flag("dtype", "weights in memory: " + RowsHelp(kWeightDTypes), kWeightDTypes[0].name)
+      .Flag("kv-dtype", "KV cache storage: " + RowsHelp(kKvDTypes), kKvDTypes[0].name);
 }
 
 StatusOr<worker::model::LoadOptions> LoadOptionsFromFlags(const Args& args) {
   worker::model::LoadOptions o;
-  const std::string dtype = args.Str("dtype");
-  if (dtype == "bf16") {
-    o.weight_dtype = DType::kBF16;
-  } else if (dtype != "checkpoint") {
-    return InvalidArgument("--dtype must be checkpoint or bf16, not '" + dtype + "'");
-  }
-  const std::string kv = args.Str("kv-dtype");
-  if (kv == "f16") {
-    o.kv_dtype = DType::kF16;
-  } else if (kv != "f32") {
-    return InvalidArgument("--kv-dtype must be f32 or f16, not '" + kv + "'");
-  }
+  DEJA_ASSIGN_OR_RETURN(const WeightDTypeRow* weights,
+                        ParseRow(kWeightDTypes, args.Str("dtype"), "--dtype"));
+  o.weight_dtype = weights->dtype;
+  DEJA_ASSIGN_OR_RETURN(const KvDTypeRow* kv,
+                        ParseRow(kKvDTypes, args.Str("kv-dtype"), "--kv-dtype"));
+  o.kv_dtype = kv->dtype;
   return o;
 }
 
@@ -68,8 +93,9 @@ StatusOr<worker::sampling::SamplingParams> SamplingFromFlags(const Args& args) {
   return p;
 }
 
-void AddCachePolicyFlags(Args& args, const std::string& default_kind) {
-  args.Flag("kv-policy", "KV cache policy: full, window or h2o", default_kind)
+void AddCachePolicyFlags(Args& args, std::optional<worker::kv::CachePolicyKind> default_kind) {
+  args.Flag("kv-policy", "KV cache policy: " + RowsHelp(worker::kv::CachePolicyTable()),
+            default_kind ? worker::kv::CachePolicyName(*default_kind) : "")
       .Flag("heavy-ratio", "h2o heavy-hitter budget as a ratio of the prompt length", "0.1")
       .Flag("recent-ratio", "recent-token budget as a ratio of the prompt length", "0.1")
       .Flag("heavy-tokens", "absolute heavy-hitter budget per head (with --recent-tokens)")
@@ -78,7 +104,8 @@ void AddCachePolicyFlags(Args& args, const std::string& default_kind) {
 
 StatusOr<worker::kv::CachePolicyConfig> CachePolicyFromFlags(const Args& args) {
   worker::kv::CachePolicyConfig c;
-  DEJA_ASSIGN_OR_RETURN(c.kind, worker::kv::CachePolicyConfig::ParseKind(args.Str("kv-policy")));
+  DEJA_ASSIGN_OR_RETURN(c.kind,
+                        worker::kv::ParseCachePolicy(args.Str("kv-policy"), "--kv-policy"));
   DEJA_ASSIGN_OR_RETURN(double heavy, args.Double("heavy-ratio"));
   DEJA_ASSIGN_OR_RETURN(double recent, args.Double("recent-ratio"));
   c.heavy_ratio = static_cast<float>(heavy);
@@ -106,8 +133,9 @@ void AddSparsityFlags(Args& args) {
             "speed runs without predictors: keep this fraction in (0, 1] of heads and neurons, "
             "chosen pseudo-randomly per token (quality is not meaningful)")
       .Flag("sparsity-default",
-            "on|off: sparsity for requests that leave Sparsity.mode unspecified [default: on "
-            "when --predictors or --sparsity-oracle is given]");
+            OneOf(RowNames(coordinator::SparsityModeTable())) +
+                ": sparsity for requests that leave Sparsity.mode unspecified [default: on when "
+                "--predictors or --sparsity-oracle is given]");
 }
 
 StatusOr<SparsityFlags> SparsityFromFlags(const Args& args) {
@@ -143,15 +171,10 @@ StatusOr<SparsityFlags> SparsityFromFlags(const Args& args) {
   f.default_on = f.enabled;
   if (args.Has("sparsity-default")) {
     f.default_flag = args.Str("sparsity-default");
-    if (f.default_flag == "on") {
-      if (!f.enabled) {
-        return InvalidArgument("--sparsity-default on needs --predictors or --sparsity-oracle");
-      }
-      f.default_on = true;
-    } else if (f.default_flag == "off") {
-      f.default_on = false;
-    } else {
-      return InvalidArgument("--sparsity-default must be on or off, got '" + f.default_flag + "'");
+    DEJA_ASSIGN_OR_RETURN(f.default_on,
+                          coordinator::ParseSparsity(f.default_flag, "--sparsity-default"));
+    if (f.default_on && !f.enabled) {
+      return InvalidArgument("--sparsity-default on needs --predictors or --sparsity-oracle");
     }
   }
   return f;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "cli/args.h"
@@ -21,8 +22,9 @@ StatusOr<worker::model::LoadOptions> LoadOptionsFromFlags(const Args& args);
 void AddSamplingFlags(Args& args);
 StatusOr<worker::sampling::SamplingParams> SamplingFromFlags(const Args& args);
 
-// --kv-policy (default `default_kind`, "" = unset), --heavy/recent-ratio, --heavy/recent-tokens.
-void AddCachePolicyFlags(Args& args, const std::string& default_kind);
+// --kv-policy (default `default_kind`, nullopt = unset), --heavy/recent-ratio,
+// --heavy/recent-tokens.
+void AddCachePolicyFlags(Args& args, std::optional<worker::kv::CachePolicyKind> default_kind);
 StatusOr<worker::kv::CachePolicyConfig> CachePolicyFromFlags(const Args& args);
 
 // Deja Vu sparsity of a serving worker: --predictors, --sparsity-oracle, --sparsity-default.
@@ -39,8 +41,8 @@ struct SparsityFlags {
 };
 void AddSparsityFlags(Args& args);
 // InvalidArgument naming the flag: a predictor file (or its .json) that does not exist, an
-// oracle fraction outside (0, 1], both set, --sparsity-default other than on/off, or on
-// without predictors or oracle.
+// oracle fraction outside (0, 1], both set, --sparsity-default not a name of
+// coordinator/sparsity_mode.h, or on without predictors or oracle.
 StatusOr<SparsityFlags> SparsityFromFlags(const Args& args);
 
 struct LoadedModel {

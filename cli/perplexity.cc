@@ -24,7 +24,7 @@ int RunPerplexity(int argc, char** argv, int first) {
             "with --kv-policy h2o: rank heavy hitters by accumulated attention (sum, the "
             "reference) or by it divided by the queries that saw the token (mean, an alternative)",
             "sum");
-  AddCachePolicyFlags(args, "");
+  AddCachePolicyFlags(args, std::nullopt);
   AddSparsityRunFlags(args);
   args.Bool("json", "print one JSON object (perplexity, tokens, ...) as the last line");
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("ppl", s);

@@ -18,6 +18,7 @@
 #include "cli/common_flags.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/launcher.h"
+#include "worker/kv/policy_table.h"
 
 namespace deja::cli {
 namespace {
@@ -98,28 +99,23 @@ void AddCoordinatorFlags(Args& args) {
             "queue a request that finds the KV memory taken (within --max-queue) until it is "
             "free, instead of RESOURCE_EXHAUSTED at once");
   // The server's default KV-cache policy: what a request without CachePolicy.kind gets.
-  AddCachePolicyFlags(args, "full");
+  AddCachePolicyFlags(args, worker::kv::CachePolicyKind::kFull);
 }
 
-// The --kv-policy flags as the API's CachePolicy (ratios unless token budgets were given).
+// The --kv-policy flags as the API's CachePolicy (ratios unless token budgets were given), with
+// the budgets the kind reads.
 StatusOr<v1::CachePolicy> DefaultCacheFromFlags(const Args& args) {
   DEJA_ASSIGN_OR_RETURN(worker::kv::CachePolicyConfig c, CachePolicyFromFlags(args));
+  const worker::kv::CachePolicyRow& row = worker::kv::CachePolicyOf(c.kind);
   v1::CachePolicy p;
-  switch (c.kind) {
-    case worker::kv::CachePolicyKind::kFull:
-      p.set_kind(v1::CachePolicy::KIND_FULL);
-      return p;
-    case worker::kv::CachePolicyKind::kWindow:
-      p.set_kind(v1::CachePolicy::KIND_WINDOW);
-      break;
-    case worker::kv::CachePolicyKind::kH2O:
-      p.set_kind(v1::CachePolicy::KIND_H2O);
-      if (c.heavy_tokens >= 0) {
-        p.set_heavy_tokens(static_cast<uint32_t>(c.heavy_tokens));
-      } else {
-        p.set_heavy_ratio(c.heavy_ratio);
-      }
-      break;
+  p.set_kind(row.api);
+  if (!row.bounded) return p;
+  if (row.heavy_hitters) {
+    if (c.heavy_tokens >= 0) {
+      p.set_heavy_tokens(static_cast<uint32_t>(c.heavy_tokens));
+    } else {
+      p.set_heavy_ratio(c.heavy_ratio);
+    }
   }
   if (c.recent_tokens >= 0) {
     if (c.recent_tokens < 1) return InvalidArgument("--recent-tokens must be >= 1");

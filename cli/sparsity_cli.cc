@@ -2,8 +2,25 @@
 
 #include <string>
 
+#include "common/enum_table.h"
+
 namespace deja::cli {
 namespace {
+
+using PredictorThread = worker::model::SparsityOptions::PredictorThread;
+
+// --async-predictors: where the predictors run.
+struct PredictorThreadRow {
+  const char* name;
+  const char* help;
+  PredictorThread thread;
+};
+const PredictorThreadRow kPredictorThreads[] = {
+    {"on", "on their own thread", PredictorThread::kOwnThread},
+    {"off", "inline on the forward thread", PredictorThread::kInline},
+    {"auto", "on their own thread only when a core is left free by the model's threads",
+     PredictorThread::kAuto},
+};
 
 StatusOr<float> Fraction(const Args& args, const char* name, bool allow_zero) {
   DEJA_ASSIGN_OR_RETURN(double v, args.Double(name));
@@ -36,10 +53,10 @@ void AddSparsityRunFlags(Args& args) {
       .Flag("dense-fallback", "batched decode runs a block dense above this union fraction", "0.8")
       .Flag("selection-groups",
             "top-k within this many unit groups (a multiple of the ranks; 0 = one per rank)", "0")
-      .Flag("async-predictors",
-            "predictors on their own thread (on), inline on the forward thread (off), or on "
-            "their own thread only when a core is left free by the model's threads (auto)",
-            "auto");
+      .Flag("async-predictors", "where the predictors run: " + RowsHelp(kPredictorThreads),
+            FindRow(kPredictorThreads, &PredictorThreadRow::thread,
+                    worker::model::SparsityOptions().predictor_thread)
+                ->name);
 }
 
 StatusOr<std::optional<worker::model::SparsityOptions>> SparsityRunOptions(const Args& args) {
@@ -64,17 +81,10 @@ StatusOr<std::optional<worker::model::SparsityOptions>> SparsityRunOptions(const
   DEJA_ASSIGN_OR_RETURN(int64_t groups, args.Int("selection-groups"));
   if (groups < 0 || groups > 4096) return InvalidArgument("--selection-groups must be >= 0");
   o.selection_groups = static_cast<int32_t>(groups);
-  const std::string async = args.Str("async-predictors");
-  using PredictorThread = worker::model::SparsityOptions::PredictorThread;
-  if (async == "on") {
-    o.predictor_thread = PredictorThread::kOwnThread;
-  } else if (async == "off") {
-    o.predictor_thread = PredictorThread::kInline;
-  } else if (async == "auto") {
-    o.predictor_thread = PredictorThread::kAuto;
-  } else {
-    return InvalidArgument("--async-predictors must be on, off or auto");
-  }
+  DEJA_ASSIGN_OR_RETURN(
+      const PredictorThreadRow* where,
+      ParseRow(kPredictorThreads, args.Str("async-predictors"), "--async-predictors"));
+  o.predictor_thread = where->thread;
   return std::optional<worker::model::SparsityOptions>(o);
 }
 

@@ -1,15 +1,31 @@
 #include "common/dtype.h"
 
+#include "common/dtype_table.h"
+#include "common/enum_table.h"
+
 namespace deja {
+namespace {
+
+constexpr DTypeRow kDTypes[] = {
+    {DType::kF32, "f32", "F32", true},
+    {DType::kF16, "f16", "F16", true},
+    {DType::kBF16, "bf16", "BF16", true},
+    {DType::kI32, "i32", "I32", false},
+};
+
+}  // namespace
+
+std::span<const DTypeRow> DTypeTable() { return kDTypes; }
+
+const DTypeRow& DTypeOf(DType dtype) {
+  const DTypeRow* row = FindRow(kDTypes, &DTypeRow::dtype, dtype);
+  CHECK(row != nullptr) << "dtype " << static_cast<int>(dtype) << " has no row";
+  return *row;
+}
 
 const char* DTypeName(DType t) {
-  switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kI32: return "i32";
-  }
-  return "?";
+  const DTypeRow* row = FindRow(kDTypes, &DTypeRow::dtype, t);
+  return row != nullptr ? row->name : "?";
 }
 
 float HalfToFloat(uint16_t h) {

@@ -14,6 +14,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/dtype_table.h"
+#include "common/enum_table.h"
+
 namespace deja {
 namespace {
 
@@ -65,12 +68,17 @@ StatusOr<json> ParseJsonStrict(std::string_view text, const std::string& file) {
   return value;
 }
 
-StatusOr<DType> ParseDType(const std::string& s, const std::string& file, const std::string& name) {
-  if (s == "F32") return DType::kF32;
-  if (s == "F16") return DType::kF16;
-  if (s == "BF16") return DType::kBF16;
+// The dtype a checkpoint spells `s`; InvalidArgument listing those a checkpoint may hold.
+StatusOr<DType> ParseSafetensorsDType(const std::string& s, const std::string& file,
+                                      const std::string& name) {
+  std::vector<std::string> supported;
+  for (const DTypeRow& row : DTypeTable()) {
+    if (!row.in_checkpoints) continue;
+    if (s == row.safetensors) return row.dtype;
+    supported.emplace_back(row.safetensors);
+  }
   return InvalidArgument(file + ": tensor " + Quote(name) + " has dtype " + Quote(s) +
-                         "; supported: F32, F16, BF16");
+                         "; supported: " + OneOf(supported));
 }
 
 // One header entry, checked against a data section of `data_size` bytes.
@@ -100,7 +108,8 @@ StatusOr<Entry> ParseEntry(const std::string& file, const std::string& name, con
   Entry out;
   out.info.name = name;
   out.info.file = file;
-  DEJA_ASSIGN_OR_RETURN(out.info.dtype, ParseDType(dtype_it->get<std::string>(), file, name));
+  DEJA_ASSIGN_OR_RETURN(out.info.dtype,
+                        ParseSafetensorsDType(dtype_it->get<std::string>(), file, name));
 
   if (shape_it->size() > out.info.shape.dims.size()) {
     return InvalidArgument(where + ": rank " + std::to_string(shape_it->size()) +
@@ -153,19 +162,7 @@ bool FileExists(const std::string& path) {
 
 }  // namespace
 
-const char* SafetensorsDTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "F32";
-    case DType::kF16:
-      return "F16";
-    case DType::kBF16:
-      return "BF16";
-    case DType::kI32:
-      return "I32";
-  }
-  return "?";
-}
+const char* SafetensorsDTypeName(DType dtype) { return DTypeOf(dtype).safetensors; }
 
 StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::OpenFile(const std::string& path) {
   std::unique_ptr<Checkpoint> ckpt(new Checkpoint());
@@ -361,7 +358,7 @@ Status WriteSafetensors(const std::string& path,
     if (!seen.insert(name).second) {
       return InvalidArgument(path + ": duplicate tensor " + Quote(name));
     }
-    if (view.dtype != DType::kF32 && view.dtype != DType::kF16 && view.dtype != DType::kBF16) {
+    if (!DTypeOf(view.dtype).in_checkpoints) {
       return InvalidArgument(path + ": tensor " + Quote(name) + " has unsupported dtype " +
                              DTypeName(view.dtype));
     }

@@ -100,8 +100,6 @@ class CoordinatorMetrics {
   std::vector<std::unique_ptr<Rank>> ranks_;
 };
 
-// "OK", "INVALID_ARGUMENT", ... for metric labels.
-std::string CodeLabel(int grpc_code);
 // "length", "eos", ... ("" for unspecified).
 std::string FinishReasonLabel(v1::FinishReason reason);
 

@@ -133,7 +133,7 @@ void Request::Fail(const Status& status, Clock::time_point now) {
   if (done_) return;
   done_ = true;
   sink_->OnError(status);
-  Record(CodeLabel(static_cast<int>(status.code())), v1::FINISH_REASON_UNSPECIFIED, now);
+  Record(StatusCodeName(status.code()), v1::FINISH_REASON_UNSPECIFIED, now);
 }
 
 void Request::AddToken(const v1::SequenceResult& result, v1::GenerateStreamResponse* message) {

@@ -5,9 +5,15 @@
 #include <cstdio>
 #include <optional>
 
+#include "common/enum_table.h"
 #include "common/utf8.h"
+#include "coordinator/sparsity_mode.h"
+#include "worker/kv/policy_table.h"
 
 namespace deja::coordinator {
+
+namespace kv = worker::kv;
+
 namespace {
 
 std::string Num(double v) {
@@ -51,6 +57,17 @@ uint32_t RatioTokens(float ratio, size_t prompt_tokens) {
   return static_cast<uint32_t>(std::ceil(static_cast<double>(ratio) * prompt_tokens - 1e-4));
 }
 
+// A heavy-hitter budget in `f` for a bounded kind without heavy hitters (window) is refused;
+// full ignores every budget.
+Status CheckHeavyBudget(const v1::CachePolicy& f, const kv::CachePolicyRow& row,
+                        const std::string& prefix) {
+  if (!row.bounded || row.heavy_hitters || !(f.has_heavy_ratio() || f.has_heavy_tokens())) {
+    return Status::Ok();
+  }
+  return Invalid(prefix + (f.has_heavy_ratio() ? "heavy_ratio" : "heavy_tokens"),
+                 "is not allowed with " + v1::CachePolicy::Kind_Name(row.api));
+}
+
 // Range and exclusivity rules of a policy's budget fields; `prefix` names where they came from.
 Status CheckCacheFields(const v1::CachePolicy& f, const std::string& prefix) {
   if (f.has_heavy_ratio() && f.has_heavy_tokens()) {
@@ -69,9 +86,9 @@ Status CheckCacheFields(const v1::CachePolicy& f, const std::string& prefix) {
   if (f.has_recent_tokens() && f.recent_tokens() < 1) {
     return Invalid(prefix + "recent_tokens", "must be >= 1, got 0");
   }
-  if (f.kind() == v1::CachePolicy::KIND_WINDOW && (f.has_heavy_ratio() || f.has_heavy_tokens())) {
-    return Invalid(prefix + (f.has_heavy_ratio() ? "heavy_ratio" : "heavy_tokens"),
-                   "is not allowed with KIND_WINDOW");
+  if (const kv::CachePolicyRow* row = FindRow(kv::CachePolicyTable(), &kv::CachePolicyRow::api,
+                                               f.kind())) {
+    DEJA_RETURN_IF_ERROR(CheckHeavyBudget(f, *row, prefix));
   }
   return Status::Ok();
 }
@@ -90,16 +107,18 @@ std::optional<uint32_t> BudgetOf(const v1::CachePolicy& c, bool heavy, size_t pr
 Status ResolveCache(const v1::CachePolicy& requested, const v1::CachePolicy& server_default,
                     size_t prompt_tokens, v1::WorkerCachePolicy* out) {
   DEJA_RETURN_IF_ERROR(CheckCacheFields(requested, "cache."));
+  // KIND_UNSPECIFIED takes the server default's kind; a server without one serves full.
   const bool unspecified = requested.kind() == v1::CachePolicy::KIND_UNSPECIFIED;
-  const v1::CachePolicy::Kind kind = unspecified ? server_default.kind() : requested.kind();
-  if (kind == v1::CachePolicy::KIND_WINDOW &&
-      (requested.has_heavy_ratio() || requested.has_heavy_tokens())) {
-    return Invalid(requested.has_heavy_ratio() ? "cache.heavy_ratio" : "cache.heavy_tokens",
-                   "is not allowed with KIND_WINDOW");
-  }
+  const v1::CachePolicy::Kind api = unspecified ? server_default.kind() : requested.kind();
+  DEJA_ASSIGN_OR_RETURN(
+      const kv::CachePolicyKind kind,
+      kv::FromProto(api == v1::CachePolicy::KIND_UNSPECIFIED ? v1::CachePolicy::KIND_FULL : api,
+                    "cache.kind"));
+  const kv::CachePolicyRow& row = kv::CachePolicyOf(kind);
+  DEJA_RETURN_IF_ERROR(CheckHeavyBudget(requested, row, "cache."));
   // Each budget: the request's own field, else the server default's when the request asks for
   // the default's kind (or leaves the kind to it), else 10% of the prompt.
-  const bool default_budgets = kind == server_default.kind();
+  const bool default_budgets = api == server_default.kind();
   auto budget = [&](bool heavy) -> uint32_t {
     if (std::optional<uint32_t> b = BudgetOf(requested, heavy, prompt_tokens)) return *b;
     if (default_budgets) {
@@ -107,38 +126,18 @@ Status ResolveCache(const v1::CachePolicy& requested, const v1::CachePolicy& ser
     }
     return RatioTokens(0.1f, prompt_tokens);
   };
-  switch (kind) {
-    case v1::CachePolicy::KIND_FULL:
-    case v1::CachePolicy::KIND_UNSPECIFIED:
-      out->set_kind(v1::WorkerCachePolicy::KIND_FULL);
-      return Status::Ok();
-    case v1::CachePolicy::KIND_WINDOW:
-      out->set_kind(v1::WorkerCachePolicy::KIND_WINDOW);
-      break;
-    case v1::CachePolicy::KIND_H2O:
-      out->set_kind(v1::WorkerCachePolicy::KIND_H2O);
-      out->set_heavy_tokens(budget(/*heavy=*/true));
-      break;
-    default:
-      return Invalid("cache.kind", "is not a known kind: " + std::to_string(kind));
-  }
-  const uint32_t recent = budget(/*heavy=*/false);
-  out->set_recent_tokens(std::max<uint32_t>(recent, 1));
+  out->set_kind(row.wire);
+  if (!row.bounded) return Status::Ok();
+  if (row.heavy_hitters) out->set_heavy_tokens(budget(/*heavy=*/true));
+  out->set_recent_tokens(std::max<uint32_t>(budget(/*heavy=*/false), 1));
   return Status::Ok();
 }
 
 }  // namespace
 
 Status ValidateDefaultCachePolicy(const v1::CachePolicy& policy) {
-  switch (policy.kind()) {
-    case v1::CachePolicy::KIND_UNSPECIFIED:
-    case v1::CachePolicy::KIND_FULL:
-    case v1::CachePolicy::KIND_WINDOW:
-    case v1::CachePolicy::KIND_H2O:
-      break;
-    default:
-      return Invalid("default cache policy kind",
-                     "is not a known kind: " + std::to_string(policy.kind()));
+  if (policy.kind() != v1::CachePolicy::KIND_UNSPECIFIED) {
+    DEJA_RETURN_IF_ERROR(kv::FromProto(policy.kind(), "default cache policy kind").status());
   }
   return CheckCacheFields(policy, "default cache policy ");
 }
@@ -147,9 +146,12 @@ namespace {
 
 Status ResolveSparsity(const v1::Sparsity& s, const ModelLimits& limits,
                        v1::SequenceConfig* config) {
+  DEJA_ASSIGN_OR_RETURN(const std::optional<bool> mode,
+                        SparsityFromProto(s.mode(), "sparsity.mode"));
   if (s.has_schedule()) {
-    if (s.mode() == v1::Sparsity::MODE_OFF) {
-      return Invalid("sparsity.schedule", "cannot be set with MODE_OFF");
+    if (mode.has_value() && !*mode) {
+      return Invalid("sparsity.schedule",
+                     "cannot be set with " + v1::Sparsity::Mode_Name(s.mode()));
     }
     bool known = false;
     for (const std::string& name : limits.sparsity_schedules) known |= name == s.schedule();
@@ -158,9 +160,9 @@ Status ResolveSparsity(const v1::Sparsity& s, const ModelLimits& limits,
                                               "server loaded (see ModelInfo.sparsity_schedules)");
     }
   }
-  const bool on = s.mode() == v1::Sparsity::MODE_ON || s.has_schedule() ||
-                  (s.mode() == v1::Sparsity::MODE_UNSPECIFIED && limits.sparsity_available &&
-                   limits.sparsity_default);
+  // Unspecified: a schedule asks for sparsity, else the server's default decides.
+  const bool on = mode.value_or(s.has_schedule() ||
+                                (limits.sparsity_available && limits.sparsity_default));
   if (on && !limits.sparsity_available) {
     return FailedPrecondition("sparsity.mode: MODE_ON needs predictors, and this server has none");
   }
@@ -261,6 +263,12 @@ Status ResolveStopping(const v1::StoppingCriteria& s, const ModelLimits& limits,
 }
 
 }  // namespace
+
+bool ResolvedRequest::BoundedCache() const {
+  const kv::CachePolicyRow* row =
+      FindRow(kv::CachePolicyTable(), &kv::CachePolicyRow::wire, config.cache().kind());
+  return row != nullptr && row->bounded;
+}
 
 Status ValidateRequestId(const std::string& id) {
   if (id.empty() || id.size() > kMaxRequestIdBytes) {

@@ -65,7 +65,7 @@ struct ResolvedRequest {
   // than the full cache.
   int64_t ReservedPositions() const {
     const int64_t full = static_cast<int64_t>(prompt.size()) + max_new_tokens;
-    if (config.cache().kind() == v1::WorkerCachePolicy::KIND_FULL) return full;
+    if (!BoundedCache()) return full;
     const int64_t budget =
         static_cast<int64_t>(config.cache().heavy_tokens()) + config.cache().recent_tokens();
     return std::min(full, budget + std::max<int64_t>(1, static_cast<int64_t>(prompt.size())));
@@ -74,11 +74,13 @@ struct ResolvedRequest {
   // slots per head (worker/service/step_engine.cc ShrinkAfterPrefill); full keeps its reservation.
   int64_t PositionsAfterPrefill() const {
     const int64_t reserved = ReservedPositions();
-    if (config.cache().kind() == v1::WorkerCachePolicy::KIND_FULL) return reserved;
+    if (!BoundedCache()) return reserved;
     const int64_t budget =
         static_cast<int64_t>(config.cache().heavy_tokens()) + config.cache().recent_tokens();
     return std::min(reserved, budget + 1);
   }
+  // Whether the cache policy evicts (its row in worker/kv/policy_table.h is bounded).
+  bool BoundedCache() const;
 };
 
 // The server's default cache policy (`deja serve --kv-policy ...`): a known kind and budget

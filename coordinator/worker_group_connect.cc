@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "coordinator/sparsity_mode.h"
 #include "coordinator/worker_group_internal.h"
 
 namespace deja::coordinator {
@@ -89,7 +90,7 @@ void WorkerGroup::TryConnect() {
   sparsity_default &= sparsity_available;
   if (sparsity_available) {
     LOG(INFO) << "worker group epoch " << epoch << ": Deja Vu sparsity available, default "
-              << (sparsity_default ? "on" : "off");
+              << SparsityName(sparsity_default);
   }
   for (auto& link : conn->links) {
     link->stream = link->stub->Step(&link->context);

@@ -2,12 +2,16 @@
 // sparsity without predictors) naming the field; valid requests resolve every default.
 #include "coordinator/validation.h"
 
+#include <google/protobuf/descriptor.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <functional>
+#include <set>
 
+#include "coordinator/sparsity_mode.h"
 #include "coordinator_test_util.h"
+#include "worker/kv/policy_table.h"
 
 namespace deja::coordinator {
 namespace {
@@ -146,6 +150,12 @@ TEST_F(ValidationTest, EveryRuleNamesItsField) {
        StatusCode::kFailedPrecondition, "sparsity.mode"},
       {"unknown sparsity schedule", [](auto* r) { r->mutable_sparsity()->set_schedule("fast"); },
        StatusCode::kInvalidArgument, "sparsity.schedule"},
+      {"unknown sparsity mode",
+       [](auto* r) { r->mutable_sparsity()->set_mode(static_cast<v1::Sparsity::Mode>(7)); },
+       StatusCode::kInvalidArgument, "sparsity.mode"},
+      {"unknown cache kind",
+       [](auto* r) { r->mutable_cache()->set_kind(static_cast<v1::CachePolicy::Kind>(9)); },
+       StatusCode::kInvalidArgument, "cache.kind"},
   };
   for (const Rule& rule : rules) {
     v1::GenerateRequest r = Text("Hello there");
@@ -366,6 +376,71 @@ TEST_F(ValidationTest, SparsityModeAndServerDefault) {
   limits_.sparsity_available = false;
   limits_.sparsity_default = true;
   EXPECT_FALSE(sparse(v1::Sparsity::MODE_UNSPECIFIED, nullptr));
+}
+
+// An unknown kind names the field and the kinds the table has.
+TEST_F(ValidationTest, UnknownCacheKindsListTheKnownOnes) {
+  v1::GenerateRequest req = Text("x");
+  req.mutable_cache()->set_kind(static_cast<v1::CachePolicy::Kind>(9));
+  Status s = Resolve(req).status();
+  EXPECT_EQ(s.message(), "cache.kind must be KIND_FULL, KIND_WINDOW or KIND_H2O, got 9");
+  v1::CachePolicy c;
+  c.set_kind(static_cast<v1::CachePolicy::Kind>(9));
+  s = ValidateDefaultCachePolicy(c);
+  EXPECT_EQ(s.message(),
+            "default cache policy kind must be KIND_FULL, KIND_WINDOW or KIND_H2O, got 9");
+  // Every kind of the table resolves to its worker value.
+  for (const worker::kv::CachePolicyRow& row : worker::kv::CachePolicyTable()) {
+    req.mutable_cache()->set_kind(row.api);
+    StatusOr<ResolvedRequest> r = Resolve(req);
+    ASSERT_TRUE(r.ok()) << row.name << ": " << r.status().ToString();
+    EXPECT_EQ(r->config.cache().kind(), row.wire) << row.name;
+    EXPECT_EQ(r->BoundedCache(), row.bounded) << row.name;
+    EXPECT_EQ(r->config.cache().heavy_tokens() > 0, row.heavy_hitters) << row.name;
+  }
+}
+
+// The sparsity mode table: every row round-trips between its name, its meaning and its proto
+// value, unknown names and values are refused with the accepted ones listed, and every value of
+// Sparsity.Mode has a row.
+TEST(SparsityModeTest, EveryRowRoundTrips) {
+  std::set<std::string> names;
+  for (const SparsityModeRow& row : SparsityModeTable()) {
+    SCOPED_TRACE(v1::Sparsity::Mode_Name(row.mode));
+    StatusOr<std::optional<bool>> on = SparsityFromProto(row.mode, "sparsity.mode");
+    ASSERT_TRUE(on.ok()) << on.status().ToString();
+    EXPECT_EQ(*on, row.on);
+    EXPECT_EQ(SparsityToProto(row.on), row.mode);
+    if (std::string(row.name).empty()) {
+      EXPECT_FALSE(row.on.has_value());  // only "the server's default" has no spelling
+      continue;
+    }
+    EXPECT_TRUE(names.insert(row.name).second);
+    ASSERT_TRUE(row.on.has_value());
+    EXPECT_STREQ(SparsityName(*row.on), row.name);
+    StatusOr<bool> parsed = ParseSparsity(row.name, "--sparsity");
+    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+    EXPECT_EQ(*parsed, *row.on);
+  }
+}
+
+TEST(SparsityModeTest, EveryProtoValueHasARow) {
+  const google::protobuf::EnumDescriptor* d = v1::Sparsity::Mode_descriptor();
+  for (int i = 0; i < d->value_count(); ++i) {
+    const auto mode = static_cast<v1::Sparsity::Mode>(d->value(i)->number());
+    EXPECT_TRUE(SparsityFromProto(mode, "sparsity.mode").ok()) << d->value(i)->name();
+  }
+  EXPECT_EQ(static_cast<int>(SparsityModeTable().size()), d->value_count());
+}
+
+TEST(SparsityModeTest, UnknownNamesAndValuesListTheAcceptedOnes) {
+  Status s = ParseSparsity("yes", "--sparsity-default").status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "--sparsity-default must be on or off, got 'yes'");
+  EXPECT_FALSE(ParseSparsity("", "--sparsity").ok());
+  s = SparsityFromProto(static_cast<v1::Sparsity::Mode>(7), "sparsity.mode").status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "sparsity.mode must be MODE_UNSPECIFIED, MODE_ON or MODE_OFF, got 7");
 }
 
 TEST(RequestIdTest, Charset) {

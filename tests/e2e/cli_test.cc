@@ -139,9 +139,21 @@ TEST(CliTest, BadFlagsNameTheFlag) {
                      "--max-new-tokens");
   ExpectCleanFailure(RunDeja("generate --prompt hi"), "--model");
   ExpectCleanFailure(RunDeja("frobnicate"), "unknown command");
-  ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi --dtype f8"), "--dtype");
+  ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi --dtype f8"),
+                     "--dtype must be checkpoint or bf16, got 'f8'");
   ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --dtype half"), "--dtype");
-  ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi --kv-dtype bf16"), "--kv-dtype");
+  ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi --kv-dtype bf16"),
+                     "--kv-dtype must be f32 or f16, got 'bf16'");
+  // Enumerated flags list the accepted values from their tables.
+  ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --kv-policy lru"),
+                     "--kv-policy must be full, window or h2o, got 'lru'");
+  ExpectCleanFailure(RunDeja("generate --model " + Mini() +
+                             " --prompt hi --sparsity-oracle 0.5 --async-predictors maybe"),
+                     "--async-predictors must be on, off or auto, got 'maybe'");
+  ExpectCleanFailure(RunDeja("client generate --prompt hi --sparsity maybe"),
+                     "--sparsity must be on or off, got 'maybe'");
+  ExpectCleanFailure(RunDeja("client generate --prompt hi --kv-policy lru"),
+                     "--kv-policy must be full, window or h2o, got 'lru'");
   ExpectCleanFailure(RunDeja("ppl --model " + Mini() + " --text /nonexistent.txt"),
                      "/nonexistent.txt");
 }

@@ -1,24 +1,11 @@
 #include "worker/kv/eviction_policy.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "worker/kv/policy_table.h"
+
 namespace deja::worker::kv {
-
-const char* CachePolicyConfig::KindName(CachePolicyKind kind) {
-  switch (kind) {
-    case CachePolicyKind::kFull: return "full";
-    case CachePolicyKind::kWindow: return "window";
-    case CachePolicyKind::kH2O: return "h2o";
-  }
-  return "?";
-}
-
-StatusOr<CachePolicyKind> CachePolicyConfig::ParseKind(const std::string& name) {
-  if (name == "full") return CachePolicyKind::kFull;
-  if (name == "window") return CachePolicyKind::kWindow;
-  if (name == "h2o") return CachePolicyKind::kH2O;
-  return InvalidArgument("cache policy must be one of full, window, h2o; got '" + name + "'");
-}
 
 Status CachePolicyConfig::Validate() const {
   if (!(heavy_ratio >= 0.f && heavy_ratio <= 1.f)) {
@@ -27,7 +14,7 @@ Status CachePolicyConfig::Validate() const {
   if (!(recent_ratio >= 0.f && recent_ratio <= 1.f)) {
     return InvalidArgument("recent_ratio must be in [0, 1]");
   }
-  if (kind == CachePolicyKind::kFull) return Status::Ok();
+  if (!CachePolicyOf(kind).bounded) return Status::Ok();
   const bool absolute = heavy_tokens >= 0 || recent_tokens >= 0;
   if (absolute && (heavy_tokens < 0 || recent_tokens < 0)) {
     return InvalidArgument("heavy_tokens and recent_tokens must be given together");
@@ -44,7 +31,6 @@ Status CachePolicyConfig::Validate() const {
 StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(const CachePolicyConfig& c,
                                                              int32_t prompt_tokens) {
   DEJA_RETURN_IF_ERROR(c.Validate());
-  if (c.kind == CachePolicyKind::kFull) return MakeFullPolicy();
   int32_t heavy = c.heavy_tokens, recent = c.recent_tokens;
   if (heavy < 0) {
     auto part = [&](float ratio) {
@@ -55,10 +41,7 @@ StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(const CachePolicyCo
     heavy = part(c.heavy_ratio);
     recent = part(c.recent_ratio);
   }
-  // The window baseline gets the same total budget, all of it recent.
-  if (c.kind == CachePolicyKind::kWindow) return MakeWindowPolicy(heavy + recent);
-  if (recent == 0) recent = 1;  // the token being decoded always stays
-  return MakeH2OPolicy(heavy, recent, c.h2o_mean_score);
+  return CachePolicyOf(c.kind).make(heavy, recent, c);
 }
 
 }  // namespace deja::worker::kv

@@ -1,7 +1,8 @@
 // KV-cache eviction policies (docs/architecture.md#kv-cache). A policy only plans: given one head's slot table
 // (slot -> position, accumulated attention score) it names the slots to evict; SequenceKv
 // applies the plan. Policies: `full` (never evicts), `window` (keeps the most recent tokens),
-// `h2o` (keeps the most recent tokens plus the highest-scoring "heavy hitters").
+// `h2o` (keeps the most recent tokens plus the highest-scoring "heavy hitters"). Their names,
+// proto values and factories are in one table, policy_table.h.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 
 namespace deja::worker::kv {
 
+// One row per kind in policy_table.cc.
 enum class CachePolicyKind { kFull, kWindow, kH2O };
 
 // How a request asks for its cache policy. Budgets are per head and fixed when the sequence
@@ -31,9 +33,6 @@ struct CachePolicyConfig {
 
   // InvalidArgument naming the field.
   Status Validate() const;
-  // "full", "window" or "h2o"; parsing is the inverse (InvalidArgument otherwise).
-  static const char* KindName(CachePolicyKind kind);
-  static StatusOr<CachePolicyKind> ParseKind(const std::string& name);
 };
 
 // One head's cache as the policy sees it.
@@ -57,7 +56,7 @@ class EvictionPolicy {
 };
 
 // Resolves ratios against `prompt_tokens` (each part at least 1 token when its ratio is > 0)
-// and builds the policy.
+// and builds the policy through its row of the table.
 StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(const CachePolicyConfig& config,
                                                              int32_t prompt_tokens);
 

@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "worker/comm/timed_communicator.h"
+#include "worker/kv/policy_table.h"
 
 namespace deja::worker::service {
 namespace {
@@ -67,19 +68,14 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
   }
   if (!w.has_config()) return InvalidArgument(Seq(id) + "config must be set with start_position 0");
   const deja::v1::SequenceConfig& c = w.config();
-  switch (c.cache().kind()) {
-    case deja::v1::WorkerCachePolicy::KIND_WINDOW:
-      p->cache.kind = kv::CachePolicyKind::kWindow;
-      p->cache.heavy_tokens = 0;
-      p->cache.recent_tokens = static_cast<int32_t>(c.cache().recent_tokens());
-      break;
-    case deja::v1::WorkerCachePolicy::KIND_H2O:
-      p->cache.kind = kv::CachePolicyKind::kH2O;
-      p->cache.heavy_tokens = static_cast<int32_t>(c.cache().heavy_tokens());
-      p->cache.recent_tokens = static_cast<int32_t>(c.cache().recent_tokens());
-      break;
-    default:
-      break;
+  StatusOr<kv::CachePolicyKind> kind = kv::FromProto(c.cache().kind(), "config.cache.kind");
+  if (!kind.ok()) return InvalidArgument(Seq(id) + kind.status().message());
+  p->cache.kind = *kind;
+  const kv::CachePolicyRow& policy_row = kv::CachePolicyOf(*kind);
+  if (policy_row.bounded) {
+    p->cache.heavy_tokens =
+        policy_row.heavy_hitters ? static_cast<int32_t>(c.cache().heavy_tokens()) : 0;
+    p->cache.recent_tokens = static_cast<int32_t>(c.cache().recent_tokens());
   }
   if (Status v = p->cache.Validate(); !v.ok()) {
     return InvalidArgument(Seq(id) + "config.cache: " + v.message());
@@ -111,7 +107,7 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
   // A bounded policy holds its budget plus at most one prompt's worth of chunk while
   // prefilling, then shrinks to budget + 1 (see Commit).
   int64_t capacity = max_tokens;
-  if (p->cache.kind != kv::CachePolicyKind::kFull) {
+  if (policy_row.bounded) {
     auto policy = kv::MakeEvictionPolicy(p->cache, static_cast<int32_t>(c.prompt_tokens()));
     if (!policy.ok()) return InvalidArgument(Seq(id) + "config.cache: " + policy.status().message());
     capacity = std::min<int64_t>(max_tokens, (*policy)->budget() + std::max<int64_t>(1, c.prompt_tokens()));
