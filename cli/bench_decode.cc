@@ -1,23 +1,23 @@
 // `deja bench decode`: prefill tokens/s, decode latency at several batch sizes, the measured
 // memory read bandwidth, and batch-1 decode as a fraction of the bandwidth floor (weight bytes
 // read per token / bandwidth), all from one run.
+#include <cblas.h>
+
 #include <algorithm>
-#include <functional>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <vector>
 
-#include <cblas.h>
-#include <nlohmann/json.hpp>
-
 #include "cli/commands.h"
 #include "cli/common_flags.h"
-#include "kernels/cpu/bf16_dot.h"
 #include "cli/sparsity_cli.h"
 #include "common/thread_pool.h"
 #include "kernels/cpu/bandwidth.h"
+#include "kernels/cpu/bf16_dot.h"
 
 namespace deja::cli {
 namespace {
@@ -45,7 +45,8 @@ StatusOr<std::vector<int64_t>> ParseList(const std::string& s) {
 
 // Best-of-`reps` seconds for one prefill of `n` random tokens.
 StatusOr<double> TimePrefill(worker::model::Model& model, int32_t n, int reps, std::mt19937& rng) {
-  std::uniform_int_distribution<int32_t> tok(4, static_cast<int32_t>(model.config().vocab_size) - 1);
+  std::uniform_int_distribution<int32_t> tok(4,
+                                             static_cast<int32_t>(model.config().vocab_size) - 1);
   std::vector<int32_t> ids(n);
   for (int32_t& t : ids) t = tok(rng);
   double best = 1e30;
@@ -60,20 +61,19 @@ StatusOr<double> TimePrefill(worker::model::Model& model, int32_t n, int reps, s
 }
 
 struct DecodeTiming {
-  double step_s = 0;         // median seconds per step
-  double predictor_s = 0;    // median predictor-thread seconds per step
+  double step_s = 0;                              // median seconds per step
+  double predictor_s = 0;                         // median predictor-thread seconds per step
   double head_fraction = 1, neuron_fraction = 1;  // means over the timed steps
 };
 
 // `batch` sequences decoding together; with `compare_sparse`, a second set of `batch`
 // sequences decodes under Deja Vu sparsity, its steps alternating with the dense ones so both
 // see the same machine (shared hosts drift by tens of percent within a minute).
-StatusOr<std::pair<DecodeTiming, DecodeTiming>> TimeDecode(worker::model::Model& model,
-                                                           int32_t batch, int32_t prompt,
-                                                           int32_t steps, bool compare_sparse,
-                                                           std::mt19937& rng,
-                                                           const std::function<void()>& between = {}) {
-  std::uniform_int_distribution<int32_t> tok(4, static_cast<int32_t>(model.config().vocab_size) - 1);
+StatusOr<std::pair<DecodeTiming, DecodeTiming>> TimeDecode(
+    worker::model::Model& model, int32_t batch, int32_t prompt, int32_t steps, bool compare_sparse,
+    std::mt19937& rng, const std::function<void()>& between = {}) {
+  std::uniform_int_distribution<int32_t> tok(4,
+                                             static_cast<int32_t>(model.config().vocab_size) - 1);
   const int sets = compare_sparse ? 2 : 1;
   std::vector<std::unique_ptr<worker::kv::SequenceKv>> kvs;
   std::vector<std::vector<int32_t>> ids(batch * sets);
@@ -177,8 +177,8 @@ int RunBenchDecode(int argc, char** argv, int first) {
       j["peak_bf16_dot_gflop_per_s"] = peak_flops / 1e9;
       j["compute_peak"] = "bf16_dot";
     }
-    const double weights = static_cast<double>(m.model->weight_bytes()) /
-                           DTypeSize(m.model->weight_dtype());
+    const double weights =
+        static_cast<double>(m.model->weight_bytes()) / DTypeSize(m.model->weight_dtype());
     DEJA_ASSIGN_OR_RETURN(double prefill_s,
                           TimePrefill(*m.model, static_cast<int32_t>(prefill_tokens), 3, rng));
     j["prefill_tokens"] = prefill_tokens;
@@ -195,10 +195,9 @@ int RunBenchDecode(int argc, char** argv, int first) {
       }
       std::function<void()> between;
       if (b == 1) between = [&] { batch1_bw.push_back(probe.Measure(1)); };
-      DEJA_ASSIGN_OR_RETURN(auto timing, TimeDecode(*m.model, static_cast<int32_t>(b),
-                                                    static_cast<int32_t>(prompt),
-                                                    static_cast<int32_t>(steps),
-                                                    sparsity.has_value(), rng, between));
+      DEJA_ASSIGN_OR_RETURN(
+          auto timing, TimeDecode(*m.model, static_cast<int32_t>(b), static_cast<int32_t>(prompt),
+                                  static_cast<int32_t>(steps), sparsity.has_value(), rng, between));
       const DecodeTiming& dense = timing.first;
       nlohmann::json d;
       d["batch"] = b;

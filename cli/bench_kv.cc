@@ -3,9 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <random>
-
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "cli/commands.h"
 #include "cli/common_flags.h"
@@ -31,33 +30,36 @@ int RunBenchKv(int argc, char** argv, int first) {
     DEJA_ASSIGN_OR_RETURN(int64_t prompt, args.Int("prompt-tokens"));
     DEJA_ASSIGN_OR_RETURN(int64_t steps, args.Int("decode-steps"));
     if (prompt < 1 || prompt + steps > seq_len || mb <= 0) {
-      return InvalidArgument("need 1 <= --prompt-tokens, --prompt-tokens + --decode-steps <= "
-                             "--seq-len and --kv-memory-mb > 0");
+      return InvalidArgument(
+          "need 1 <= --prompt-tokens, --prompt-tokens + --decode-steps <= "
+          "--seq-len and --kv-memory-mb > 0");
     }
     worker::model::Model& model = *m.model;
     // Steady-state bytes per sequence: what the policy keeps after its prefill.
-    DEJA_ASSIGN_OR_RETURN(auto probe, model.NewSequence(static_cast<int32_t>(seq_len), cache,
-                                                        static_cast<int32_t>(prompt),
-                                                        static_cast<int32_t>(prompt)));
+    DEJA_ASSIGN_OR_RETURN(
+        auto probe, model.NewSequence(static_cast<int32_t>(seq_len), cache,
+                                      static_cast<int32_t>(prompt), static_cast<int32_t>(prompt)));
     const int32_t budget = probe->policy().budget();
     const int64_t slots = budget > 0 ? std::min<int64_t>(budget + 1, seq_len) : seq_len;
     const size_t per_seq = model.kv_geometry().SlotBytes() * slots;
     const int64_t fit = static_cast<int64_t>((mb << 20) / per_seq);
     if (fit < 1) return ResourceExhausted("not even one sequence fits in --kv-memory-mb");
     std::mt19937 rng(3);
-    std::uniform_int_distribution<int32_t> tok(4, static_cast<int32_t>(model.config().vocab_size) - 1);
+    std::uniform_int_distribution<int32_t> tok(4,
+                                               static_cast<int32_t>(model.config().vocab_size) - 1);
     std::vector<std::unique_ptr<worker::kv::SequenceKv>> seqs;
     std::vector<std::vector<int32_t>> ids(fit);
     worker::model::StepResult out;
     size_t total_bytes = 0;
     for (int64_t i = 0; i < fit; ++i) {
-      DEJA_ASSIGN_OR_RETURN(auto kv, model.NewSequence(static_cast<int32_t>(seq_len), cache,
-                                                       static_cast<int32_t>(prompt),
-                                                       static_cast<int32_t>(prompt)));
+      DEJA_ASSIGN_OR_RETURN(
+          auto kv, model.NewSequence(static_cast<int32_t>(seq_len), cache,
+                                     static_cast<int32_t>(prompt), static_cast<int32_t>(prompt)));
       ids[i].resize(prompt + steps);
       for (int32_t& t : ids[i]) t = tok(rng);
       ids[i][0] = static_cast<int32_t>(model.config().bos_token_id);
-      DEJA_RETURN_IF_ERROR(model.Forward({{kv.get(), ids[i].data(), (int32_t)prompt, false}}, &out));
+      DEJA_RETURN_IF_ERROR(
+          model.Forward({{kv.get(), ids[i].data(), (int32_t)prompt, false}}, &out));
       if (budget > 0 && budget + 1 < kv->capacity()) DEJA_RETURN_IF_ERROR(kv->Resize(budget + 1));
       total_bytes += kv->bytes();
       seqs.push_back(std::move(kv));

@@ -75,8 +75,8 @@ StatusOr<v1::GenerateRequest> RequestFromFlags(const Args& args) {
   }
   if (args.On("logprobs")) r.mutable_response()->set_logprobs(true);
   if (args.Has("sparsity")) {
-    DEJA_ASSIGN_OR_RETURN(const bool on, coordinator::ParseSparsity(args.Str("sparsity"),
-                                                                    "--sparsity"));
+    DEJA_ASSIGN_OR_RETURN(const bool on,
+                          coordinator::ParseSparsity(args.Str("sparsity"), "--sparsity"));
     r.mutable_sparsity()->set_mode(coordinator::SparsityToProto(on));
   }
   if (args.Has("sparsity-schedule")) {

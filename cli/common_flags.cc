@@ -104,8 +104,7 @@ void AddCachePolicyFlags(Args& args, std::optional<worker::kv::CachePolicyKind> 
 
 StatusOr<worker::kv::CachePolicyConfig> CachePolicyFromFlags(const Args& args) {
   worker::kv::CachePolicyConfig c;
-  DEJA_ASSIGN_OR_RETURN(c.kind,
-                        worker::kv::ParseCachePolicy(args.Str("kv-policy"), "--kv-policy"));
+  DEJA_ASSIGN_OR_RETURN(c.kind, worker::kv::ParseCachePolicy(args.Str("kv-policy"), "--kv-policy"));
   DEJA_ASSIGN_OR_RETURN(double heavy, args.Double("heavy-ratio"));
   DEJA_ASSIGN_OR_RETURN(double recent, args.Double("recent-ratio"));
   c.heavy_ratio = static_cast<float>(heavy);
@@ -185,8 +184,8 @@ StatusOr<LoadedModel> LoadModelFromFlags(const Args& args) {
   DEJA_ASSIGN_OR_RETURN(int64_t threads, args.Int("threads"));
   DEJA_ASSIGN_OR_RETURN(worker::model::LoadOptions load, LoadOptionsFromFlags(args));
   m.backend = kernels::MakeCpuBackend(static_cast<int>(threads));
-  DEJA_ASSIGN_OR_RETURN(m.model,
-                        worker::model::LoadModel(args.Str("model"), m.backend.get(), nullptr, load));
+  DEJA_ASSIGN_OR_RETURN(
+      m.model, worker::model::LoadModel(args.Str("model"), m.backend.get(), nullptr, load));
   return m;
 }
 

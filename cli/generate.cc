@@ -1,6 +1,5 @@
 // `deja generate`: one prompt, generated in this process, streamed to stdout as it is decoded.
 #include <cstdio>
-
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"

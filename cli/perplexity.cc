@@ -2,7 +2,6 @@
 // procedure, see worker/generation.h).
 #include <chrono>
 #include <cstdio>
-
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -53,11 +52,10 @@ int RunPerplexity(int argc, char** argv, int first) {
       }
       cache.h2o_mean_score = score == "mean";
       DEJA_ASSIGN_OR_RETURN(int64_t prompt, args.Int("prompt-tokens"));
-      DEJA_ASSIGN_OR_RETURN(
-          worker::model::PolicyPerplexityResult pr,
-          worker::model::PolicyPerplexity(*m.model, *ids, static_cast<int32_t>(context),
-                                   static_cast<int32_t>(prompt), cache,
-                                   sparsity.has_value()));
+      DEJA_ASSIGN_OR_RETURN(worker::model::PolicyPerplexityResult pr,
+                            worker::model::PolicyPerplexity(
+                                *m.model, *ids, static_cast<int32_t>(context),
+                                static_cast<int32_t>(prompt), cache, sparsity.has_value()));
       r = pr.result;
       j["kv_policy"] = args.Str("kv-policy");
       if (cache.kind == worker::kv::CachePolicyKind::kH2O) j["h2o_score"] = score;
@@ -65,8 +63,9 @@ int RunPerplexity(int argc, char** argv, int first) {
       j["kv_bytes_per_sequence"] = pr.kv_bytes_per_sequence;
       j["evictions"] = pr.evictions;
     } else {
-      DEJA_ASSIGN_OR_RETURN(r, worker::model::Perplexity(*m.model, *ids, static_cast<int32_t>(context),
-                                                 sparsity.has_value()));
+      DEJA_ASSIGN_OR_RETURN(r,
+                            worker::model::Perplexity(*m.model, *ids, static_cast<int32_t>(context),
+                                                      sparsity.has_value()));
     }
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (args.On("json")) {

@@ -1,7 +1,7 @@
 // `deja worker`: one tensor-parallel rank serving deja.v1.Worker for a coordinator
-// (docs/architecture.md#processes). Exits 0 after SIGTERM/SIGINT or the coordinator's shutdown step, non-zero when it
-// cannot start or a collective fails (a dead peer takes the group down; the launcher restarts
-// it).
+// (docs/architecture.md#processes). Exits 0 after SIGTERM/SIGINT or the coordinator's shutdown
+// step, non-zero when it cannot start or a collective fails (a dead peer takes the group down; the
+// launcher restarts it).
 #include <glog/logging.h>
 #include <signal.h>
 #include <unistd.h>

@@ -168,12 +168,14 @@ StatusOr<OptConfig> ParseOptConfig(std::string_view json_text, const std::string
   return c;
 }
 
-StatusOr<OptConfig> LoadOptConfig(const std::string& path) {
+std::string ConfigJsonPath(const std::string& path) {
   std::error_code ec;
-  std::string file = path;
-  if (std::filesystem::is_directory(path, ec)) {
-    file = (std::filesystem::path(path) / "config.json").string();
-  }
+  if (!std::filesystem::is_directory(path, ec)) return path;
+  return (std::filesystem::path(path) / "config.json").string();
+}
+
+StatusOr<OptConfig> LoadOptConfig(const std::string& path) {
+  const std::string file = ConfigJsonPath(path);
   DEJA_ASSIGN_OR_RETURN(MappedFile mapped, MappedFile::Open(file));
   std::string_view text(reinterpret_cast<const char*>(mapped.data()), mapped.size());
   return ParseOptConfig(text, file);

@@ -44,6 +44,8 @@ StatusOr<OptConfig> ParseOptConfig(std::string_view json_text,
                                    const std::string& source = "config.json");
 // Reads `dir/config.json`, or `path` itself when it names a file.
 StatusOr<OptConfig> LoadOptConfig(const std::string& path);
+// The config file LoadOptConfig reads for `path`: `path/config.json` for a directory, else path.
+std::string ConfigJsonPath(const std::string& path);
 
 // Names for one decoder layer. An empty string means the tensor does not exist in this model
 // (biases when !enable_bias, LayerNorm parameters when !layer_norm_elementwise_affine).

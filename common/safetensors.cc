@@ -9,10 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <system_error>
-
-#include <nlohmann/json.hpp>
 
 #include "common/dtype_table.h"
 #include "common/enum_table.h"

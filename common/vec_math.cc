@@ -2,6 +2,7 @@
 // and dispatched at run time.
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "common/vec_math.cc"
@@ -24,13 +25,17 @@ template <typename T>
 HWY_INLINE hn::Vec<DF> Widen(DF df, const T* HWY_RESTRICT p) {
   return hn::PromoteTo(df, hn::LoadU(hn::Rebind<T, DF>(), p));
 }
-HWY_INLINE float ScalarToFloat(float v) { return v; }
-HWY_INLINE float ScalarToFloat(hwy::float16_t v) {
-  uint16_t bits;
-  std::memcpy(&bits, &v, 2);
-  return HalfToFloat(bits);
+// One element of a vector tail, widened as common/dtype.h does.
+template <typename T>
+HWY_INLINE float ScalarToFloat(T v) {
+  if constexpr (sizeof(T) == 4) {
+    return v;
+  } else {
+    uint16_t bits;
+    std::memcpy(&bits, &v, 2);
+    return std::is_same_v<T, hwy::float16_t> ? HalfToFloat(bits) : BF16ToFloat(bits);
+  }
 }
-HWY_INLINE float ScalarToFloat(hwy::bfloat16_t v) { return hwy::F32FromBF16(v); }
 
 template <typename WT>
 void ConvertTyped(const WT* src, int64_t n, float* dst, bool accumulate) {
@@ -75,7 +80,8 @@ void ConvertFromF32Impl(const float* src, int64_t n, DType dtype, void* dst) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   auto* out = static_cast<hwy::float16_t*>(dst);
   int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) hn::StoreU(hn::DemoteTo(dh, hn::LoadU(df, src + i)), dh, out + i);
+  for (; i + lanes <= n; i += lanes)
+    hn::StoreU(hn::DemoteTo(dh, hn::LoadU(df, src + i)), dh, out + i);
   for (; i < n; ++i) {
     const uint16_t h = FloatToHalf(src[i]);
     std::memcpy(out + i, &h, 2);
@@ -96,8 +102,7 @@ float MaxOfImpl(const float* x, int64_t n) {
   return m;
 }
 
-int32_t LowestScoreSlotImpl(const int32_t* pos, const float* score, int64_t n,
-                            int32_t pos_limit) {
+int32_t LowestScoreSlotImpl(const int32_t* pos, const float* score, int64_t n, int32_t pos_limit) {
   const DF df;
   const hn::RebindToSigned<DF> di;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));

@@ -23,11 +23,11 @@
 #include "coordinator/engine.h"
 #include "coordinator/grpc_service.h"
 #include "coordinator/metrics.h"
+#include "coordinator/rendezvous_service.h"
 #include "coordinator/validation.h"
 #include "coordinator/worker_group.h"
 #include "metrics/metrics_server.h"
 #include "metrics/registry.h"
-#include "coordinator/rendezvous_service.h"
 
 namespace deja::coordinator {
 

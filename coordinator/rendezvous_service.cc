@@ -189,7 +189,7 @@ grpc::Status RendezvousService::Wait(grpc::ServerContext* ctx, const deja::v1::W
                                      deja::v1::WaitResponse*) {
   std::vector<std::string> keys(req->keys().begin(), req->keys().end());
   return proto::ToGrpc(WaitKeys(keys, std::chrono::milliseconds(req->timeout_ms()),
-                         [ctx] { return ctx->IsCancelled(); }));
+                                [ctx] { return ctx->IsCancelled(); }));
 }
 
 }  // namespace deja::coordinator

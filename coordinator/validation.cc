@@ -86,8 +86,8 @@ Status CheckCacheFields(const v1::CachePolicy& f, const std::string& prefix) {
   if (f.has_recent_tokens() && f.recent_tokens() < 1) {
     return Invalid(prefix + "recent_tokens", "must be >= 1, got 0");
   }
-  if (const kv::CachePolicyRow* row = FindRow(kv::CachePolicyTable(), &kv::CachePolicyRow::api,
-                                               f.kind())) {
+  if (const kv::CachePolicyRow* row =
+          FindRow(kv::CachePolicyTable(), &kv::CachePolicyRow::api, f.kind())) {
     DEJA_RETURN_IF_ERROR(CheckHeavyBudget(f, *row, prefix));
   }
   return Status::Ok();
@@ -161,8 +161,8 @@ Status ResolveSparsity(const v1::Sparsity& s, const ModelLimits& limits,
     }
   }
   // Unspecified: a schedule asks for sparsity, else the server's default decides.
-  const bool on = mode.value_or(s.has_schedule() ||
-                                (limits.sparsity_available && limits.sparsity_default));
+  const bool on =
+      mode.value_or(s.has_schedule() || (limits.sparsity_available && limits.sparsity_default));
   if (on && !limits.sparsity_available) {
     return FailedPrecondition("sparsity.mode: MODE_ON needs predictors, and this server has none");
   }

@@ -16,8 +16,8 @@ std::string Ms(std::chrono::milliseconds d) { return std::to_string(d.count()) +
 
 }  // namespace
 
-WorkerGroup::WorkerGroup(const WorkerGroupOptions& options, coordinator::RendezvousService* rendezvous,
-                         CoordinatorMetrics* metrics)
+WorkerGroup::WorkerGroup(const WorkerGroupOptions& options,
+                         coordinator::RendezvousService* rendezvous, CoordinatorMetrics* metrics)
     : options_(options), rendezvous_(rendezvous), metrics_(metrics) {
   state_.reason = "waiting for " + std::to_string(options_.world_size) + " ranks to register";
   monitor_ = std::thread([this] { Monitor(); });

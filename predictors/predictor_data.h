@@ -19,7 +19,8 @@
 namespace deja::predictors {
 
 constexpr const char* kDataFormat = "deja-predictor-data-v1";
-// Heads labelled important per token: ceil(kHeadTopFraction * heads) (docs/architecture.md#deja-vu-lookahead: top 30%).
+// Heads labelled important per token: ceil(kHeadTopFraction * heads)
+// (docs/architecture.md#deja-vu-lookahead: top 30%).
 constexpr double kHeadTopFraction = 0.3;
 int32_t HeadTopCount(int32_t num_heads);
 

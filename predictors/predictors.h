@@ -1,5 +1,6 @@
-// Deja Vu lookahead predictors (docs/architecture.md#deja-vu-lookahead): per layer, an MLP predictor d -> r -> ffn and a
-// head predictor d -> r -> n_heads, each two bias-free linear maps. On disk a predictor set is
+// Deja Vu lookahead predictors (docs/architecture.md#deja-vu-lookahead): per layer, an MLP
+// predictor d -> r -> ffn and a head predictor d -> r -> n_heads, each two bias-free linear maps.
+// On disk a predictor set is
 // `<stem>.safetensors` (f16 tensors) plus `<stem>.json` (rank r, the per-layer top-k schedule,
 // the trainer's per-layer recall and precision).
 //
@@ -77,7 +78,8 @@ Status SavePredictors(const std::string& path, const PredictorMeta& meta,
                       const std::vector<LayerPredictors>& layers,
                       const std::string& extra_json = "");
 
-// Rows [*begin, *end) of `total` that rank `rank` of `world` owns (worker::model::ShardRange order).
+// Rows [*begin, *end) of `total` that rank `rank` of `world` owns (worker::model::ShardRange
+// order).
 void PredictorShardRange(int64_t total, int rank, int world, int64_t* begin, int64_t* end);
 
 }  // namespace deja::predictors

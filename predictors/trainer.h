@@ -1,8 +1,8 @@
-// Training the Deja Vu predictors (docs/architecture.md#deja-vu-lookahead) from `deja collect` data: per layer and kind
-// two bias-free linear maps d -> r -> units (no activation between them), class-balanced BCE on
-// the logits (positive weight 1 - w, negative weight w, w = mean training label), AdamW,
-// minibatches, a deterministic 90/10 train/validation split, early stopping on validation
-// recall (at sigmoid > 0.5), the best epoch kept. Then the per-layer top-k schedule: the
+// Training the Deja Vu predictors (docs/architecture.md#deja-vu-lookahead) from `deja collect`
+// data: per layer and kind two bias-free linear maps d -> r -> units (no activation between them),
+// class-balanced BCE on the logits (positive weight 1 - w, negative weight w, w = mean training
+// label), AdamW, minibatches, a deterministic 90/10 train/validation split, early stopping on
+// validation recall (at sigmoid > 0.5), the best epoch kept. Then the per-layer top-k schedule: the
 // smallest k whose validation top-k recall reaches the target; dense when only k = all does.
 // Matmuls are OpenBLAS sgemm.
 #pragma once

@@ -37,8 +37,7 @@ double ReadBandwidthProbe::Measure(int reps) {
     volatile float sink = 0;
     auto start = std::chrono::steady_clock::now();
     // MaxOf is a vector read loop with one cheap op per load: bound by memory, not compute.
-    pool_->ParallelFor(kProbeFloats,
-                       [&](int64_t b, int64_t e) { sink = MaxOf(data + b, e - b); });
+    pool_->ParallelFor(kProbeFloats, [&](int64_t b, int64_t e) { sink = MaxOf(data + b, e - b); });
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     (void)sink;
     best = std::max(best, static_cast<double>(kProbeFloats) * sizeof(float) / secs);

@@ -29,8 +29,8 @@ Status RefEmbedding(Backend&, TensorView table, const int32_t* ids, int64_t n, b
   float* o = out.as<float>();
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t c = 0; c < dim; ++c) {
-      const int64_t at = table.layout == Layout::kTiled16 ? TiledIndex(ids[i], c, dim)
-                                                          : ids[i] * dim + c;
+      const int64_t at =
+          table.layout == Layout::kTiled16 ? TiledIndex(ids[i], c, dim) : ids[i] * dim + c;
       float v = At(table, at);
       o[i * dim + c] = accumulate ? o[i * dim + c] + v : v;
     }
@@ -95,7 +95,8 @@ Status RefAttention(Backend&, const AttentionArgs& a) {
         if (pos < 0 || pos > a.q_pos[t]) continue;
         visible[s] = true;
         double dot = 0;
-        for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * LoadAsFloat(kv.k, kv.dtype, (base + s) * d + i);
+        for (int64_t i = 0; i < d; ++i)
+          dot += static_cast<double>(q[i]) * LoadAsFloat(kv.k, kv.dtype, (base + s) * d + i);
         dot *= a.scale;
         p[s] = dot;
         max_score = std::max(max_score, dot);
@@ -110,7 +111,8 @@ Status RefAttention(Backend&, const AttentionArgs& a) {
       for (int64_t s = 0; s < kv.used; ++s) {
         if (!visible[s]) continue;
         double prob = p[s] / sum;
-        for (int64_t i = 0; i < d; ++i) acc[i] += prob * LoadAsFloat(kv.v, kv.dtype, (base + s) * d + i);
+        for (int64_t i = 0; i < d; ++i)
+          acc[i] += prob * LoadAsFloat(kv.v, kv.dtype, (base + s) * d + i);
         if (kv.score != nullptr) kv.score[base + s] += static_cast<float>(prob);
       }
       for (int64_t i = 0; i < d; ++i) out[i] = static_cast<float>(acc[i]);

@@ -154,10 +154,10 @@ TEST(SparseModelTest, OracleKeepsTheFractionAskedFor) {
   EXPECT_GT(RelErr(*sparse, *dense), 1e-3) << "skipping half the units changed nothing";
 }
 
-// Deja Vu with H2O (docs/architecture.md#deja-vu-lookahead): a head the predictor skips for a token still appends that
-// token's K/V (the exact rule) and keeps its accumulated scores as they were (the token did not
-// attend there), and eviction keeps every head within its budget. Oracle at 0.5: layer 0 runs
-// every head, layers 1-3 four of eight per token.
+// Deja Vu with H2O (docs/architecture.md#deja-vu-lookahead): a head the predictor skips for a token
+// still appends that token's K/V (the exact rule) and keeps its accumulated scores as they were
+// (the token did not attend there), and eviction keeps every head within its budget. Oracle at 0.5:
+// layer 0 runs every head, layers 1-3 four of eight per token.
 TEST(SparseModelTest, SkippedHeadsStillAppendKvAndKeepTheirH2OScores) {
   auto backend = kernels::MakeCpuBackend(1);
   auto model = LoadMini(backend.get());
@@ -273,7 +273,8 @@ TEST(SparseModelTest, BatchUsesTheUnionAndFallsBackToDense) {
 }
 
 // One TP=2 rank pair over threads, every rank running the same trace.
-std::vector<StatusOr<Trace>> RunTp(const std::string& dir, int world, model::SparsityOptions options,
+std::vector<StatusOr<Trace>> RunTp(const std::string& dir, int world,
+                                   model::SparsityOptions options,
                                    const std::vector<std::vector<int32_t>>& seqs) {
   std::vector<StatusOr<Trace>> traces(world, Internal("not run"));
   auto group = worker::comm::MakeInProcessGroup(world, 60s);
@@ -334,9 +335,10 @@ TEST(SparseModelTest, PredictorsDecodeEqualsWholeWindow) {
     GTEST_SKIP() << "no " << predictors << " (trained by deja train-predictors)";
   }
   // Both places the predictors can run: their own thread and inline on the forward thread.
-  for (auto where :
-       {model::SparsityOptions::PredictorThread::kOwnThread, model::SparsityOptions::PredictorThread::kInline}) {
-    SCOPED_TRACE(where == model::SparsityOptions::PredictorThread::kInline ? "inline" : "own thread");
+  for (auto where : {model::SparsityOptions::PredictorThread::kOwnThread,
+                     model::SparsityOptions::PredictorThread::kInline}) {
+    SCOPED_TRACE(where == model::SparsityOptions::PredictorThread::kInline ? "inline"
+                                                                           : "own thread");
     // The reference backend computes each row independently of the batch, so the predictors see
     // bit-identical inputs in both runs and select the same units.
     auto backend = kernels::MakeReferenceBackend();

@@ -59,7 +59,8 @@ inline StatusOr<std::vector<TpCase>> RunTpCases(worker::model::Model& model,
     worker::model::GenerationOptions opt;
     opt.max_new_tokens = kTpNewTokens;
     opt.stop_at_eos = false;
-    DEJA_ASSIGN_OR_RETURN(worker::model::GenerationResult g, worker::model::Generate(model, ids, opt));
+    DEJA_ASSIGN_OR_RETURN(worker::model::GenerationResult g,
+                          worker::model::Generate(model, ids, opt));
     for (const worker::sampling::TokenChoice& t : g.tokens) c.tokens.push_back(t.id);
     out.push_back(std::move(c));
   }

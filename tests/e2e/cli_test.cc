@@ -1,16 +1,15 @@
 // The deja binary as a user runs it: real processes, checked exit codes and messages. Bad input
 // (missing or corrupted checkpoints, wrong shapes, over-long or invalid prompts, bad flags)
 // must give a clear message and a non-zero exit, never a crash (a signal).
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <string>
-
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "tests/common/temp_dir.h"
 #include "tests/worker/golden_util.h"
@@ -69,7 +68,7 @@ TEST(CliTest, GenerateJsonMatchesGoldenGreedy) {
   std::ofstream(dir.File("prompt.txt")) << prompt;
   // The prompt goes through a file to keep shell quoting out of the way.
   CliRun r = RunDeja("generate --model " + Mini() + " --prompt \"$(cat " + dir.File("prompt.txt") +
-                  ")\" --max-new-tokens 32 --ignore-eos --json");
+                     ")\" --max-new-tokens 32 --ignore-eos --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   auto j = LastJsonLine(r.out);
   EXPECT_EQ(j["token_ids"].get<std::vector<int32_t>>(),
@@ -79,7 +78,7 @@ TEST(CliTest, GenerateJsonMatchesGoldenGreedy) {
 
 TEST(CliTest, PerplexityJson) {
   CliRun r = RunDeja("ppl --model " + Mini() + " --text " + test_util::SourceDir() +
-                  "/tests/data/heldout/tinyshakespeare.txt --context 256 --json");
+                     "/tests/data/heldout/tinyshakespeare.txt --context 256 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   auto j = LastJsonLine(r.out);
   EXPECT_GT(j["perplexity"].get<double>(), 1.0);
@@ -123,14 +122,14 @@ TEST(CliTest, PromptLongerThanPositionLimit) {
   std::string big;
   for (int i = 0; i < 1500; ++i) big += "word ";
   std::ofstream(dir.File("p.txt")) << big;
-  ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt \"$(cat " +
-                             dir.File("p.txt") + ")\""),
-                     "position limit");
+  ExpectCleanFailure(
+      RunDeja("generate --model " + Mini() + " --prompt \"$(cat " + dir.File("p.txt") + ")\""),
+      "position limit");
 }
 
 TEST(CliTest, InvalidUtf8Prompt) {
-  ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt \"$(printf 'ab\\377\\376')\""),
-                     "UTF-8");
+  ExpectCleanFailure(
+      RunDeja("generate --model " + Mini() + " --prompt \"$(printf 'ab\\377\\376')\""), "UTF-8");
 }
 
 TEST(CliTest, BadFlagsNameTheFlag) {
@@ -162,8 +161,9 @@ TEST(CliTest, BadFlagsNameTheFlag) {
 // and positive (the 1.3B numbers come from docs/performance.md runs, not from this test); the
 // floor's bandwidth is the probe beside batch 1 (one per step); bad counts are refused by name.
 TEST(CliTest, BenchDecodeReportsEveryFigure) {
-  CliRun r = RunDeja("bench decode --model " + Mini() +
-                     " --prefill-tokens 16 --prompt-tokens 4 --decode-steps 3 --batches 1,2 --json");
+  CliRun r =
+      RunDeja("bench decode --model " + Mini() +
+              " --prefill-tokens 16 --prompt-tokens 4 --decode-steps 3 --batches 1,2 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   nlohmann::json j = LastJsonLine(r.out);
   for (const char* key : {"prefill_tokens_per_s", "bandwidth_gb_per_s", "bandwidth_start_gb_per_s",
@@ -180,8 +180,9 @@ TEST(CliTest, BenchDecodeReportsEveryFigure) {
     EXPECT_GT(d["speedup_vs_batch1"].get<double>(), 0.0);
     EXPECT_GT(d["fraction_of_roofline"].get<double>(), 0.0);
   }
-  EXPECT_DOUBLE_EQ(j["batch1_fraction_of_floor"].get<double>(),
-                   j["floor_ms_per_token"].get<double>() / j["decode"][0]["ms_per_step"].get<double>());
+  EXPECT_DOUBLE_EQ(
+      j["batch1_fraction_of_floor"].get<double>(),
+      j["floor_ms_per_token"].get<double>() / j["decode"][0]["ms_per_step"].get<double>());
   ExpectCleanFailure(RunDeja("bench decode --model " + Mini() + " --warmup-rounds -1"),
                      "--warmup-rounds");
   ExpectCleanFailure(RunDeja("bench decode --model " + Mini() + " --decode-steps 0"),

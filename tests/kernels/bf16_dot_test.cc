@@ -18,10 +18,10 @@
 namespace deja::kernels {
 namespace {
 
-using testing::CpuBackends;
 using testing::BaseSeed;
 using testing::Close;
 using testing::CopyOf;
+using testing::CpuBackends;
 using testing::RandomRows;
 using testing::RandomTensor;
 

@@ -28,6 +28,20 @@ namespace {
   return ::testing::AssertionSuccess();
 }
 
+// A view says which memory it is in; a backend refuses any other, naming the op, the argument
+// and both devices, before anything reads it. A host backend is given a view marked cuda:0 (its
+// pointer is host memory; the check must stop the call by the mark alone).
+::testing::AssertionResult RefusesDevice(const Status& s, const std::string& op,
+                                         const std::string& arg) {
+  const std::string want = op + ": argument '" + arg + "' is in cuda:0 memory but backend ";
+  if (s.code() != StatusCode::kInvalidArgument || s.message().find(want) != 0 ||
+      s.message().find("takes tensors in host memory") == std::string::npos) {
+    return ::testing::AssertionFailure() << "want \"" << want << "... takes tensors in host "
+                                         << "memory\", got " << s.ToString();
+  }
+  return ::testing::AssertionSuccess();
+}
+
 class OpsValidationTest : public ::testing::Test {
  protected:
   std::unique_ptr<Backend> b_ = MakeCpuBackend(1);
@@ -152,6 +166,13 @@ TEST_F(OpsValidationTest, AttentionRejectsBadArguments) {
   expect_bad([&](AttentionArgs& a) { a.out = q.view(); }, "out");
   int32_t negative = -1;
   expect_bad([&](AttentionArgs& a) { a.q_pos = &negative; }, "q_pos");
+  // Queries and cache in another device's memory than the backend's.
+  AttentionArgs a = good;
+  a.kv.device = Device::Cuda(0);
+  EXPECT_TRUE(RefusesDevice(Attention(*b_, a), "attention", "kv"));
+  a = good;
+  a.q.device = Device::Cuda(0);
+  EXPECT_TRUE(RefusesDevice(Attention(*b_, a), "attention", "q"));
 }
 
 TEST_F(OpsValidationTest, AttentionRejectsBadHeadIds) {
@@ -307,20 +328,6 @@ TEST_F(OpsValidationTest, AddLogSoftmaxTopKRejectBadArguments) {
   EXPECT_TRUE(RejectsArg(TopK(*b_, x_.view(), 2, vals, nullptr), "indices"));
 }
 
-// A view says which memory it is in; a backend refuses any other, naming the op, the argument
-// and both devices, before anything reads it. A host backend is given a view marked cuda:0 (its
-// pointer is host memory; the check must stop the call by the mark alone).
-::testing::AssertionResult RefusesDevice(const Status& s, const std::string& op,
-                                         const std::string& arg) {
-  const std::string want = op + ": argument '" + arg + "' is in cuda:0 memory but backend ";
-  if (s.code() != StatusCode::kInvalidArgument || s.message().find(want) != 0 ||
-      s.message().find("takes tensors in host memory") == std::string::npos) {
-    return ::testing::AssertionFailure() << "want \"" << want << "... takes tensors in host "
-                                         << "memory\", got " << s.ToString();
-  }
-  return ::testing::AssertionSuccess();
-}
-
 TEST_F(OpsValidationTest, ViewsOnAnotherDeviceAreRefusedByName) {
   auto on_cuda = [](TensorView v) {
     v.device = Device::Cuda(0);
@@ -361,28 +368,6 @@ TEST_F(OpsValidationTest, ViewsOnAnotherDeviceAreRefusedByName) {
   float vals[16];
   int32_t idx[16];
   EXPECT_TRUE(RefusesDevice(TopK(*b_, on_cuda(x_.view()), 2, vals, idx), "top_k", "x"));
-}
-
-TEST_F(OpsValidationTest, AttentionRefusesQueriesAndCacheOnAnotherDevice) {
-  const int32_t heads = 2, d = 4, cap = 3;
-  Tensor q = Tensor::Zeros(DType::kF32, {1, heads * d});
-  Tensor o = Tensor::Zeros(DType::kF32, {1, heads * d});
-  std::vector<float> k(heads * cap * d), v(heads * cap * d);
-  std::vector<int32_t> slot_pos(heads * cap, 0);
-  int32_t q_pos = 0;
-  AttentionArgs a;
-  a.q = q.view();
-  a.q_pos = &q_pos;
-  a.kv = {k.data(), v.data(), slot_pos.data(), cap, cap, nullptr};
-  a.heads = heads;
-  a.head_dim = d;
-  a.out = o.view();
-  EXPECT_TRUE(Attention(*b_, a).ok());
-  a.kv.device = Device::Cuda(0);
-  EXPECT_TRUE(RefusesDevice(Attention(*b_, a), "attention", "kv"));
-  a.kv.device = Device::Host();
-  a.q.device = Device::Cuda(0);
-  EXPECT_TRUE(RefusesDevice(Attention(*b_, a), "attention", "q"));
 }
 
 // Allocate, the raw copies and the whole-tensor copies round-trip on the host backends, whose

@@ -1,22 +1,22 @@
 // `deja collect` on a slice of held-out text with opt-mini, checked against a dense forward, and
 // a short training on its output.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <fstream>
 #include <sstream>
-
-#include <gtest/gtest.h>
 
 #include "common/dtype.h"
 #include "common/opt_config.h"
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
 #include "kernels/backend.h"
-#include "worker/dejavu/collect.h"
 #include "predictors/predictor_data.h"
 #include "predictors/predictors.h"
 #include "predictors/trainer.h"
 #include "tests/common/temp_dir.h"
 #include "tests/worker/golden_util.h"
+#include "worker/dejavu/collect.h"
 
 namespace deja::predictors {
 namespace {

@@ -31,7 +31,7 @@ class CachePolicyServingTest : public ServerSuite {
     return ref_->Generate(prompt, o);
   }
   static worker::kv::CachePolicyConfig Policy(worker::kv::CachePolicyKind kind, int32_t heavy = -1,
-                                          int32_t recent = -1) {
+                                              int32_t recent = -1) {
     worker::kv::CachePolicyConfig c;
     c.kind = kind;
     c.heavy_tokens = heavy;

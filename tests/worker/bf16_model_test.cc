@@ -1,13 +1,13 @@
 // Reduced-precision modes of the model. `--dtype bf16` (LoadOptions::weight_dtype): the matrices
-// converted at load, activations meeting them as bf16. Against the HF fp32 goldens at bf16's tolerance; the AVX512-BF16 and portable
-// CPU paths against each other; batching unchanged. `--kv-dtype f16`: at the f32 golden
-// tolerances.
+// converted at load, activations meeting them as bf16. Against the HF fp32 goldens at bf16's
+// tolerance; the AVX512-BF16 and portable CPU paths against each other; batching unchanged.
+// `--kv-dtype f16`: at the f32 golden tolerances.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <fstream>
 #include <memory>
 #include <sstream>
-
-#include <gtest/gtest.h>
 
 #include "common/tokenizer.h"
 #include "kernels/backend.h"
@@ -31,8 +31,8 @@ constexpr double kLogitRelTol = 2e-2;
 constexpr double kPplRelTol = 1.5e-2;
 
 // The model's perplexity on each golden file within rel_tol of HF's.
-void ExpectGoldenPerplexity(model::Model& model, const std::string& name, const nlohmann::json& golden,
-                            double rel_tol) {
+void ExpectGoldenPerplexity(model::Model& model, const std::string& name,
+                            const nlohmann::json& golden, double rel_tol) {
   auto tok = Tokenizer::Load(ModelDir(name));
   ASSERT_TRUE(tok.ok());
   for (const auto& p : golden["ppl"]) {
@@ -60,20 +60,18 @@ class Bf16ModelTest : public ::testing::TestWithParam<std::string> {
     model_ = std::move(*m);
     golden_ = LoadGolden(GetParam());
   }
-  void TearDown() override {
-    kernels::cpu::SetBf16DotEnabled(kernels::cpu::Bf16DotAvailable());
-  }
+  void TearDown() override { kernels::cpu::SetBf16DotEnabled(kernels::cpu::Bf16DotAvailable()); }
 
   // Prefill of `ids` then `steps` greedy-free decode steps of token 7; the last step's logits.
-  std::vector<float> DecodeLogits(const std::vector<int32_t>& ids, int steps,
-                                  bool sparse = false) {
+  std::vector<float> DecodeLogits(const std::vector<int32_t>& ids, int steps, bool sparse = false) {
     auto kv = model_->NewSequence(static_cast<int32_t>(ids.size()) + steps);
     EXPECT_TRUE(kv.ok());
     model::StepResult r;
-    EXPECT_TRUE(model_->Forward({{kv->get(), ids.data(), static_cast<int32_t>(ids.size()), false,
-                                  sparse}},
-                                &r)
-                    .ok());
+    EXPECT_TRUE(
+        model_
+            ->Forward({{kv->get(), ids.data(), static_cast<int32_t>(ids.size()), false, sparse}},
+                      &r)
+            .ok());
     const int32_t next = 7;
     for (int s = 0; s < steps; ++s) {
       EXPECT_TRUE(model_->Forward({{kv->get(), &next, 1, false, sparse}}, &r).ok());

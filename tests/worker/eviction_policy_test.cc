@@ -16,7 +16,8 @@
 namespace deja::worker {
 namespace {
 
-kv::HeadSlots Head(const std::vector<int32_t>& pos, const std::vector<float>& score, int32_t length) {
+kv::HeadSlots Head(const std::vector<int32_t>& pos, const std::vector<float>& score,
+                   int32_t length) {
   kv::HeadSlots h;
   h.slot_pos = pos;
   h.score = score;

@@ -15,7 +15,8 @@ StatusOr<std::unique_ptr<ReferenceH2O>> ReferenceH2O::Load(const std::string& di
   DEJA_ASSIGN_OR_RETURN(r->config_, LoadOptConfig(dir));
   DEJA_ASSIGN_OR_RETURN(r->ckpt_, OpenCheckpoint(dir));
   DEJA_ASSIGN_OR_RETURN(OptTensorNames names, ResolveOptTensorNames(*r->ckpt_, r->config_));
-  DEJA_ASSIGN_OR_RETURN(r->w_, model::LoadOptWeights(*r->ckpt_, r->config_, names, model::ShardSpec{}));
+  DEJA_ASSIGN_OR_RETURN(r->w_,
+                        model::LoadOptWeights(*r->ckpt_, r->config_, names, model::ShardSpec{}));
   r->backend_ = kernels::MakeReferenceBackend();
   r->cache_.resize(r->config_.num_hidden_layers * r->config_.num_attention_heads);
   return r;
@@ -27,7 +28,8 @@ void ReferenceH2O::Evict(std::vector<Entry>& head, int32_t length) {
     auto victim = head.end();
     for (auto it = head.begin(); it != head.end(); ++it) {
       if (it->pos >= length - recent_) continue;
-      if (victim == head.end() || static_cast<float>(it->score) < static_cast<float>(victim->score) ||
+      if (victim == head.end() ||
+          static_cast<float>(it->score) < static_cast<float>(victim->score) ||
           (static_cast<float>(it->score) == static_cast<float>(victim->score) &&
            it->pos < victim->pos)) {
         victim = it;
@@ -53,25 +55,31 @@ Status ReferenceH2O::Step(const std::vector<int32_t>& tokens, int32_t start,
   for (int64_t i = 0; i < n; ++i) pos_rows[i] = start + static_cast<int32_t>(i) + 2;
   if (w_.project_in.w.data) {
     Tensor e = Tensor::Empty(DType::kF32, {n, config_.word_embed_proj_dim});
-    DEJA_RETURN_IF_ERROR(kernels::Embedding(be, w_.embed_tokens, tokens.data(), n, false, e.view()));
-    DEJA_RETURN_IF_ERROR(kernels::Linear(be, e.view(), w_.project_in.w, {}, Activation::kNone,
-                                         false, h.view()));
+    DEJA_RETURN_IF_ERROR(
+        kernels::Embedding(be, w_.embed_tokens, tokens.data(), n, false, e.view()));
+    DEJA_RETURN_IF_ERROR(
+        kernels::Linear(be, e.view(), w_.project_in.w, {}, Activation::kNone, false, h.view()));
   } else {
-    DEJA_RETURN_IF_ERROR(kernels::Embedding(be, w_.embed_tokens, tokens.data(), n, false, h.view()));
+    DEJA_RETURN_IF_ERROR(
+        kernels::Embedding(be, w_.embed_tokens, tokens.data(), n, false, h.view()));
   }
-  DEJA_RETURN_IF_ERROR(kernels::Embedding(be, w_.embed_positions, pos_rows.data(), n, true, h.view()));
+  DEJA_RETURN_IF_ERROR(
+      kernels::Embedding(be, w_.embed_positions, pos_rows.data(), n, true, h.view()));
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     const model::OptLayerWeights& lw = w_.layers[l];
     TensorView in = h.view();
     if (pre) {
-      DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h.view(), lw.attn_ln.gamma, lw.attn_ln.beta,
-                                              1e-5f, a.view()));
+      DEJA_RETURN_IF_ERROR(
+          kernels::LayerNorm(be, h.view(), lw.attn_ln.gamma, lw.attn_ln.beta, 1e-5f, a.view()));
       in = a.view();
     }
-    DEJA_RETURN_IF_ERROR(kernels::Linear(be, in, lw.q.w, lw.q.bias, Activation::kNone, false, q.view()));
-    DEJA_RETURN_IF_ERROR(kernels::Linear(be, in, lw.k.w, lw.k.bias, Activation::kNone, false, k.view()));
-    DEJA_RETURN_IF_ERROR(kernels::Linear(be, in, lw.v.w, lw.v.bias, Activation::kNone, false, v.view()));
+    DEJA_RETURN_IF_ERROR(
+        kernels::Linear(be, in, lw.q.w, lw.q.bias, Activation::kNone, false, q.view()));
+    DEJA_RETURN_IF_ERROR(
+        kernels::Linear(be, in, lw.k.w, lw.k.bias, Activation::kNone, false, k.view()));
+    DEJA_RETURN_IF_ERROR(
+        kernels::Linear(be, in, lw.v.w, lw.v.bias, Activation::kNone, false, v.view()));
     for (int64_t hh = 0; hh < heads; ++hh) {
       std::vector<Entry>& cache = cache_[l * heads + hh];
       for (int64_t i = 0; i < n; ++i) {
@@ -105,43 +113,43 @@ Status ReferenceH2O::Step(const std::vector<int32_t>& tokens, int32_t start,
       }
       Evict(cache, start + static_cast<int32_t>(n));
     }
-    DEJA_RETURN_IF_ERROR(kernels::Linear(be, ctx.view(), lw.out.w, {}, Activation::kNone, false,
-                                         o.view()));
+    DEJA_RETURN_IF_ERROR(
+        kernels::Linear(be, ctx.view(), lw.out.w, {}, Activation::kNone, false, o.view()));
     std::fill(ctx.as<float>(), ctx.as<float>() + n * d, 0.f);
     DEJA_RETURN_IF_ERROR(kernels::Add(be, o.view(), lw.out.bias, h.view()));
     if (!pre) {
-      DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h.view(), lw.attn_ln.gamma, lw.attn_ln.beta,
-                                              1e-5f, h.view()));
+      DEJA_RETURN_IF_ERROR(
+          kernels::LayerNorm(be, h.view(), lw.attn_ln.gamma, lw.attn_ln.beta, 1e-5f, h.view()));
     }
     in = h.view();
     if (pre) {
-      DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h.view(), lw.ffn_ln.gamma, lw.ffn_ln.beta,
-                                              1e-5f, a.view()));
+      DEJA_RETURN_IF_ERROR(
+          kernels::LayerNorm(be, h.view(), lw.ffn_ln.gamma, lw.ffn_ln.beta, 1e-5f, a.view()));
       in = a.view();
     }
-    DEJA_RETURN_IF_ERROR(kernels::Linear(be, in, lw.fc1.w, lw.fc1.bias, Activation::kRelu, false,
-                                         u.view()));
-    DEJA_RETURN_IF_ERROR(kernels::Linear(be, u.view(), lw.fc2.w, {}, Activation::kNone, false,
-                                         o.view()));
+    DEJA_RETURN_IF_ERROR(
+        kernels::Linear(be, in, lw.fc1.w, lw.fc1.bias, Activation::kRelu, false, u.view()));
+    DEJA_RETURN_IF_ERROR(
+        kernels::Linear(be, u.view(), lw.fc2.w, {}, Activation::kNone, false, o.view()));
     DEJA_RETURN_IF_ERROR(kernels::Add(be, o.view(), lw.fc2.bias, h.view()));
     if (!pre) {
-      DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h.view(), lw.ffn_ln.gamma, lw.ffn_ln.beta,
-                                              1e-5f, h.view()));
+      DEJA_RETURN_IF_ERROR(
+          kernels::LayerNorm(be, h.view(), lw.ffn_ln.gamma, lw.ffn_ln.beta, 1e-5f, h.view()));
     }
   }
   TensorView last = h.view().RowSlice(n - 1, n);
   Tensor x = Tensor::Empty(DType::kF32, {1, d});
   std::copy(last.as<float>(), last.as<float>() + d, x.as<float>());
   if (w_.final_ln.present()) {
-    DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, x.view(), w_.final_ln.gamma, w_.final_ln.beta,
-                                            1e-5f, x.view()));
+    DEJA_RETURN_IF_ERROR(
+        kernels::LayerNorm(be, x.view(), w_.final_ln.gamma, w_.final_ln.beta, 1e-5f, x.view()));
   }
   TensorView hx = x.view();
   Tensor proj;
   if (w_.project_out.w.data) {
     proj = Tensor::Empty(DType::kF32, {1, config_.word_embed_proj_dim});
-    DEJA_RETURN_IF_ERROR(kernels::Linear(be, x.view(), w_.project_out.w, {}, Activation::kNone,
-                                         false, proj.view()));
+    DEJA_RETURN_IF_ERROR(
+        kernels::Linear(be, x.view(), w_.project_out.w, {}, Activation::kNone, false, proj.view()));
     hx = proj.view();
   }
   logits->resize(config_.vocab_size);
@@ -155,8 +163,8 @@ Status ReferenceH2O::Greedy(const std::vector<int32_t>& prompt, int32_t steps,
   DEJA_RETURN_IF_ERROR(Step(prompt, 0, &logits));
   int32_t pos = static_cast<int32_t>(prompt.size());
   for (int32_t s = 0; s < steps; ++s) {
-    int32_t best = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                        logits.begin());
+    int32_t best =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     double mx = logits[best], z = 0;
     for (float x : logits) z += std::exp(x - mx);
     ids->push_back(best);

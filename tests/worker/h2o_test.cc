@@ -1,9 +1,9 @@
 // H2O end to end on the fixture model: the fast path (OptModel, SequenceKv, CPU kernels) equals
 // the plain reference decode loop in tokens and log-probs; mixed policies share one batch; KV
 // memory stays bounded for sequences far longer than the budget.
-#include <random>
-
 #include <gtest/gtest.h>
+
+#include <random>
 
 #include "kernels/backend.h"
 #include "tests/worker/golden_util.h"
@@ -97,8 +97,8 @@ TEST_F(H2OTest, MixedPoliciesInOneBatch) {
   std::vector<std::vector<int32_t>> prompts = {RandomPrompt(50, 1), RandomPrompt(70, 2),
                                                RandomPrompt(90, 3)};
   auto make = [&](size_t i) {
-    return std::move(*model_->NewSequence(200, policies[i],
-                                          static_cast<int32_t>(prompts[i].size()), 100));
+    return std::move(
+        *model_->NewSequence(200, policies[i], static_cast<int32_t>(prompts[i].size()), 100));
   };
   std::vector<std::unique_ptr<kv::SequenceKv>> together, alone;
   for (size_t i = 0; i < 3; ++i) {
@@ -112,7 +112,8 @@ TEST_F(H2OTest, MixedPoliciesInOneBatch) {
   for (int step = 0; step < 20; ++step) {
     ASSERT_TRUE(model_->Forward(batch, &rt).ok());
     for (size_t i = 0; i < 3; ++i) {
-      ASSERT_TRUE(model_->Forward({{alone[i].get(), batch[i].tokens, batch[i].n, false}}, &ra).ok());
+      ASSERT_TRUE(
+          model_->Forward({{alone[i].get(), batch[i].tokens, batch[i].n, false}}, &ra).ok());
       std::vector<double> want(ra.logits.as<float>(), ra.logits.as<float>() + vocab);
       ASSERT_LE(test_util::RelError(rt.logits.as<float>() + i * vocab, want), 1e-5)
           << "sequence " << i << " step " << step;

@@ -1,10 +1,10 @@
 // The OPT model on the CPU backend against Hugging Face transformers (fp32) on the committed
 // goldens of both fixture models: logits, per-position log-probs, greedy continuations and
 // perplexity. Also: batching, chunked prefill and the reference backend give the same answers.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <memory>
-
-#include <gtest/gtest.h>
 
 #include "common/tokenizer.h"
 #include "kernels/backend.h"

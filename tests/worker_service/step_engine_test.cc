@@ -8,9 +8,9 @@
 #include <memory>
 
 #include "kernels/backend.h"
-#include "worker/model/generation.h"
 #include "tests/comm/tp_util.h"
 #include "tests/worker_service/step_util.h"
+#include "worker/model/generation.h"
 
 namespace deja::worker::service {
 namespace {
@@ -114,7 +114,8 @@ TEST_F(StepEngineTest, H2OSequenceMatchesGenerateAndShrinksAfterPrefill) {
   *req.add_sequences() = first;
   StepResponse resp = Run(req);
   ASSERT_EQ(resp.error_code(), 0) << resp.error_message();
-  EXPECT_EQ(baseline - resp.kv().free_bytes(), engine_->kv_bytes_per_token() * (heavy + recent + 1));
+  EXPECT_EQ(baseline - resp.kv().free_bytes(),
+            engine_->kv_bytes_per_token() * (heavy + recent + 1));
   auto got = Decode(resp, {9}, {static_cast<uint32_t>(p.size())});
   const uint64_t heads = model_->config().num_hidden_layers * model_->config().num_attention_heads;
   EXPECT_EQ(engine_->Usage().cached_tokens(), heads * (heavy + recent));

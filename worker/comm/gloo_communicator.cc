@@ -158,7 +158,7 @@ class GlooCommunicator final : public TimedCommunicator {
 }  // namespace
 
 StatusOr<std::unique_ptr<comm::Communicator>> MakeGlooCommunicator(KeyValueStore& store,
-                                                                     const GlooOptions& options) {
+                                                                   const GlooOptions& options) {
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
     return InvalidArgument("gloo: rank " + std::to_string(options.rank) +
                            " is outside world size " + std::to_string(options.world_size));

@@ -11,8 +11,8 @@
 #include <string>
 
 #include "common/status.h"
-#include "worker/comm/key_value_store.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/key_value_store.h"
 
 namespace deja::worker::comm {
 
@@ -36,6 +36,6 @@ struct GlooOptions {
 // the order of the additions is fixed, so results are bitwise reproducible run to run and equal
 // on every rank. One thread at a time may call a communicator. Stats: StatsOf().
 StatusOr<std::unique_ptr<comm::Communicator>> MakeGlooCommunicator(KeyValueStore& store,
-                                                                     const GlooOptions& options);
+                                                                   const GlooOptions& options);
 
 }  // namespace deja::worker::comm

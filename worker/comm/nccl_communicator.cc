@@ -80,7 +80,7 @@ class NcclCommunicator final : public comm::Communicator {
 }  // namespace
 
 StatusOr<std::unique_ptr<comm::Communicator>> MakeNcclCommunicator(KeyValueStore* store,
-                                                                     const NcclOptions& o) {
+                                                                   const NcclOptions& o) {
   if (store == nullptr) return InvalidArgument("NCCL rendezvous needs a store");
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
     return InvalidArgument("rank " + std::to_string(o.rank) + " is outside world size " +

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "common/status.h"
-#include "worker/comm/key_value_store.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/key_value_store.h"
 
 namespace deja::worker::comm {
 
@@ -24,6 +24,6 @@ struct NcclOptions {
 
 // Unavailable (with the reason) when built without NCCL or when no CUDA device can be used.
 StatusOr<std::unique_ptr<comm::Communicator>> MakeNcclCommunicator(KeyValueStore* store,
-                                                                     const NcclOptions& options);
+                                                                   const NcclOptions& options);
 
 }  // namespace deja::worker::comm

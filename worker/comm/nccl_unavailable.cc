@@ -4,7 +4,7 @@
 namespace deja::worker::comm {
 
 StatusOr<std::unique_ptr<comm::Communicator>> MakeNcclCommunicator(KeyValueStore*,
-                                                                     const NcclOptions&) {
+                                                                   const NcclOptions&) {
   return Unavailable("deja was built without NCCL (no CUDA toolkit with NCCL was found)");
 }
 

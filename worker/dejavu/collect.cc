@@ -8,10 +8,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
-
-#include <nlohmann/json.hpp>
 
 #include "common/dtype.h"
 #include "predictors/predictor_data.h"
@@ -34,9 +33,14 @@ float At(const TensorView& v, int64_t i) {
 class Recorder : public model::LayerObserver {
  public:
   explicit Recorder(const OptConfig& c)
-      : d_(c.hidden_size), ffn_(c.ffn_dim), heads_(c.num_attention_heads),
-        head_dim_(c.head_dim()), top_(HeadTopCount(static_cast<int32_t>(heads_))),
-        xa_(c.num_hidden_layers), xm_(c.num_hidden_layers), mlp_y_(c.num_hidden_layers),
+      : d_(c.hidden_size),
+        ffn_(c.ffn_dim),
+        heads_(c.num_attention_heads),
+        head_dim_(c.head_dim()),
+        top_(HeadTopCount(static_cast<int32_t>(heads_))),
+        xa_(c.num_hidden_layers),
+        xm_(c.num_hidden_layers),
+        mlp_y_(c.num_hidden_layers),
         head_y_(c.num_hidden_layers) {}
 
   void OnAttention(int32_t l, const TensorView& xa, const TensorView& heads_out) override {

@@ -1,5 +1,6 @@
 // `deja collect`: a dense run of the model over tokenized text that records the Deja Vu
-// predictor training rows (docs/architecture.md#deja-vu-lookahead, format in predictors/predictor_data.h).
+// predictor training rows (docs/architecture.md#deja-vu-lookahead, format in
+// predictors/predictor_data.h).
 #pragma once
 
 #include <cstdint>
@@ -13,17 +14,17 @@
 namespace deja::worker::dejavu {
 
 struct CollectOptions {
-  int32_t context = 512;      // window length in tokens, BOS included
-  int64_t max_rows = 400000;  // per layer
-  uint64_t seed = 0;          // order in which the windows are run
-  std::string model_dir;      // recorded in meta.json
+  int32_t context = 512;           // window length in tokens, BOS included
+  int64_t max_rows = 400000;       // per layer
+  uint64_t seed = 0;               // order in which the windows are run
+  std::string model_dir;           // recorded in meta.json
   std::vector<std::string> texts;  // recorded in meta.json
 };
 
 struct CollectSummary {
-  int64_t rows = 0;          // per layer
+  int64_t rows = 0;  // per layer
   int64_t windows = 0, windows_total = 0;
-  int64_t tokens_total = 0;  // tokens of all documents (BOS excluded)
+  int64_t tokens_total = 0;                 // tokens of all documents (BOS excluded)
   std::vector<double> mlp_active_fraction;  // per layer
   double seconds = 0;
 };

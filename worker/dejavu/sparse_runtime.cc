@@ -80,11 +80,9 @@ void AsyncRunner::Loop() {
   }
 }
 
-StatusOr<std::unique_ptr<SparseRuntime>> SparseRuntime::Create(const model::SparsityOptions& options,
-                                                               const OptConfig& config,
-                                                               const model::OptWeights& weights,
-                                                               kernels::Backend& backend,
-                                                               int rank, int world) {
+StatusOr<std::unique_ptr<SparseRuntime>> SparseRuntime::Create(
+    const model::SparsityOptions& options, const OptConfig& config,
+    const model::OptWeights& weights, kernels::Backend& backend, int rank, int world) {
   const bool oracle = options.oracle_fraction > 0.0f;
   if (oracle == !options.predictors.empty()) {
     return InvalidArgument(
@@ -164,10 +162,10 @@ StatusOr<std::unique_ptr<SparseRuntime>> SparseRuntime::Create(const model::Spar
     int64_t mlp_total = 0, head_total = 0;
     const bool dense_layer = options.dense_layers >= 0 && l < options.dense_layers;
     if (oracle) {
-      const float mlp_keep = options.mlp_fraction > 0 ? options.mlp_fraction
-                                                      : options.oracle_fraction;
-      const float head_keep = options.head_fraction > 0 ? options.head_fraction
-                                                        : options.oracle_fraction;
+      const float mlp_keep =
+          options.mlp_fraction > 0 ? options.mlp_fraction : options.oracle_fraction;
+      const float head_keep =
+          options.head_fraction > 0 ? options.head_fraction : options.oracle_fraction;
       mlp_total = std::lround(mlp_keep * config.ffn_dim);
       head_total = std::lround(head_keep * config.num_attention_heads);
     } else {
@@ -284,13 +282,12 @@ Status SparseRuntime::Predict(Kind kind, int32_t layer, int64_t rows, Prediction
       p.scores = Tensor::Empty(DType::kF32, {rows, units});
     }
     float* sc = p.scores.as<float>();
-    const uint64_t base = (step_ * 0x9E3779B97F4A7C15ull) ^
-                          (static_cast<uint64_t>(layer) << 40) ^
+    const uint64_t base = (step_ * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(layer) << 40) ^
                           (kind == Kind::kMlp ? 0x5bd1e995ull : 0ull);
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t u = 0; u < units; ++u) {
-        uint64_t x = base ^ (static_cast<uint64_t>(r) << 24) ^
-                     static_cast<uint64_t>(rank_ * units + u);
+        uint64_t x =
+            base ^ (static_cast<uint64_t>(r) << 24) ^ static_cast<uint64_t>(rank_ * units + u);
         x ^= x >> 33;
         x *= 0xff51afd7ed558ccdull;
         x ^= x >> 33;
@@ -313,8 +310,8 @@ Status SparseRuntime::Predict(Kind kind, int32_t layer, int64_t rows, Prediction
     TensorView in{p.input.data(), DType::kF32, Shape{rows, d}};
     TensorView hidden{p.hidden.data(), DType::kF32, Shape{rows, r_dim}};
     TensorView scores{p.scores.data(), DType::kF32, Shape{rows, units}};
-    DEJA_RETURN_IF_ERROR(kernels::Linear(*backend_, in, fc1.view(), {},
-                                         kernels::Activation::kNone, false, hidden));
+    DEJA_RETURN_IF_ERROR(
+        kernels::Linear(*backend_, in, fc1.view(), {}, kernels::Activation::kNone, false, hidden));
     DEJA_RETURN_IF_ERROR(kernels::Linear(*backend_, hidden, fc2.view(), {},
                                          kernels::Activation::kNone, false, scores));
   }
@@ -333,9 +330,8 @@ Status SparseRuntime::Predict(Kind kind, int32_t layer, int64_t rows, Prediction
 Status SparseRuntime::Finish(Kind kind, int32_t layer, BlockPlan* plan) {
   Prediction& p = kind == Kind::kMlp ? mlp_pred_ : head_pred_;
   const int64_t units = kind == Kind::kMlp ? local_ffn_ : local_heads_;
-  const int32_t k = layer < config_.num_hidden_layers
-                        ? (kind == Kind::kMlp ? mlp_k_[layer] : head_k_[layer])
-                        : 0;
+  const int32_t k =
+      layer < config_.num_hidden_layers ? (kind == Kind::kMlp ? mlp_k_[layer] : head_k_[layer]) : 0;
   plan->mode = BlockPlan::Mode::kDense;
   plan->units.clear();
   plan->active_fraction = 1.0f;

@@ -1,6 +1,7 @@
-// Deja Vu contextual sparsity at run time (docs/architecture.md#deja-vu-lookahead), for one tensor-parallel rank: the
-// lookahead predictors (or the oracle used for speed runs on random weights), run on their own
-// thread while the current block computes, and the per-block plans OptModel::Layer follows.
+// Deja Vu contextual sparsity at run time (docs/architecture.md#deja-vu-lookahead), for one
+// tensor-parallel rank: the lookahead predictors (or the oracle used for speed runs on random
+// weights), run on their own thread while the current block computes, and the per-block plans
+// OptModel::Layer follows.
 //
 // Pairing (as in training): the attention-block input of layer L predicts MLP L (started when
 // layer L begins, joined before its fc1); the MLP-block input of layer L predicts the heads of
@@ -32,7 +33,6 @@
 #include "kernels/backend.h"
 #include "predictors/predictors.h"
 #include "worker/model/model.h"
-#include "worker/model/opt_weights.h"
 #include "worker/model/opt_weights.h"
 
 namespace deja::worker::dejavu {
@@ -110,10 +110,10 @@ class SparseRuntime {
     bool pending = false;
     bool ran = false;
     Status status;
-    Tensor input;                    // [rows, d] copy of the block input
-    Tensor hidden;                   // [rows, r]
-    Tensor scores;                   // [rows, local_units]
-    std::vector<int32_t> selected;   // [rows, k] local unit indices
+    Tensor input;                   // [rows, d] copy of the block input
+    Tensor hidden;                  // [rows, r]
+    Tensor scores;                  // [rows, local_units]
+    std::vector<int32_t> selected;  // [rows, k] local unit indices
   };
   void Start(Kind kind, int32_t layer, const TensorView& x);
   Status Finish(Kind kind, int32_t layer, BlockPlan* plan);
@@ -131,7 +131,7 @@ class SparseRuntime {
   std::vector<int32_t> mlp_k_, head_k_;
   std::vector<Tensor> fc2_t_, out_t_;
   std::unique_ptr<kernels::Backend> predictor_backend_;  // single-threaded CPU or reference
-  kernels::Backend* backend_ = nullptr;                   // predictor_backend_ or the model's
+  kernels::Backend* backend_ = nullptr;                  // predictor_backend_ or the model's
 
   // Per step.
   int64_t rows_ = 0;

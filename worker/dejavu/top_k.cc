@@ -24,8 +24,8 @@ inline uint32_t OrderedKey(float f) {
 // A radix select: histograms of the top 11 and the next 11 bits of each score's ordered key find
 // the bucket holding the k-th largest score, an nth_element over that bucket's few keys finds the
 // score t itself, then one pass keeps every unit above t and, in unit order, as many units equal
-// to t as fill k. Measured on the OPT-1.3B shape (8192 units per layer, k = 30%): nth_element over the
-// unit indices compared through the scores took ~135 us per layer, more than half of the
+// to t as fill k. Measured on the OPT-1.3B shape (8192 units per layer, k = 30%): nth_element over
+// the unit indices compared through the scores took ~135 us per layer, more than half of the
 // predictor's time; this takes ~20 us.
 void SelectTopKUnits(const float* scores, int64_t units, int32_t k, int32_t* out) {
   if (k <= 0) return;

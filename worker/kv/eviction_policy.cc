@@ -34,9 +34,9 @@ StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(const CachePolicyCo
   int32_t heavy = c.heavy_tokens, recent = c.recent_tokens;
   if (heavy < 0) {
     auto part = [&](float ratio) {
-      return ratio > 0.f ? std::max<int32_t>(1, static_cast<int32_t>(
-                                                    std::ceil(ratio * prompt_tokens)))
-                         : 0;
+      return ratio > 0.f
+                 ? std::max<int32_t>(1, static_cast<int32_t>(std::ceil(ratio * prompt_tokens)))
+                 : 0;
     };
     heavy = part(c.heavy_ratio);
     recent = part(c.recent_ratio);

@@ -1,8 +1,8 @@
-// KV-cache eviction policies (docs/architecture.md#kv-cache). A policy only plans: given one head's slot table
-// (slot -> position, accumulated attention score) it names the slots to evict; SequenceKv
-// applies the plan. Policies: `full` (never evicts), `window` (keeps the most recent tokens),
-// `h2o` (keeps the most recent tokens plus the highest-scoring "heavy hitters"). Their names,
-// proto values and factories are in one table, policy_table.h.
+// KV-cache eviction policies (docs/architecture.md#kv-cache). A policy only plans: given one head's
+// slot table (slot -> position, accumulated attention score) it names the slots to evict;
+// SequenceKv applies the plan. Policies: `full` (never evicts), `window` (keeps the most recent
+// tokens), `h2o` (keeps the most recent tokens plus the highest-scoring "heavy hitters"). Their
+// names, proto values and factories are in one table, policy_table.h.
 #pragma once
 
 #include <cstdint>
@@ -26,9 +26,10 @@ struct CachePolicyConfig {
   float recent_ratio = 0.1f;
   int32_t heavy_tokens = -1;
   int32_t recent_tokens = -1;
-  // h2o only, an alternative measured apart from the reference (docs/architecture.md#eviction-policies): rank heavy
-  // hitters by accumulated score divided by the number of queries that have seen the token
-  // (its mean attention) instead of by the sum, which favours early tokens. Off in serving.
+  // h2o only, an alternative measured apart from the reference
+  // (docs/architecture.md#eviction-policies): rank heavy hitters by accumulated score divided by
+  // the number of queries that have seen the token (its mean attention) instead of by the sum,
+  // which favours early tokens. Off in serving.
   bool h2o_mean_score = false;
 
   // InvalidArgument naming the field.

@@ -1,8 +1,8 @@
-// Per-sequence KV cache storage (docs/architecture.md#kv-cache): for each layer and each local head, `capacity`
-// slots of key and value (f32, or f16 for half the bytes), a slot -> position table and an accumulated attention score per
-// slot. Slots are reused in place (a free list per head), never compacted during a step. The
-// eviction policy plans which slots go; this class applies the plan. With the full policy,
-// slot == position.
+// Per-sequence KV cache storage (docs/architecture.md#kv-cache): for each layer and each local
+// head, `capacity` slots of key and value (f32, or f16 for half the bytes), a slot -> position
+// table and an accumulated attention score per slot. Slots are reused in place (a free list per
+// head), never compacted during a step. The eviction policy plans which slots go; this class
+// applies the plan. With the full policy, slot == position.
 #pragma once
 
 #include <cstdint>
@@ -80,15 +80,15 @@ class SequenceKv {
   std::unique_ptr<EvictionPolicy> policy_;
   int32_t length_ = 0;
   int64_t evictions_ = 0;
-  std::vector<Tensor> k_, v_;                // per layer: [heads, capacity, head_dim]
-  std::vector<Tensor> score_;                // per layer: [heads, capacity]
-  std::vector<int32_t> slot_pos_;            // [layers, heads, capacity]
-  std::vector<int32_t> used_;                // per layer: slots [0, used) may be occupied
-  std::vector<int32_t> occupied_;            // per (layer, head)
-  std::vector<std::vector<int32_t>> free_;   // per (layer, head): free slots, next at back
-  std::vector<int32_t> new_slots_;           // [layers, heads, n] of the last append
+  std::vector<Tensor> k_, v_;               // per layer: [heads, capacity, head_dim]
+  std::vector<Tensor> score_;               // per layer: [heads, capacity]
+  std::vector<int32_t> slot_pos_;           // [layers, heads, capacity]
+  std::vector<int32_t> used_;               // per layer: slots [0, used) may be occupied
+  std::vector<int32_t> occupied_;           // per (layer, head)
+  std::vector<std::vector<int32_t>> free_;  // per (layer, head): free slots, next at back
+  std::vector<int32_t> new_slots_;          // [layers, heads, n] of the last append
   int32_t last_n_ = 0;
-  std::vector<int32_t> plan_;                // scratch for eviction plans
+  std::vector<int32_t> plan_;  // scratch for eviction plans
 };
 
 }  // namespace deja::worker::kv

@@ -32,8 +32,7 @@ class H2OPolicy final : public EvictionPolicy {
       const int32_t victim =
           mean_score_ ? LowestCandidate<true>(head, oldest_recent)
                       : LowestScoreSlot(head.slot_pos.data(), head.score.data(),
-                                                      static_cast<int64_t>(head.slot_pos.size()),
-                                                      oldest_recent);
+                                        static_cast<int64_t>(head.slot_pos.size()), oldest_recent);
       if (victim >= 0) evict->push_back(victim);
       return;
     }

@@ -79,8 +79,6 @@ StatusOr<CachePolicyKind> FromProto(v1::WorkerCachePolicy::Kind kind, const std:
 
 v1::CachePolicy::Kind ToApiProto(CachePolicyKind kind) { return CachePolicyOf(kind).api; }
 
-v1::WorkerCachePolicy::Kind ToWorkerProto(CachePolicyKind kind) {
-  return CachePolicyOf(kind).wire;
-}
+v1::WorkerCachePolicy::Kind ToWorkerProto(CachePolicyKind kind) { return CachePolicyOf(kind).wire; }
 
 }  // namespace deja::worker::kv

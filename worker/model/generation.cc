@@ -3,7 +3,6 @@
 #include <chrono>
 #include <cmath>
 
-
 namespace deja::worker::model {
 namespace {
 
@@ -21,9 +20,9 @@ double NextTokenNll(const float* row, int64_t vocab, int32_t next) {
 
 }  // namespace
 
-StatusOr<GenerationResult> Generate(Model& model, const std::vector<int32_t>& prompt,
-                                    const GenerationOptions& options,
-                                    const std::function<void(const sampling::TokenChoice&)>& on_token) {
+StatusOr<GenerationResult> Generate(
+    Model& model, const std::vector<int32_t>& prompt, const GenerationOptions& options,
+    const std::function<void(const sampling::TokenChoice&)>& on_token) {
   DEJA_RETURN_IF_ERROR(options.sampling.Validate());
   if (prompt.empty()) return InvalidArgument("prompt must hold at least one token");
   if (options.max_new_tokens < 0) return InvalidArgument("max_new_tokens must be >= 0");
@@ -33,15 +32,14 @@ StatusOr<GenerationResult> Generate(Model& model, const std::vector<int32_t>& pr
   if (total > limit) {
     return OutOfRange("prompt of " + std::to_string(prompt.size()) + " tokens plus " +
                       std::to_string(options.max_new_tokens) +
-                      " new tokens exceeds the model's position limit of " +
-                      std::to_string(limit));
+                      " new tokens exceeds the model's position limit of " + std::to_string(limit));
   }
   const int32_t chunk = static_cast<int32_t>(
       std::min<int64_t>(options.prefill_chunk, static_cast<int64_t>(prompt.size())));
-  DEJA_ASSIGN_OR_RETURN(std::unique_ptr<kv::SequenceKv> kv,
-                        model.NewSequence(static_cast<int32_t>(std::max<int64_t>(total, 1)),
-                                          options.cache, static_cast<int32_t>(prompt.size()),
-                                          chunk));
+  DEJA_ASSIGN_OR_RETURN(
+      std::unique_ptr<kv::SequenceKv> kv,
+      model.NewSequence(static_cast<int32_t>(std::max<int64_t>(total, 1)), options.cache,
+                        static_cast<int32_t>(prompt.size()), chunk));
   GenerationResult result;
   result.finish_reason = "length";
   if (options.max_new_tokens == 0) return result;
@@ -52,8 +50,7 @@ StatusOr<GenerationResult> Generate(Model& model, const std::vector<int32_t>& pr
   const int32_t vocab = static_cast<int32_t>(model.config().vocab_size);
   auto t0 = std::chrono::steady_clock::now();
   for (size_t done = 0; done < prompt.size();) {
-    int32_t n = static_cast<int32_t>(
-        std::min<size_t>(options.prefill_chunk, prompt.size() - done));
+    int32_t n = static_cast<int32_t>(std::min<size_t>(options.prefill_chunk, prompt.size() - done));
     SequenceStep s{kv.get(), prompt.data() + done, n, false, options.sparse};
     DEJA_RETURN_IF_ERROR(model.Forward({s}, &step));
     done += n;
@@ -117,9 +114,7 @@ StatusOr<PerplexityResult> Perplexity(Model& model, const std::vector<int32_t>& 
   return r;
 }
 
-
-StatusOr<PolicyPerplexityResult> PolicyPerplexity(Model& model,
-                                                  const std::vector<int32_t>& tokens,
+StatusOr<PolicyPerplexityResult> PolicyPerplexity(Model& model, const std::vector<int32_t>& tokens,
                                                   int32_t context, int32_t prompt_tokens,
                                                   const kv::CachePolicyConfig& cache, bool sparse) {
   if (prompt_tokens < 1 || prompt_tokens >= context) {
@@ -144,7 +139,8 @@ StatusOr<PolicyPerplexityResult> PolicyPerplexity(Model& model,
     if (n <= prompt_tokens) continue;
     DEJA_ASSIGN_OR_RETURN(std::unique_ptr<kv::SequenceKv> kv,
                           model.NewSequence(n, cache, prompt_tokens, prompt_tokens));
-    DEJA_RETURN_IF_ERROR(model.Forward({{kv.get(), window.data(), prompt_tokens, false, sparse}}, &step));
+    DEJA_RETURN_IF_ERROR(
+        model.Forward({{kv.get(), window.data(), prompt_tokens, false, sparse}}, &step));
     if (kv->policy().budget() > 0 && kv->policy().budget() + 1 < kv->capacity()) {
       DEJA_RETURN_IF_ERROR(kv->Resize(kv->policy().budget() + 1));
     }

@@ -19,7 +19,7 @@ struct GenerationOptions {
   int32_t max_new_tokens = 32;
   bool stop_at_eos = true;
   int32_t prefill_chunk = 512;  // prompt tokens per forward step
-  kv::CachePolicyConfig cache;      // KV eviction policy (ratios resolve against the prompt)
+  kv::CachePolicyConfig cache;  // KV eviction policy (ratios resolve against the prompt)
   bool sparse = false;          // Deja Vu sparsity (the model must have it enabled)
 };
 
@@ -27,20 +27,20 @@ struct GenerationResult {
   std::vector<sampling::TokenChoice> tokens;
   std::string finish_reason;  // "length" or "eos"
   double prefill_seconds = 0, decode_seconds = 0;
-  size_t kv_bytes = 0;        // the sequence's KV allocation while decoding
+  size_t kv_bytes = 0;  // the sequence's KV allocation while decoding
   int64_t evictions = 0;
 };
 
 // Runs prompt (which already holds the BOS) then up to max_new_tokens decode steps. `on_token`
 // (optional) sees each token as it is chosen.
-StatusOr<GenerationResult> Generate(Model& model, const std::vector<int32_t>& prompt,
-                                    const GenerationOptions& options,
-                                    const std::function<void(const sampling::TokenChoice&)>& on_token = {});
+StatusOr<GenerationResult> Generate(
+    Model& model, const std::vector<int32_t>& prompt, const GenerationOptions& options,
+    const std::function<void(const sampling::TokenChoice&)>& on_token = {});
 
 struct PerplexityResult {
   double perplexity = 0;
   double total_nll = 0;
-  int64_t tokens = 0;   // scored tokens
+  int64_t tokens = 0;  // scored tokens
   int64_t windows = 0;
 };
 
@@ -61,8 +61,7 @@ struct PolicyPerplexityResult {
   size_t kv_bytes_per_sequence = 0;  // steady-state allocation while decoding
   int64_t evictions = 0;
 };
-StatusOr<PolicyPerplexityResult> PolicyPerplexity(Model& model,
-                                                  const std::vector<int32_t>& tokens,
+StatusOr<PolicyPerplexityResult> PolicyPerplexity(Model& model, const std::vector<int32_t>& tokens,
                                                   int32_t context, int32_t prompt_tokens,
                                                   const kv::CachePolicyConfig& cache,
                                                   bool sparse = false);

@@ -21,11 +21,11 @@
 namespace deja::worker::model {
 
 struct SequenceStep {
-  kv::SequenceKv* kv = nullptr;       // the sequence's cache; its length() is the first position
+  kv::SequenceKv* kv = nullptr;  // the sequence's cache; its length() is the first position
   const int32_t* tokens = nullptr;
-  int32_t n = 0;                  // new tokens (>= 1)
-  bool all_logits = false;        // logits for every new token, else only for the last one
-  bool sparse = false;            // Deja Vu sparsity for this sequence (when predictors are set)
+  int32_t n = 0;            // new tokens (>= 1)
+  bool all_logits = false;  // logits for every new token, else only for the last one
+  bool sparse = false;      // Deja Vu sparsity for this sequence (when predictors are set)
 };
 
 // Sees the intermediate tensors of a forward pass (`deja collect` records predictor training
@@ -43,8 +43,8 @@ class LayerObserver {
 };
 
 struct StepResult {
-  Tensor logits;                  // f32 [rows, vocab] (rank 0 after the vocab gather)
-  std::vector<int32_t> row_seq;   // batch index of each logits row
+  Tensor logits;                 // f32 [rows, vocab] (rank 0 after the vocab gather)
+  std::vector<int32_t> row_seq;  // batch index of each logits row
   // Deja Vu: the fraction of this rank's attention heads and MLP neurons the step computed,
   // averaged over layers (1 when the step ran dense).
   float active_head_fraction = 1.0f;
@@ -55,7 +55,7 @@ struct StepResult {
 
 // Deja Vu contextual sparsity (docs/architecture.md#deja-vu) for Model::EnableSparsity.
 struct SparsityOptions {
-  std::string predictors;         // predictor safetensors (its .json beside it); "" = none
+  std::string predictors;  // predictor safetensors (its .json beside it); "" = none
   // > 0 (and no predictors): oracle mode for speed runs on random-weight checkpoints, which
   // keeps this fraction of heads and neurons (pseudo-random, per token) in every sparse layer.
   float oracle_fraction = 0.0f;
@@ -109,9 +109,10 @@ class Model {
   virtual StatusOr<std::unique_ptr<kv::SequenceKv>> NewSequence(int32_t max_tokens) const = 0;
   // The same under a cache policy whose ratios resolve against `prompt_tokens`; bounded policies
   // get budget + `max_chunk` slots per head (the largest number of tokens one step appends).
-  virtual StatusOr<std::unique_ptr<kv::SequenceKv>> NewSequence(
-      int32_t max_tokens, const kv::CachePolicyConfig& policy, int32_t prompt_tokens,
-      int32_t max_chunk) const = 0;
+  virtual StatusOr<std::unique_ptr<kv::SequenceKv>> NewSequence(int32_t max_tokens,
+                                                                const kv::CachePolicyConfig& policy,
+                                                                int32_t prompt_tokens,
+                                                                int32_t max_chunk) const = 0;
 
   // Loads this rank's predictors (or sets up oracle mode). Sequences then opt in per step with
   // SequenceStep::sparse; without this call every step is dense.

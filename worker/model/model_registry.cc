@@ -1,14 +1,13 @@
 // The architectures LoadModel can build, keyed by config.json's `model_type`. Adding one is a
 // file pair implementing Model and a line in kArchitectures.
-#include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <utility>
 
-#include <nlohmann/json.hpp>
-
 #include "common/mmap_file.h"
+#include "common/opt_config.h"
 #include "worker/model/model.h"
 #include "worker/model/opt_model.h"
 
@@ -39,11 +38,7 @@ constexpr Architecture kArchitectures[] = {
 
 // config.json's model_type ("opt" when the field is absent, as in older OPT exports).
 StatusOr<std::string> ReadModelType(const std::string& path) {
-  std::error_code ec;
-  std::string file = path;
-  if (std::filesystem::is_directory(path, ec)) {
-    file = (std::filesystem::path(path) / "config.json").string();
-  }
+  const std::string file = ConfigJsonPath(path);
   DEJA_ASSIGN_OR_RETURN(MappedFile mapped, MappedFile::Open(file));
   std::string_view text(reinterpret_cast<const char*>(mapped.data()), mapped.size());
   nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr,
@@ -74,8 +69,8 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& dir, kernels::Back
   for (const Architecture& a : kArchitectures) {
     if (type == a.model_type) return a.load(dir, backend, std::move(comm), options);
   }
-  return InvalidArgument(dir + ": config field 'model_type' is '" + type +
-                         "'; this build serves " + RegisteredModelTypes());
+  return InvalidArgument(dir + ": config field 'model_type' is '" + type + "'; this build serves " +
+                         RegisteredModelTypes());
 }
 
 }  // namespace deja::worker::model

@@ -40,9 +40,8 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
   ShardSpec shard{m->comm_->rank(), m->comm_->world_size()};
   DEJA_ASSIGN_OR_RETURN(m->w_, LoadOptWeights(*m->ckpt_, m->config_, names, shard));
   if (!backend->Supports(kernels::OpId::kAttention, options.kv_dtype)) {
-    return InvalidArgument(std::string("backend ") + backend->name() +
-                           " has no attention over a " + DTypeName(options.kv_dtype) +
-                           " KV cache");
+    return InvalidArgument(std::string("backend ") + backend->name() + " has no attention over a " +
+                           DTypeName(options.kv_dtype) + " KV cache");
   }
   m->kv_dtype_ = options.kv_dtype;
   if (options.weight_dtype.has_value()) {
@@ -58,8 +57,8 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
              LinearBytes(l.fc1) + LinearBytes(l.fc2);
     bytes += ViewBytes(l.attn_ln.gamma) * 2 + ViewBytes(l.ffn_ln.gamma) * 2;
   }
-  bytes += LinearBytes(m->w_.lm_head) + LinearBytes(m->w_.project_in) +
-           LinearBytes(m->w_.project_out);
+  bytes +=
+      LinearBytes(m->w_.lm_head) + LinearBytes(m->w_.project_in) + LinearBytes(m->w_.project_out);
   m->weight_bytes_ = bytes;
   // Page the rank's weights in now, so the first request does not pay for the page faults.
   for (const OptLayerWeights& l : m->w_.layers) {
@@ -69,8 +68,8 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
   }
   Checkpoint::Prefetch(m->w_.lm_head.w);
   LOG(INFO) << "loaded " << dir << " rank " << shard.rank << "/" << shard.world << ": "
-            << m->config_.num_hidden_layers << " layers, " << bytes / (1 << 20)
-            << " MiB of " << DTypeName(m->weight_dtype()) << " weights on this rank";
+            << m->config_.num_hidden_layers << " layers, " << bytes / (1 << 20) << " MiB of "
+            << DTypeName(m->weight_dtype()) << " weights on this rank";
   return m;
 }
 
@@ -79,7 +78,7 @@ OptModel::~OptModel() = default;
 Status OptModel::EnableSparsity(const SparsityOptions& options) {
   UntileMatrices(&w_);
   DEJA_ASSIGN_OR_RETURN(sparse_, dejavu::SparseRuntime::Create(options, config_, w_, *backend_,
-                                                       comm_->rank(), comm_->world_size()));
+                                                               comm_->rank(), comm_->world_size()));
   heads_plan_ = std::make_unique<dejavu::BlockPlan>();
   mlp_plan_ = std::make_unique<dejavu::BlockPlan>();
   return Status::Ok();
@@ -97,9 +96,9 @@ StatusOr<std::unique_ptr<kv::SequenceKv>> OptModel::NewSequence(int32_t max_toke
 }
 
 StatusOr<std::unique_ptr<kv::SequenceKv>> OptModel::NewSequence(int32_t max_tokens,
-                                                            const kv::CachePolicyConfig& policy,
-                                                            int32_t prompt_tokens,
-                                                            int32_t max_chunk) const {
+                                                                const kv::CachePolicyConfig& policy,
+                                                                int32_t prompt_tokens,
+                                                                int32_t max_chunk) const {
   if (max_tokens > config_.max_position_embeddings) {
     return OutOfRange("sequence of " + std::to_string(max_tokens) +
                       " tokens exceeds the model's position limit of " +
@@ -174,8 +173,8 @@ Status OptModel::Forward(const std::vector<SequenceStep>& batch, StepResult* res
   if (w_.project_in.w.data != nullptr) {
     TensorView e = Rows(emb_, rows, p);
     DEJA_RETURN_IF_ERROR(kernels::Embedding(be, w_.embed_tokens, ids_.data(), rows, false, e));
-    DEJA_RETURN_IF_ERROR(kernels::Linear(be, e, w_.project_in.w, {}, kernels::Activation::kNone,
-                                         false, h));
+    DEJA_RETURN_IF_ERROR(
+        kernels::Linear(be, e, w_.project_in.w, {}, kernels::Activation::kNone, false, h));
   } else {
     DEJA_RETURN_IF_ERROR(kernels::Embedding(be, w_.embed_tokens, ids_.data(), rows, false, h));
   }
@@ -209,16 +208,16 @@ Status OptModel::Layer(int32_t l, const std::vector<SequenceStep>& batch, int64_
   }
   TensorView attn_in = h;
   if (pre_ln) {
-    DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h, lw.attn_ln.gamma, lw.attn_ln.beta,
-                                            kLayerNormEps, a));
+    DEJA_RETURN_IF_ERROR(
+        kernels::LayerNorm(be, h, lw.attn_ln.gamma, lw.attn_ln.beta, kLayerNormEps, a));
     attn_in = a;
   }
   DEJA_RETURN_IF_ERROR(AttentionBlock(l, batch, rows, attn_in, heads));
   DEJA_RETURN_IF_ERROR(comm_->AllReduceSum(o.as<float>(), o.numel()));  // all-reduce 1 of 2
   DEJA_RETURN_IF_ERROR(kernels::Add(be, o, lw.out.bias, h));
   if (!pre_ln) {
-    DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h, lw.attn_ln.gamma, lw.attn_ln.beta,
-                                            kLayerNormEps, h));
+    DEJA_RETURN_IF_ERROR(
+        kernels::LayerNorm(be, h, lw.attn_ln.gamma, lw.attn_ln.beta, kLayerNormEps, h));
   }
 
   // MLP block; the next layer's heads are predicted from its input meanwhile.
@@ -229,16 +228,16 @@ Status OptModel::Layer(int32_t l, const std::vector<SequenceStep>& batch, int64_
   }
   TensorView mlp_in = h;
   if (pre_ln) {
-    DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h, lw.ffn_ln.gamma, lw.ffn_ln.beta,
-                                            kLayerNormEps, a));
+    DEJA_RETURN_IF_ERROR(
+        kernels::LayerNorm(be, h, lw.ffn_ln.gamma, lw.ffn_ln.beta, kLayerNormEps, a));
     mlp_in = a;
   }
   DEJA_RETURN_IF_ERROR(MlpBlock(l, rows, mlp_in, mlp));
   DEJA_RETURN_IF_ERROR(comm_->AllReduceSum(o.as<float>(), o.numel()));  // all-reduce 2 of 2
   DEJA_RETURN_IF_ERROR(kernels::Add(be, o, lw.fc2.bias, h));
   if (!pre_ln) {
-    DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, h, lw.ffn_ln.gamma, lw.ffn_ln.beta,
-                                            kLayerNormEps, h));
+    DEJA_RETURN_IF_ERROR(
+        kernels::LayerNorm(be, h, lw.ffn_ln.gamma, lw.ffn_ln.beta, kLayerNormEps, h));
   }
   return Status::Ok();
 }
@@ -311,8 +310,8 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
     // Strided rows (the stacked Linear's) only in decode steps: one row per sequence.
     s.kv->WriteLayer(l, s.n, k_rows + row * kv_stride, v_rows + row * kv_stride);
     kernels::AttentionArgs args;
-    args.q = TensorView{const_cast<float*>(q_rows) + row * q_stride, DType::kF32,
-                        Shape{s.n, width}};
+    args.q =
+        TensorView{const_cast<float*>(q_rows) + row * q_stride, DType::kF32, Shape{s.n, width}};
     args.scale = 1.0f / std::sqrt(static_cast<float>(hd));
     args.q_pos = tok_pos_.data() + row;
     args.kv = s.kv->View(l);
@@ -329,8 +328,9 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
   };
   if (all_decode && batch.size() > 1 && be.pool() != nullptr) {
     // A decode step on a backend whose ops run on host threads (it has a pool): one pool job over
-    // the sequences (each attention then runs on its thread) instead of one job per sequence. Batch 16 on the 1.3B shape makes 384 attention calls
-    // per step; each hand-off costs more than a one-token attention over a few hundred slots.
+    // the sequences (each attention then runs on its thread) instead of one job per sequence. Batch
+    // 16 on the 1.3B shape makes 384 attention calls per step; each hand-off costs more than a
+    // one-token attention over a few hundred slots.
     std::vector<Status> status(batch.size());
     be.pool()->ParallelFor(static_cast<int64_t>(batch.size()), [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) status[i] = attend(static_cast<size_t>(i));
@@ -340,8 +340,8 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
     for (size_t i = 0; i < batch.size(); ++i) DEJA_RETURN_IF_ERROR(attend(i));
   }
   if (gather) {
-    return kernels::GatherLinearT(be, ctx, sparse_->out_t(l).view(), sel_rows_.data(), width,
-                                  false, o);
+    return kernels::GatherLinearT(be, ctx, sparse_->out_t(l).view(), sel_rows_.data(), width, false,
+                                  o);
   }
   if (mode == dejavu::BlockPlan::Mode::kMasked) {
     // Each row skips the heads its own selection left out (zero context -> no contribution).
@@ -370,15 +370,13 @@ Status OptModel::MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in,
     const int64_t n = static_cast<int64_t>(plan->units.size());
     TensorView u = Rows(u_, rows, n);
     DEJA_RETURN_IF_ERROR(kernels::GatherLinear(be, mlp_in, lw.fc1.w, lw.fc1.bias,
-                                               plan->units.data(), n, Activation::kRelu, false,
-                                               u));
-    return kernels::GatherLinearT(be, u, sparse_->fc2_t(l).view(), plan->units.data(), n, false,
-                                  o);
+                                               plan->units.data(), n, Activation::kRelu, false, u));
+    return kernels::GatherLinearT(be, u, sparse_->fc2_t(l).view(), plan->units.data(), n, false, o);
   }
   const int64_t ffn = w_.local_ffn;
   TensorView u = Rows(u_, rows, ffn);
-  DEJA_RETURN_IF_ERROR(kernels::Linear(be, mlp_in, lw.fc1.w, lw.fc1.bias, Activation::kRelu,
-                                       false, u));
+  DEJA_RETURN_IF_ERROR(
+      kernels::Linear(be, mlp_in, lw.fc1.w, lw.fc1.bias, Activation::kRelu, false, u));
   if (mode == dejavu::BlockPlan::Mode::kMasked) {
     float* x = u.as<float>();
     const uint8_t* keep = plan->keep.data();
@@ -390,8 +388,7 @@ Status OptModel::MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in,
   return kernels::Linear(be, u, lw.fc2.w, {}, Activation::kNone, false, o);
 }
 
-Status OptModel::Logits(const std::vector<SequenceStep>& batch, int64_t rows,
-                        StepResult* result) {
+Status OptModel::Logits(const std::vector<SequenceStep>& batch, int64_t rows, StepResult* result) {
   const int64_t d = config_.hidden_size, p = config_.word_embed_proj_dim;
   kernels::Backend& be = *backend_;
   // Gather the rows that need logits into a_ (contiguous).
@@ -411,13 +408,13 @@ Status OptModel::Logits(const std::vector<SequenceStep>& batch, int64_t rows,
   }
   TensorView x = Rows(a_, out_rows, d);
   if (w_.final_ln.present()) {
-    DEJA_RETURN_IF_ERROR(kernels::LayerNorm(be, x, w_.final_ln.gamma, w_.final_ln.beta,
-                                            kLayerNormEps, x));
+    DEJA_RETURN_IF_ERROR(
+        kernels::LayerNorm(be, x, w_.final_ln.gamma, w_.final_ln.beta, kLayerNormEps, x));
   }
   if (w_.project_out.w.data != nullptr) {
     TensorView e = Rows(emb_, out_rows, p);
-    DEJA_RETURN_IF_ERROR(kernels::Linear(be, x, w_.project_out.w, {}, kernels::Activation::kNone,
-                                         false, e));
+    DEJA_RETURN_IF_ERROR(
+        kernels::Linear(be, x, w_.project_out.w, {}, kernels::Activation::kNone, false, e));
     x = e;
   }
   const int64_t vocab = config_.vocab_size, local_vocab = w_.vocab_end - w_.vocab_begin;
@@ -438,8 +435,8 @@ Status OptModel::Logits(const std::vector<SequenceStep>& batch, int64_t rows,
     gather_.resize(block * (world + 1));
   }
   TensorView local_out{gather_.data(), DType::kF32, Shape{out_rows, local_vocab}};
-  DEJA_RETURN_IF_ERROR(kernels::Linear(be, x, w_.lm_head.w, {}, kernels::Activation::kNone,
-                                       false, local_out));
+  DEJA_RETURN_IF_ERROR(
+      kernels::Linear(be, x, w_.lm_head.w, {}, kernels::Activation::kNone, false, local_out));
   // Re-stride the local [rows, local_vocab] result to [rows, chunk] (in place, back to front).
   for (int64_t r = out_rows - 1; r >= 0; --r) {
     std::memmove(gather_.data() + r * chunk, gather_.data() + r * local_vocab,
@@ -452,8 +449,7 @@ Status OptModel::Logits(const std::vector<SequenceStep>& batch, int64_t rows,
     int64_t vb, ve;
     ShardRange(vocab, rk, world, &vb, &ve);
     for (int64_t r = 0; r < out_rows; ++r) {
-      std::memcpy(logits + r * vocab + vb, all + rk * block + r * chunk,
-                  (ve - vb) * sizeof(float));
+      std::memcpy(logits + r * vocab + vb, all + rk * block + r * chunk, (ve - vb) * sizeof(float));
     }
   }
   return Status::Ok();

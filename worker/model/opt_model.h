@@ -30,10 +30,9 @@ class OptModel final : public Model {
  public:
   ~OptModel() override;
   // Loads this rank's shard. `comm` may be null for a single process (world 1).
-  static StatusOr<std::unique_ptr<OptModel>> Load(const std::string& dir,
-                                                  kernels::Backend* backend,
-                                                  std::unique_ptr<comm::Communicator> comm = nullptr,
-                                                  const LoadOptions& options = {});
+  static StatusOr<std::unique_ptr<OptModel>> Load(
+      const std::string& dir, kernels::Backend* backend,
+      std::unique_ptr<comm::Communicator> comm = nullptr, const LoadOptions& options = {});
 
   const OptConfig& config() const override { return config_; }
   kv::KvGeometry kv_geometry() const override;

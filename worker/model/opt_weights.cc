@@ -34,8 +34,8 @@ StatusOr<TensorView> GetOptional(const Checkpoint& ckpt, const std::string& name
   return ckpt.Get(name, shape);
 }
 
-StatusOr<NormWeights> LoadNorm(const Checkpoint& ckpt, const std::string& w,
-                               const std::string& b, int64_t dim) {
+StatusOr<NormWeights> LoadNorm(const Checkpoint& ckpt, const std::string& w, const std::string& b,
+                               int64_t dim) {
   NormWeights n;
   DEJA_ASSIGN_OR_RETURN(n.gamma, GetOptional(ckpt, w, {dim}));
   DEJA_ASSIGN_OR_RETURN(n.beta, GetOptional(ckpt, b, {dim}));
@@ -105,8 +105,7 @@ StatusOr<OptWeights> LoadOptWeights(const Checkpoint& ckpt, const OptConfig& c,
     DEJA_ASSIGN_OR_RETURN(w.project_in.w, ckpt.Get(names.project_in, {d, p}));
     DEJA_ASSIGN_OR_RETURN(w.project_out.w, ckpt.Get(names.project_out, {p, d}));
   }
-  DEJA_ASSIGN_OR_RETURN(w.final_ln,
-                        LoadNorm(ckpt, names.final_ln_weight, names.final_ln_bias, d));
+  DEJA_ASSIGN_OR_RETURN(w.final_ln, LoadNorm(ckpt, names.final_ln_weight, names.final_ln_bias, d));
 
   const int64_t hb = shard.rank * (d / shard.world), he = hb + d / shard.world;
   const int64_t fb = shard.rank * w.local_ffn, fe = fb + w.local_ffn;
@@ -119,8 +118,7 @@ StatusOr<OptWeights> LoadOptWeights(const Checkpoint& ckpt, const OptConfig& c,
     DEJA_ASSIGN_OR_RETURN(lw.k, LoadColumnParallel(ckpt, n.k_weight, n.k_bias, d, d, hb, he));
     DEJA_ASSIGN_OR_RETURN(lw.v, LoadColumnParallel(ckpt, n.v_weight, n.v_bias, d, d, hb, he));
     DEJA_ASSIGN_OR_RETURN(lw.out, LoadRowParallel(ckpt, n.out_weight, n.out_bias, d, d, hb, he));
-    DEJA_ASSIGN_OR_RETURN(lw.fc1,
-                          LoadColumnParallel(ckpt, n.fc1_weight, n.fc1_bias, f, d, fb, fe));
+    DEJA_ASSIGN_OR_RETURN(lw.fc1, LoadColumnParallel(ckpt, n.fc1_weight, n.fc1_bias, f, d, fb, fe));
     DEJA_ASSIGN_OR_RETURN(lw.fc2, LoadRowParallel(ckpt, n.fc2_weight, n.fc2_bias, d, f, fb, fe));
     w.layers.push_back(std::move(lw));
   }
@@ -141,8 +139,7 @@ TensorView Converted(const TensorView& v, DType dtype, std::vector<Tensor>* stor
   const size_t es = DTypeSize(v.dtype);
   for (int64_t i = 0; i < n; i += kChunk) {
     const int64_t len = std::min(kChunk, n - i);
-    ConvertToF32(static_cast<const char*>(v.data) + i * es, v.dtype, len, f32.data(),
-                               false);
+    ConvertToF32(static_cast<const char*>(v.data) + i * es, v.dtype, len, f32.data(), false);
     ConvertFromF32(f32.data(), len, DType::kBF16, t.as<uint16_t>() + i);
   }
   store->push_back(std::move(t));

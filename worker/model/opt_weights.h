@@ -47,7 +47,7 @@ struct OptWeights {
   LinearWeights project_out;   // [proj, hidden] or empty
   NormWeights final_ln;
   std::vector<OptLayerWeights> layers;
-  LinearWeights lm_head;       // this rank's vocab rows [vocab_end - vocab_begin, proj]
+  LinearWeights lm_head;  // this rank's vocab rows [vocab_end - vocab_begin, proj]
   int64_t vocab_begin = 0, vocab_end = 0;
   int64_t local_heads = 0, local_ffn = 0;
   std::vector<Tensor> converted;  // backing storage of matrices converted at load

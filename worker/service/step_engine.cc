@@ -109,8 +109,10 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
   int64_t capacity = max_tokens;
   if (policy_row.bounded) {
     auto policy = kv::MakeEvictionPolicy(p->cache, static_cast<int32_t>(c.prompt_tokens()));
-    if (!policy.ok()) return InvalidArgument(Seq(id) + "config.cache: " + policy.status().message());
-    capacity = std::min<int64_t>(max_tokens, (*policy)->budget() + std::max<int64_t>(1, c.prompt_tokens()));
+    if (!policy.ok())
+      return InvalidArgument(Seq(id) + "config.cache: " + policy.status().message());
+    capacity = std::min<int64_t>(max_tokens,
+                                 (*policy)->budget() + std::max<int64_t>(1, c.prompt_tokens()));
   }
   sampling::SamplingParams sp;
   const deja::v1::WorkerSampling& s = c.sampling();
@@ -186,8 +188,7 @@ Status StepEngine::Plan(const deja::v1::StepRequest& req, std::vector<Planned>* 
   for (Planned& p : *plan) {
     if (!p.fresh) continue;
     DEJA_ASSIGN_OR_RETURN(p.fresh->kv,
-                          model_->NewSequence(p.fresh->max_tokens, p.cache,
-                                              p.fresh->prompt_tokens,
+                          model_->NewSequence(p.fresh->max_tokens, p.cache, p.fresh->prompt_tokens,
                                               std::max(1, p.fresh->prompt_tokens)));
     p.seq = p.fresh.get();
   }

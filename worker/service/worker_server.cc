@@ -12,9 +12,9 @@
 #include <thread>
 
 #include "deja/v1/worker.grpc.pb.h"
-#include "worker/kv/kv_cache.h"
-#include "worker/comm/gloo_communicator.h"
 #include "proto/grpc_status.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/kv/kv_cache.h"
 #include "worker/service/grpc_store.h"
 #include "worker/service/step_engine.h"
 
@@ -208,8 +208,7 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
   }
   backend_ = kernels::MakeCpuBackend(options_.threads);
   DEJA_ASSIGN_OR_RETURN(
-      model_, model::LoadModel(options_.model_dir, backend_.get(), std::move(comm),
-                                                 options_.load));
+      model_, model::LoadModel(options_.model_dir, backend_.get(), std::move(comm), options_.load));
   if (options_.sparsity_requested()) {
     const model::SparsityOptions& so = options_.sparsity;
     DEJA_RETURN_IF_ERROR(model_->EnableSparsity(so).WithContext(
