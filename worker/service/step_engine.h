@@ -1,9 +1,10 @@
 // StepEngine: one rank's side of a Worker.Step message, without gRPC. Holds the live sequences
 // (KV cache, token history, rank 0's sampler) keyed by seq_id, checks a step completely before
-// touching any state, runs the batch through OptModel::Forward in lockstep with the other ranks,
-// and on rank 0 samples and fills the per-sequence results. Also accounts KV memory against a
-// fixed budget: a sequence reserves its whole cache (prompt + max_new_tokens positions) when it
-// starts, and gives it back when released.
+// touching any state, runs the batch through Model::Forward in lockstep with the other ranks, and
+// on rank 0 samples and fills the per-sequence results. Also accounts KV memory against a fixed
+// budget: a sequence reserves its cache when it starts (prompt + max_new_tokens positions under
+// the full policy; budget + prompt under a bounded one, shrinking to budget + 1 after its
+// prefill) and gives it back when released.
 #pragma once
 
 #include <cstdint>
