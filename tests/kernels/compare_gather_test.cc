@@ -25,6 +25,8 @@ namespace deja::kernels {
 namespace {
 
 using testing::AllBackends;
+using testing::AttentionOn;
+using testing::AttentionTensors;
 using testing::BackendTest;
 using testing::Close;
 using testing::ComparedBackends;
@@ -341,19 +343,15 @@ void CheckHeadSubset(Backend& b, int32_t cache_heads, const std::vector<int32_t>
     std::copy_n(dense_score.as<float>() + h * capacity, capacity,
                 want_score.as<float>() + h * capacity);
 
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_q, b.ToBackend(q_sel));
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_k, b.ToBackend(k));
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_v, b.ToBackend(v));
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_slot_pos, b.ToBackend(slot_pos));
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_score, b.ToBackend(score0));
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_out, b.ToBackend(garbage));
-  AttentionArgs sparse = args(d_q, d_k, d_v, d_slot_pos, d_score, d_out);
+  DEJA_ASSERT_OK_AND_ASSIGN(AttentionTensors on_b,
+                            AttentionOn(b, q_sel, k, v, slot_pos, score0, garbage));
+  AttentionArgs sparse = args(on_b.q, on_b.k, on_b.v, on_b.slot_pos, on_b.score, on_b.out);
   sparse.heads = heads;
   sparse.head_ids = head_ids.data();
   sparse.cache_heads = cache_heads;
   DEJA_ASSERT_OK(Attention(b, sparse));
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor got, b.ToHost(d_out.view()));
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor got_score, b.ToHost(d_score.view()));
+  DEJA_ASSERT_OK_AND_ASSIGN(Tensor got, b.ToHost(on_b.out.view()));
+  DEJA_ASSERT_OK_AND_ASSIGN(Tensor got_score, b.ToHost(on_b.score.view()));
   EXPECT_TRUE(Close(got.as<float>(), want_out.data(), got.numel(), kTol));
   EXPECT_TRUE(Close(got_score.as<float>(), want_score.as<float>(), cache, kTol)) << "scores";
   for (int32_t h = 0; h < cache_heads; ++h) {

@@ -19,6 +19,8 @@ namespace deja::kernels {
 namespace {
 
 using testing::AllBackends;
+using testing::AttentionOn;
+using testing::AttentionTensors;
 using testing::BackendNamed;
 using testing::BackendTest;
 using testing::Close;
@@ -234,15 +236,11 @@ void CheckAttention(Backend& b, const AttentionCase& c, uint32_t seed, DType kv)
   Tensor want = Tensor::Zeros(DType::kF32, {c.tokens, width});
   Tensor want_score = CopyOf(score0);
   ASSERT_TRUE(Attention(*ref, args(q, k, v, slot_pos, want_score, want)).ok());
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_q, b.ToBackend(q));
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_k, b.ToBackend(k));
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_v, b.ToBackend(v));
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_slot_pos, b.ToBackend(slot_pos));
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_score, b.ToBackend(score0));
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_out, b.ToBackend(garbage));
-  DEJA_ASSERT_OK(Attention(b, args(d_q, d_k, d_v, d_slot_pos, d_score, d_out)));
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor got, b.ToHost(d_out.view()));
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor got_score, b.ToHost(d_score.view()));
+  DEJA_ASSERT_OK_AND_ASSIGN(AttentionTensors d,
+                            AttentionOn(b, q, k, v, slot_pos, score0, garbage));
+  DEJA_ASSERT_OK(Attention(b, args(d.q, d.k, d.v, d.slot_pos, d.score, d.out)));
+  DEJA_ASSERT_OK_AND_ASSIGN(Tensor got, b.ToHost(d.out.view()));
+  DEJA_ASSERT_OK_AND_ASSIGN(Tensor got_score, b.ToHost(d.score.view()));
   EXPECT_TRUE(Close(got.as<float>(), want.as<float>(), got.numel()));
   EXPECT_TRUE(Close(got_score.as<float>(), want_score.as<float>(), cache)) << "scores";
 }

@@ -258,4 +258,19 @@ inline ::testing::AssertionResult Close(const float* got, const float* want, int
   return f;
 }
 
+// The tensors of one attention call copied to a backend (the harness writes each case once).
+struct AttentionTensors {
+  Tensor q, k, v, slot_pos, score, out;
+};
+inline StatusOr<AttentionTensors> AttentionOn(Backend& b, const Tensor& q, const Tensor& k,
+                                              const Tensor& v, const Tensor& slot_pos,
+                                              const Tensor& score, const Tensor& out) {
+  AttentionTensors t;
+  for (auto [dst, src] : {std::pair{&t.q, &q}, {&t.k, &k}, {&t.v, &v}, {&t.slot_pos, &slot_pos},
+                          {&t.score, &score}, {&t.out, &out}}) {
+    DEJA_ASSIGN_OR_RETURN(*dst, b.ToBackend(*src));
+  }
+  return t;
+}
+
 }  // namespace deja::kernels::testing
