@@ -104,8 +104,9 @@ std::optional<uint32_t> BudgetOf(const v1::CachePolicy& c, bool heavy, size_t pr
   return std::nullopt;
 }
 
+// `max_tokens`: the sequence's length at most (prompt + max_new_tokens).
 Status ResolveCache(const v1::CachePolicy& requested, const v1::CachePolicy& server_default,
-                    size_t prompt_tokens, v1::WorkerCachePolicy* out) {
+                    size_t prompt_tokens, size_t max_tokens, v1::WorkerCachePolicy* out) {
   DEJA_RETURN_IF_ERROR(CheckCacheFields(requested, "cache."));
   // KIND_UNSPECIFIED takes the server default's kind; a server without one serves full.
   const bool unspecified = requested.kind() == v1::CachePolicy::KIND_UNSPECIFIED;
@@ -128,8 +129,16 @@ Status ResolveCache(const v1::CachePolicy& requested, const v1::CachePolicy& ser
   };
   out->set_kind(row.wire);
   if (!row.bounded) return Status::Ok();
-  if (row.heavy_hitters) out->set_heavy_tokens(budget(/*heavy=*/true));
-  out->set_recent_tokens(std::max<uint32_t>(budget(/*heavy=*/false), 1));
+  const uint32_t heavy = row.heavy_hitters ? budget(/*heavy=*/true) : 0;
+  const uint32_t recent = std::max<uint32_t>(budget(/*heavy=*/false), 1);
+  // Budgets that reach the sequence's length evict nothing: the full cache, exactly.
+  if (static_cast<uint64_t>(heavy) + recent >= max_tokens) {
+    out->Clear();
+    out->set_kind(kv::CachePolicyOf(kv::CachePolicyKind::kFull).wire);
+    return Status::Ok();
+  }
+  if (row.heavy_hitters) out->set_heavy_tokens(heavy);
+  out->set_recent_tokens(recent);
   return Status::Ok();
 }
 
@@ -308,6 +317,7 @@ StatusOr<ResolvedRequest> ResolveRequest(const v1::GenerateRequest& request,
   out.logprobs = r.logprobs() || out.top_n > 0;
   out.return_tokens = r.return_tokens() || out.logprobs;
   DEJA_RETURN_IF_ERROR(ResolveCache(request.cache(), limits.default_cache, out.prompt.size(),
+                                    out.prompt.size() + out.max_new_tokens,
                                     out.config.mutable_cache()));
   DEJA_RETURN_IF_ERROR(ResolveSparsity(request.sparsity(), limits, &out.config));
   out.config.set_top_n(out.top_n);

@@ -254,6 +254,37 @@ TEST_F(ValidationTest, CachePolicyBudgetsResolveToTokens) {
   EXPECT_EQ(r->ReservedPositions(), 56);
 }
 
+// Budgets that reach the sequence's length (prompt + max_new_tokens) evict nothing: they resolve
+// to the full cache, also when they would overflow 32 bits (2^31-1 + 2^31-1, 2^32-1 + 2^32-1).
+TEST_F(ValidationTest, BudgetsReachingTheSequenceLengthResolveToFull) {
+  v1::GenerateRequest req;
+  for (int i = 0; i < 40; ++i) req.mutable_token_ids()->add_ids(9);
+  req.mutable_stopping()->set_max_new_tokens(16);
+  for (uint32_t b : {56u / 2, 2147483647u, 2147483648u, 4294967295u}) {
+    SCOPED_TRACE(b);
+    req.mutable_cache()->set_kind(v1::CachePolicy::KIND_H2O);
+    req.mutable_cache()->set_heavy_tokens(b);
+    req.mutable_cache()->set_recent_tokens(b);
+    StatusOr<ResolvedRequest> r = Resolve(req);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->config.cache().kind(), v1::WorkerCachePolicy::KIND_FULL);
+    EXPECT_EQ(r->config.cache().heavy_tokens(), 0u);
+    EXPECT_EQ(r->config.cache().recent_tokens(), 0u);
+    EXPECT_EQ(r->ReservedPositions(), 56);
+  }
+  // One position short of the length stays bounded.
+  req.mutable_cache()->Clear();
+  req.mutable_cache()->set_kind(v1::CachePolicy::KIND_WINDOW);
+  req.mutable_cache()->set_recent_tokens(55);
+  StatusOr<ResolvedRequest> r = Resolve(req);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->config.cache().kind(), v1::WorkerCachePolicy::KIND_WINDOW);
+  req.mutable_cache()->set_recent_tokens(56);
+  r = Resolve(req);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->config.cache().kind(), v1::WorkerCachePolicy::KIND_FULL);
+}
+
 // A request naming KIND_H2O or KIND_WINDOW without budgets gets 10% of the prompt for each part
 // (the proto's default), not zero.
 TEST_F(ValidationTest, BoundedKindsWithoutBudgetsTakeTenPercent) {

@@ -109,6 +109,26 @@ TEST(SamplerTest, TemperatureSharpens) {
   }
 }
 
+// A tiny positive temperature is greedy (the logits are scaled relative to the row's max, so they
+// cannot overflow to inf - inf); a huge one is uniform, never NaN.
+TEST(SamplerTest, TinyTemperatureIsGreedyAndHugeIsUniform) {
+  // The most likely token first, and logits of both signs, as a model's are.
+  std::vector<double> p = {0.4, 0.1, 0.3, 0.2};
+  std::vector<float> logits = LogitsFromProbs(p);
+  for (float& l : logits) l += 1.5f;
+  sampling::SamplingParams params;
+  params.do_sample = true;
+  for (float t : {1e-45f, 1e-38f, 1e-6f}) {
+    params.temperature = t;
+    auto h = Histogram(params, logits, 200);
+    EXPECT_EQ(h[0], 200) << "temperature " << t;
+  }
+  params.temperature = 3e38f;
+  const int n = 8000;
+  auto h = Histogram(params, logits, n);
+  for (int c : h) EXPECT_NEAR(c, n / 4.0, 5 * std::sqrt(n * 0.25 * 0.75));
+}
+
 TEST(SamplerTest, TopKAndTopPRestrictTheSupport) {
   std::vector<double> p = {0.05, 0.15, 0.3, 0.5};
   sampling::SamplingParams params;

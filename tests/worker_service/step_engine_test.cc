@@ -99,6 +99,26 @@ TEST_F(StepEngineTest, PrefillAndDecodeMatchGenerate) {
   EXPECT_EQ(engine_->Usage().cached_tokens(), 0u);
 }
 
+// Budgets that reach the sequence's length, sent straight to a worker (even ones that overflow
+// 32 bits when added), keep every token: the full cache's reservation and greedy tokens.
+TEST_F(StepEngineTest, BudgetsReachingTheLengthActAsTheFullCache) {
+  const uint64_t baseline = engine_->Usage().free_bytes();
+  const std::vector<int32_t>& p = prompts_.back();
+  StepRequest req;
+  req.set_step_id(1);
+  auto first = FirstChunk(11, p, p.size(), kNewTokens);
+  first.mutable_config()->mutable_cache()->set_kind(deja::v1::WorkerCachePolicy::KIND_H2O);
+  first.mutable_config()->mutable_cache()->set_heavy_tokens(2147483647u);
+  first.mutable_config()->mutable_cache()->set_recent_tokens(2147483647u);
+  *req.add_sequences() = first;
+  StepResponse resp = Run(req);
+  ASSERT_EQ(resp.error_code(), 0) << resp.error_message();
+  EXPECT_EQ(baseline - resp.kv().free_bytes(),
+            engine_->kv_bytes_per_token() * (p.size() + kNewTokens));
+  auto got = Decode(resp, {11}, {static_cast<uint32_t>(p.size())});
+  EXPECT_EQ(got[0], test_util::ReferenceGreedy(*model_, p, kNewTokens));
+}
+
 // An H2O sequence through the step protocol gives what model::Generate gives under the same
 // budget; after its prompt its reservation shrinks to budget + 1 slots; release frees it all.
 TEST_F(StepEngineTest, H2OSequenceMatchesGenerateAndShrinksAfterPrefill) {

@@ -93,8 +93,12 @@ TokenChoice Sampler::Choose(const float* logits, int32_t vocab,
     choice.id = at != nullptr && at != logits + vocab ? static_cast<int32_t>(at - logits)
                                                       : ArgMax(work, vocab);
   } else {
+    // Scaled relative to the row's max, so every value is <= 0: a tiny temperature sends all but
+    // the maxima to -inf (greedy, ties shared) instead of overflowing to inf - inf = NaN.
     const float t = params_.temperature;
-    for (float& l : work_) l /= t;
+    const float m = MaxOf(work_.data(), vocab);
+    const float shift = std::isfinite(m) ? m : 0.f;
+    for (float& l : work_) l = (l - shift) / t;
     // Candidates sorted by logit (descending, ties to the lower id).
     order_.resize(vocab);
     std::iota(order_.begin(), order_.end(), 0);

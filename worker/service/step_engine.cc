@@ -70,6 +70,12 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
   const deja::v1::SequenceConfig& c = w.config();
   StatusOr<kv::CachePolicyKind> kind = kv::FromProto(c.cache().kind(), "config.cache.kind");
   if (!kind.ok()) return InvalidArgument(Seq(id) + kind.status().message());
+  // Budgets that reach the sequence's length keep every token: the full cache, exactly (and no
+  // int32 budget arithmetic on wrapped values).
+  const uint64_t budget = static_cast<uint64_t>(c.cache().heavy_tokens()) + c.cache().recent_tokens();
+  if (budget >= static_cast<uint64_t>(c.prompt_tokens()) + c.max_new_tokens()) {
+    *kind = kv::CachePolicyKind::kFull;
+  }
   p->cache.kind = *kind;
   const kv::CachePolicyRow& policy_row = kv::CachePolicyOf(*kind);
   if (policy_row.bounded) {
