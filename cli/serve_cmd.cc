@@ -87,6 +87,7 @@ void AddCoordinatorFlags(Args& args) {
       .Flag("host", "address the gRPC API listens on", "0.0.0.0")
       .Flag("port", "gRPC port (0: any free port)", "50051")
       .Flag("metrics-port", "Prometheus /metrics port (0: any free port, -1: off)", "9090")
+      .Flag("metrics-host", "address /metrics listens on (default: the API's --host)", "")
       .Flag("max-batch-sequences", "sequences per step", "32")
       .Flag("max-prefill-tokens", "prompt tokens per step over all prefill chunks", "512")
       .Flag("max-queue", "requests waiting for the batch before RESOURCE_EXHAUSTED", "64")
@@ -130,6 +131,7 @@ StatusOr<coordinator::CoordinatorOptions> CoordinatorFromFlags(const Args& args)
   coordinator::CoordinatorOptions o;
   o.model_dir = args.Str("model");
   o.host = args.Str("host");
+  o.metrics_host = args.Str("metrics-host");
   DEJA_ASSIGN_OR_RETURN(int64_t tp, args.Int("tp"));
   DEJA_ASSIGN_OR_RETURN(int64_t port, args.Int("port"));
   DEJA_ASSIGN_OR_RETURN(int64_t metrics_port, args.Int("metrics-port"));

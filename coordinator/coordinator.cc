@@ -95,7 +95,7 @@ Status Coordinator::Init() {
   metrics_ = std::make_unique<CoordinatorMetrics>(&registry_, labels);
   if (o.metrics_port >= 0) {
     metrics::MetricsServerOptions mo;
-    mo.host = o.metrics_host;
+    mo.host = o.metrics_host.empty() ? o.host : o.metrics_host;
     mo.port = o.metrics_port;
     DEJA_ASSIGN_OR_RETURN(metrics_server_, metrics::MetricsServer::Start(&registry_, mo));
   }
@@ -121,10 +121,15 @@ Status Coordinator::Init() {
   grpc::ServerBuilder builder;
   const std::string address = o.host + ":" + std::to_string(o.port);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port_);
+  // A port another process holds is an error, not a shared listener (SO_REUSEPORT would hand
+  // the other server half of the new connections).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service_.get());
   builder.RegisterService(rendezvous_.get());
   server_ = builder.BuildAndStart();
-  if (!server_ || port_ == 0) return Unavailable("cannot listen on " + address);
+  if (!server_ || port_ == 0) {
+    return Unavailable("cannot listen on " + address + " (in use, or not an address of this host)");
+  }
   server_->GetHealthCheckService()->SetServingStatus(kReadinessService, false);
   health_ = std::thread([this] { HealthLoop(); });
   LOG(INFO) << "coordinator: serving " << info.model_name() << " (TP " << o.tensor_parallel_size

@@ -45,8 +45,8 @@ struct CoordinatorOptions {
   // gRPC address; port 0 picks a free one (see Coordinator::port()).
   std::string host = "0.0.0.0";
   int port = 0;
-  // Prometheus /metrics; port 0 picks a free one, -1 disables it.
-  std::string metrics_host = "0.0.0.0";
+  // Prometheus /metrics; port 0 picks a free one, -1 disables it. An empty host binds the API's.
+  std::string metrics_host;
   int metrics_port = 0;
   SchedulerOptions scheduler;
   int32_t default_max_new_tokens = 256;

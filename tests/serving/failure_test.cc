@@ -5,6 +5,10 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 #include "serving_util.h"
 
@@ -161,6 +165,42 @@ TEST(FailureTest, TensorParallelSizeMustDivideTheModel) {
                             LogPath("tp3"));
   EXPECT_EQ(p.ExitCode(milliseconds(20000)), 2);
   EXPECT_NE(p.Log().find("must divide"), std::string::npos) << p.Log();
+}
+
+// The local address a TCP listener on `port` is bound to, as /proc/net/tcp writes it (hex, e.g.
+// 0100007F for 127.0.0.1); "" when none listens.
+std::string ListenAddress(int port) {
+  std::ifstream in("/proc/net/tcp");
+  std::string line;
+  char want[8];
+  std::snprintf(want, sizeof(want), ":%04X", port);
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string slot, local, remote, state;
+    f >> slot >> local >> remote >> state;
+    if (state == "0A" && local.size() > 5 && local.substr(local.size() - 5) == want) {
+      return local.substr(0, local.size() - 5);
+    }
+  }
+  return "";
+}
+
+// A port another server holds is a start-up error naming it (no SO_REUSEPORT sharing), and
+// /metrics listens on the API's host unless told otherwise.
+TEST(FailureTest, PortInUseIsAnErrorAndMetricsBindTheApiHost) {
+  Server first("port_first", {DEJA_BINARY, "coordinator", "--model", ModelDir(), "--tp", "2",
+                              "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0"});
+  ASSERT_TRUE(first.WaitListening()) << first.Log();
+  EXPECT_EQ(ListenAddress(first.metrics_port()), "0100007F");
+  const std::string port = first.target().substr(first.target().rfind(':') + 1);
+  test_util::ChildProcess second({DEJA_BINARY, "coordinator", "--model", ModelDir(), "--tp", "2",
+                                  "--host", "127.0.0.1", "--port", port, "--metrics-port", "-1"},
+                                 LogPath("port_second"));
+  EXPECT_NE(second.ExitCode(milliseconds(20000)), 0) << second.Log();
+  EXPECT_NE(second.Log().find("cannot listen on 127.0.0.1:" + port), std::string::npos)
+      << second.Log();
+  ASSERT_EQ(::kill(first.process().pid(), SIGTERM), 0);
+  EXPECT_EQ(first.process().ExitCode(milliseconds(15000)), 0) << first.Log();
 }
 
 TEST(FailureTest, CoordinatorServesWorkersStartedSeparately) {
