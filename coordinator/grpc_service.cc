@@ -264,24 +264,37 @@ grpc::ServerUnaryReactor* TextGenerationService::Tokenize(grpc::CallbackServerCo
 }
 
 grpc::ServerUnaryReactor* TextGenerationService::GetModelInfo(grpc::CallbackServerContext* context,
-                                                              const v1::GetModelInfoRequest*,
-                                                              v1::ModelInfo* response) {
-  *response = info_;
+                                                              const grpc::ByteBuffer* request,
+                                                              grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (StatusOr<v1::GetModelInfoRequest> parsed = ParseGetModelInfoRequest(*request);
+      !parsed.ok()) {
+    reactor->Finish(proto::ToGrpc(parsed.status()));
+    return reactor;
+  }
+  v1::ModelInfo out = info_;
   // Sparsity is what the (last) connected worker group reports.
   const ModelLimits limits = engine_->LimitsFor(engine_->group());
-  response->set_sparsity_available(limits.sparsity_available);
-  for (const std::string& s : limits.sparsity_schedules) response->add_sparsity_schedules(s);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  out.set_sparsity_available(limits.sparsity_available);
+  for (const std::string& s : limits.sparsity_schedules) out.add_sparsity_schedules(s);
+  SerializeTo(out, response);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* TextGenerationService::Cancel(grpc::CallbackServerContext* context,
-                                                        const v1::CancelRequest* request,
-                                                        v1::CancelResponse* response) {
-  response->set_found(engine_->Cancel(request->request_id()));
-  VLOG(1) << "Cancel " << request->request_id() << ": found " << response->found();
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  StatusOr<v1::CancelRequest> parsed = ParseCancelRequest(*request);
+  if (!parsed.ok()) {
+    reactor->Finish(proto::ToGrpc(parsed.status()));
+    return reactor;
+  }
+  v1::CancelResponse out;
+  out.set_found(engine_->Cancel(parsed->request_id()));
+  VLOG(1) << "Cancel " << parsed->request_id() << ": found " << out.found();
+  SerializeTo(out, response);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

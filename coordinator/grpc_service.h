@@ -14,14 +14,15 @@
 
 namespace deja::coordinator {
 
-// Generate, GenerateStream and Tokenize take their requests as bytes (see wire_check.h: text
-// that is not UTF-8 must be INVALID_ARGUMENT naming the field, which the protobuf runtime's own
-// parse cannot give); the other methods are typed.
+// Every method takes its request as bytes (see wire_check.h): text that is not UTF-8 and bytes
+// that are not the method's message must be INVALID_ARGUMENT naming what is wrong, which the
+// protobuf runtime's own parse cannot give (a typed method answers malformed bytes with a
+// status that names nothing).
 using TextGenerationBase = v1::TextGeneration::WithRawCallbackMethod_Generate<
     v1::TextGeneration::WithRawCallbackMethod_GenerateStream<
         v1::TextGeneration::WithRawCallbackMethod_Tokenize<
-            v1::TextGeneration::WithCallbackMethod_GetModelInfo<
-                v1::TextGeneration::WithCallbackMethod_Cancel<v1::TextGeneration::Service>>>>>;
+            v1::TextGeneration::WithRawCallbackMethod_GetModelInfo<
+                v1::TextGeneration::WithRawCallbackMethod_Cancel<v1::TextGeneration::Service>>>>>;
 
 class TextGenerationService final : public TextGenerationBase {
  public:
@@ -39,11 +40,11 @@ class TextGenerationService final : public TextGenerationBase {
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
-                                         const v1::GetModelInfoRequest* request,
-                                         v1::ModelInfo* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* context,
-                                   const v1::CancelRequest* request,
-                                   v1::CancelResponse* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
 
  private:
   Engine* engine_;

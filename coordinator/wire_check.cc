@@ -110,6 +110,20 @@ StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(const grpc::ByteBuffer& buffe
   return Parse<v1::TokenizeRequest>(buffer, &CheckTokenizeRequestUtf8);
 }
 
+StatusOr<v1::CancelRequest> ParseCancelRequest(const grpc::ByteBuffer& buffer) {
+  return Parse<v1::CancelRequest>(buffer, [](std::string_view wire) {
+    static const Shape* cancel = new Shape{{{1, "request_id"}}, {}, {}};
+    return Scan(wire, *cancel, "");
+  });
+}
+
+StatusOr<v1::GetModelInfoRequest> ParseGetModelInfoRequest(const grpc::ByteBuffer& buffer) {
+  return Parse<v1::GetModelInfoRequest>(buffer, [](std::string_view wire) {
+    static const Shape* none = new Shape{{}, {}, {}};
+    return Scan(wire, *none, "");
+  });
+}
+
 void SerializeTo(const google::protobuf::MessageLite& message, grpc::ByteBuffer* buffer) {
   const std::string bytes = message.SerializeAsString();
   grpc::Slice slice(bytes);

@@ -24,6 +24,8 @@ Status CheckTokenizeRequestUtf8(std::string_view wire);
 
 StatusOr<v1::GenerateRequest> ParseGenerateRequest(const grpc::ByteBuffer& buffer);
 StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(const grpc::ByteBuffer& buffer);
+StatusOr<v1::CancelRequest> ParseCancelRequest(const grpc::ByteBuffer& buffer);
+StatusOr<v1::GetModelInfoRequest> ParseGetModelInfoRequest(const grpc::ByteBuffer& buffer);
 
 // Serializes `message` into `buffer` (replacing its contents).
 void SerializeTo(const google::protobuf::MessageLite& message, grpc::ByteBuffer* buffer);

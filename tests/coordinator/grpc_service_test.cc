@@ -5,6 +5,9 @@
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <grpcpp/generic/generic_stub.h>
+
+#include <future>
 
 #include "coordinator/wire_check.h"
 #include "coordinator_test_util.h"
@@ -35,7 +38,7 @@ class GrpcServiceTest : public ::testing::Test {
     info.set_tensor_parallel_size(2);
     service_ = std::make_unique<TextGenerationService>(engine_.get(), info);
     grpc::ServerBuilder b;
-    int port = 0;
+    int& port = port_;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     b.RegisterService(service_.get());
     server_ = b.BuildAndStart();
@@ -67,7 +70,39 @@ class GrpcServiceTest : public ::testing::Test {
   std::unique_ptr<TextGenerationService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::TextGeneration::Stub> stub_;
+  int port_ = 0;
+
+  // `bytes` sent as the request of `method`, whatever they are; the call's status.
+  grpc::Status RawUnary(const std::string& method, const std::string& bytes) {
+    grpc::GenericStub stub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
+                                               grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1), response;
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&ctx, "/deja.v1.TextGeneration/" + method, grpc::StubOptions(), &request,
+                   &response, [&](grpc::Status s) { done.set_value(s); });
+    return done.get_future().get();
+  }
 };
+
+// Bytes that are not the method's message are INVALID_ARGUMENT on every method, never a status
+// naming nothing; well-formed ones still work.
+TEST_F(GrpcServiceTest, MalformedBytesAreInvalidArgumentOnEveryMethod) {
+  const std::string junk("\xff\xff\xff\xff", 4);
+  for (const char* method : {"Generate", "Tokenize", "GetModelInfo", "Cancel"}) {
+    grpc::Status s = RawUnary(method, junk);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method << ": "
+                                                                  << s.error_message();
+  }
+  // CancelRequest{request_id: "\xff"}: a string that is not UTF-8, named.
+  grpc::Status s = RawUnary("Cancel", std::string("\x0a\x01\xff", 3));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("request_id"), std::string::npos) << s.error_message();
+  EXPECT_TRUE(RawUnary("GetModelInfo", "").ok());
+  EXPECT_TRUE(RawUnary("Cancel", std::string("\x0a\x01x", 3)).ok());
+}
 
 TEST_F(GrpcServiceTest, GenerateAndStream) {
   v1::GenerateRequest req;
