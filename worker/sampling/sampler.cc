@@ -96,7 +96,8 @@ TokenChoice Sampler::Choose(const float* logits, int32_t vocab,
     // Scaled relative to the row's max, so every value is <= 0: a tiny temperature sends all but
     // the maxima to -inf (greedy, ties shared) instead of overflowing to inf - inf = NaN.
     const float t = params_.temperature;
-    const float m = MaxOf(work_.data(), vocab);
+    // The raw row's max is known already (LogSumExp); a penalty may have changed it.
+    const float m = params_.repetition_penalty == 1.0f ? max_logit : MaxOf(work_.data(), vocab);
     const float shift = std::isfinite(m) ? m : 0.f;
     for (float& l : work_) l = (l - shift) / t;
     // Candidates sorted by logit (descending, ties to the lower id).

@@ -43,7 +43,8 @@ StatusOr<std::string> GrpcStore::Get(const std::string& key, std::chrono::millis
   req.set_key(key);
   req.set_timeout_ms(static_cast<uint32_t>(std::max<int64_t>(timeout.count(), 0)));
   deja::v1::GetResponse resp;
-  DEJA_RETURN_IF_ERROR(proto::FromGrpc(stub_->Get(&ctx, req, &resp)).WithContext("rendezvous Get"));
+  DEJA_RETURN_IF_ERROR(
+      proto::FromGrpc(stub_->Get(&ctx, req, &resp)).WithContext("rendezvous Get"));
   return std::move(*resp.mutable_value());
 }
 
