@@ -9,6 +9,7 @@
 #include "cli/args.h"
 #include "cli/client_bench.h"
 #include "cli/commands.h"
+#include "cli/security_flags.h"
 #include "common/enum_table.h"
 #include "coordinator/sparsity_mode.h"
 #include "deja/v1/text_generation.grpc.pb.h"
@@ -121,11 +122,14 @@ void SetDeadline(const Args& args, grpc::ClientContext* ctx) {
 }
 
 Status Run(const std::string& action, const Args& args) {
-  auto channel = grpc::CreateChannel(args.Str("target"), grpc::InsecureChannelCredentials());
+  DEJA_ASSIGN_OR_RETURN(const ClientConnection connection,
+                        ConnectFromFlags(args, args.Str("target")));
+  const std::shared_ptr<grpc::Channel>& channel = connection.channel;
   auto stub = v1::TextGeneration::NewStub(channel);
   const bool json = args.On("json");
   grpc::ClientContext ctx;
   SetDeadline(args, &ctx);
+  connection.Authorize(&ctx);
   if (action == "generate") {
     DEJA_ASSIGN_OR_RETURN(v1::GenerateRequest req, RequestFromFlags(args));
     v1::GenerateResponse resp;
@@ -216,8 +220,7 @@ Status Run(const std::string& action, const Args& args) {
       DEJA_ASSIGN_OR_RETURN(max_new, args.Int("max-new-tokens"));
     }
     if (max_new < 1) return InvalidArgument("--max-new-tokens must be >= 1");
-    return RunClientBench(args.Str("target"), args.Str("metrics-target"), levels,
-                          static_cast<int>(max_new),
+    return RunClientBench(connection, args.Str("metrics-target"), levels, static_cast<int>(max_new),
                           args.Has("prompt") ? args.Str("prompt") : "And God said");
   }
   return InvalidArgument("unknown action '" + action + "': use " + kActions);
@@ -258,6 +261,7 @@ int RunClient(int argc, char** argv, int first) {
       .Bool("json", "print responses as JSON")
       .Flag("streams", "bench: comma-separated concurrency levels", "1,8,32")
       .Flag("metrics-target", "bench: host:port of the server's /metrics, for step accounting");
+  AddClientSecurityFlags(args);
   if (first >= argc || std::string(argv[first]).rfind("--", 0) == 0) {
     if (first < argc && (std::string(argv[first]) == "--help")) {
       return std::printf("%s", args.Help().c_str()), 0;

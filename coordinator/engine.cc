@@ -19,6 +19,8 @@ std::string RejectReason(const Status& s) {
       return "invalid_argument";
     case StatusCode::kFailedPrecondition:
       return "failed_precondition";
+    case StatusCode::kUnauthenticated:
+      return "unauthenticated";
     default:
       return "other";
   }

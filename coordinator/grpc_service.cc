@@ -221,11 +221,34 @@ StatusOr<v1::GenerateRequest> ParseGenerate(const grpc::ByteBuffer& request, Eng
   return parsed;
 }
 
+grpc::ServerWriteReactor<grpc::ByteBuffer>* FailStream(const Status& status) {
+  auto* reactor = new FailedStream();
+  reactor->Finish(proto::ToGrpc(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* FailUnary(grpc::CallbackServerContext* context, const Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(proto::ToGrpc(status));
+  return reactor;
+}
+
 }  // namespace
+
+Status TextGenerationService::Authenticate(const grpc::CallbackServerContext* context) {
+  if (auth_ == nullptr) return Status::Ok();
+  Status s = auth_->Check(context->client_metadata());
+  if (!s.ok()) {
+    engine_->RejectInvalid(s);
+    VLOG(1) << "refused a call from " << context->peer() << ": " << s.message();
+  }
+  return s;
+}
 
 grpc::ServerUnaryReactor* TextGenerationService::Generate(grpc::CallbackServerContext* context,
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
+  if (Status s = Authenticate(context); !s.ok()) return FailUnary(context, s);
   StatusOr<v1::GenerateRequest> parsed = ParseGenerate(*request, engine_);
   if (!parsed.ok()) {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -237,6 +260,7 @@ grpc::ServerUnaryReactor* TextGenerationService::Generate(grpc::CallbackServerCo
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* TextGenerationService::GenerateStream(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  if (Status s = Authenticate(context); !s.ok()) return FailStream(s);
   StatusOr<v1::GenerateRequest> parsed = ParseGenerate(*request, engine_);
   if (!parsed.ok()) {
     auto* reactor = new FailedStream();
@@ -249,6 +273,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TextGenerationService::GenerateStrea
 grpc::ServerUnaryReactor* TextGenerationService::Tokenize(grpc::CallbackServerContext* context,
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
+  if (Status s = Authenticate(context); !s.ok()) return FailUnary(context, s);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   StatusOr<v1::TokenizeRequest> parsed = ParseTokenizeRequest(*request);
   if (!parsed.ok()) {
@@ -275,6 +300,7 @@ grpc::ServerUnaryReactor* TextGenerationService::Tokenize(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* TextGenerationService::GetModelInfo(grpc::CallbackServerContext* context,
                                                               const grpc::ByteBuffer* request,
                                                               grpc::ByteBuffer* response) {
+  if (Status s = Authenticate(context); !s.ok()) return FailUnary(context, s);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (StatusOr<v1::GetModelInfoRequest> parsed = ParseGetModelInfoRequest(*request);
       !parsed.ok()) {
@@ -294,6 +320,7 @@ grpc::ServerUnaryReactor* TextGenerationService::GetModelInfo(grpc::CallbackServ
 grpc::ServerUnaryReactor* TextGenerationService::Cancel(grpc::CallbackServerContext* context,
                                                         const grpc::ByteBuffer* request,
                                                         grpc::ByteBuffer* response) {
+  if (Status s = Authenticate(context); !s.ok()) return FailUnary(context, s);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   StatusOr<v1::CancelRequest> parsed = ParseCancelRequest(*request);
   if (!parsed.ok()) {
