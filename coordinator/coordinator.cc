@@ -9,6 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "coordinator/internal_server.h"
+
 namespace deja::coordinator {
 namespace {
 
@@ -100,9 +102,11 @@ Status Coordinator::Init() {
     DEJA_ASSIGN_OR_RETURN(metrics_server_, metrics::MetricsServer::Start(&registry_, mo));
   }
 
-  rendezvous_ = std::make_unique<coordinator::RendezvousService>(o.tensor_parallel_size);
+  rendezvous_ = std::make_unique<coordinator::RendezvousService>(
+      o.tensor_parallel_size, o.group_secret, o.rendezvous_limits);
   WorkerGroupOptions go = o.group;
   go.world_size = o.tensor_parallel_size;
+  go.group_secret = o.group_secret;
   group_ = std::make_unique<WorkerGroup>(go, rendezvous_.get(), metrics_.get());
 
   EngineOptions eo;
@@ -125,15 +129,25 @@ Status Coordinator::Init() {
   // the other server half of the new connections).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service_.get());
-  builder.RegisterService(rendezvous_.get());
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
     return Unavailable("cannot listen on " + address + " (in use, or not an address of this host)");
+  }
+  DEJA_ASSIGN_OR_RETURN(InternalServer internal,
+                        StartInternalServer(o.internal_host, o.internal_port, rendezvous_.get(),
+                                            grpc::InsecureServerCredentials()));
+  internal_server_ = std::move(internal.server);
+  internal_port_ = internal.port;
+  if (o.group_secret.empty()) {
+    LOG(WARNING) << "coordinator: the internal plane runs without a group secret: anyone who "
+                    "reaches "
+                 << rendezvous_address() << " can join the worker group";
   }
   server_->GetHealthCheckService()->SetServingStatus(kReadinessService, false);
   health_ = std::thread([this] { HealthLoop(); });
   LOG(INFO) << "coordinator: serving " << info.model_name() << " (TP " << o.tensor_parallel_size
             << ") on " << o.host << ":" << port_ << ", metrics on port " << metrics_port()
+            << ", internal plane on " << o.internal_host << ":" << internal_port_
             << "; waiting for " << o.tensor_parallel_size << " workers to register";
   return Status::Ok();
 }
@@ -149,13 +163,17 @@ Coordinator::~Coordinator() {
   if (rendezvous_) rendezvous_->Shutdown();
   if (engine_) engine_->FailAll(Unavailable("the server is shutting down"));
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  // Members go in reverse order: server, service, engine, group, rendezvous, metrics.
+  if (internal_server_) {
+    internal_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+  // Members go in reverse order: internal server, server, service, engine, group, rendezvous,
+  // metrics.
 }
 
 std::string Coordinator::rendezvous_address() const {
-  const std::string& h = options_.host;
+  const std::string& h = options_.internal_host;
   const bool any = h.empty() || h == "0.0.0.0" || h == "[::]" || h == "::";
-  return (any ? std::string("127.0.0.1") : h) + ":" + std::to_string(port_);
+  return (any ? std::string("127.0.0.1") : h) + ":" + std::to_string(internal_port_);
 }
 
 bool Coordinator::Drain() {

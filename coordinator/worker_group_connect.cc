@@ -48,6 +48,7 @@ void WorkerGroup::TryConnect() {
   for (auto& link : conn->links) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + kHeartbeatCallLimit);
+    proto::AttachGroupSecret(&ctx, options_.group_secret);
     v1::WorkerStatus& st = statuses[link->rank];
     grpc::Status s = link->stub->GetStatus(&ctx, v1::GetStatusRequest(), &st);
     if (s.ok()) link->last_ok = now;
@@ -93,6 +94,7 @@ void WorkerGroup::TryConnect() {
               << SparsityName(sparsity_default);
   }
   for (auto& link : conn->links) {
+    proto::AttachGroupSecret(&link->context, options_.group_secret);
     link->stream = link->stub->Step(&link->context);
     link->evicted_seen = statuses[link->rank].kv().evicted_tokens_total();
   }

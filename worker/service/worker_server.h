@@ -27,7 +27,10 @@ struct WorkerOptions {
   std::string model_dir;
   int rank = 0;
   int world_size = 1;
-  std::string coordinator;             // host:port of the Rendezvous service
+  std::string coordinator;  // host:port of the Rendezvous (the internal listener)
+  // Sent on every Rendezvous call and required of every Worker call (proto/internal_plane.h);
+  // empty runs without one.
+  std::string group_secret;
   std::string listen = "127.0.0.1:0";  // port 0: any free port
   // Registered with the coordinator; empty: the listen host with the bound port (the host name
   // when listening on every interface).
