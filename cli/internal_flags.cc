@@ -47,4 +47,36 @@ StatusOr<std::string> GroupSecretFromFlags(const Args& args) {
                          "--insecure-internal to run the internal plane without one");
 }
 
+void AddInternalTlsFlags(Args& args) {
+  args.Flag("internal-tls-cert",
+            "PEM certificate chain of this process on the internal plane (mutual TLS; with "
+            "--internal-tls-key and --internal-tls-ca)")
+      .Flag("internal-tls-key", "PEM private key of --internal-tls-cert")
+      .Flag("internal-tls-ca", "PEM CA that every internal-plane peer's certificate must chain to")
+      .Flag("internal-tls-server-name",
+            "name the servers' certificates are checked against (default: the host dialled)");
+}
+
+proto::InternalTlsFiles InternalTlsFromFlags(const Args& args) {
+  proto::InternalTlsFiles f;
+  f.cert_file = args.Str("internal-tls-cert");
+  f.key_file = args.Str("internal-tls-key");
+  f.ca_file = args.Str("internal-tls-ca");
+  f.server_name = args.Str("internal-tls-server-name");
+  return f;
+}
+
+std::vector<std::string> InternalTlsWorkerArgs(const proto::InternalTlsFiles& files) {
+  std::vector<std::string> out;
+  for (const auto& [flag, value] : {std::pair{"--internal-tls-cert", &files.cert_file},
+                                    std::pair{"--internal-tls-key", &files.key_file},
+                                    std::pair{"--internal-tls-ca", &files.ca_file},
+                                    std::pair{"--internal-tls-server-name", &files.server_name}}) {
+    if (value->empty()) continue;
+    out.push_back(flag);
+    out.push_back(*value);
+  }
+  return out;
+}
+
 }  // namespace deja::cli

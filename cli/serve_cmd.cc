@@ -231,6 +231,7 @@ int RunServe(int argc, char** argv, int first) {
   Args args("serve", "Serve --model with a coordinator and --tp worker processes on this host.");
   AddCoordinatorFlags(args);
   AddInternalListenFlags(args, "0");
+  AddInternalTlsFlags(args);
   args.Flag("kv-memory-mb", "KV cache budget of each worker, MiB (0: the worker's default)", "0")
       .Flag("threads", "CPU threads per worker (0: this host's cores split evenly)", "0")
       .Flag("worker-host", "address the workers listen on", "127.0.0.1");
@@ -243,6 +244,7 @@ int RunServe(int argc, char** argv, int first) {
     DEJA_ASSIGN_OR_RETURN(InternalListen internal, InternalListenFromFlags(args));
     o.internal_host = internal.host;
     o.internal_port = internal.port;
+    o.internal_tls = InternalTlsFromFlags(args);
     // A fresh secret for every run, which only this process and its workers know.
     DEJA_ASSIGN_OR_RETURN(o.group_secret, proto::GenerateGroupSecret());
     coordinator::LauncherOptions lo;
@@ -263,6 +265,9 @@ int RunServe(int argc, char** argv, int first) {
     lo.sparsity_default = sparsity.default_flag;
     DEJA_RETURN_IF_ERROR(LoadOptionsFromFlags(args).status());
     lo.extra_worker_args = {"--dtype", args.Str("dtype"), "--kv-dtype", args.Str("kv-dtype")};
+    for (const std::string& a : InternalTlsWorkerArgs(o.internal_tls)) {
+      lo.extra_worker_args.push_back(a);
+    }
     return Serve(o, &lo, signals);
   };
   if (Status s = run(); !s.ok()) return Fail("serve", s);
@@ -278,6 +283,7 @@ int RunCoordinator(int argc, char** argv, int first) {
   AddCoordinatorFlags(args);
   AddInternalListenFlags(args, "50052");
   AddGroupSecretFlags(args);
+  AddInternalTlsFlags(args);
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("coordinator", s);
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
   auto run = [&]() -> Status {
@@ -285,6 +291,7 @@ int RunCoordinator(int argc, char** argv, int first) {
     DEJA_ASSIGN_OR_RETURN(InternalListen internal, InternalListenFromFlags(args));
     o.internal_host = internal.host;
     o.internal_port = internal.port;
+    o.internal_tls = InternalTlsFromFlags(args);
     DEJA_ASSIGN_OR_RETURN(o.group_secret, GroupSecretFromFlags(args));
     return Serve(o, nullptr, signals);
   };

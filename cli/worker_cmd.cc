@@ -80,6 +80,7 @@ int RunWorker(int argc, char** argv, int first) {
       .Flag("collective-timeout-ms", "bound on the Gloo rendezvous and every collective", "30000")
       .Flag("gloo-host", "address Gloo listens on for its peers", "127.0.0.1");
   AddGroupSecretFlags(args);
+  AddInternalTlsFlags(args);
   AddSparsityFlags(args);
   AddDtypeFlag(args);
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("worker", s);
@@ -114,6 +115,7 @@ int RunWorker(int argc, char** argv, int first) {
     o.sparsity = sparsity.options;
     o.sparsity_default = sparsity.default_on;
     DEJA_ASSIGN_OR_RETURN(o.load, LoadOptionsFromFlags(args));
+    o.internal_tls = InternalTlsFromFlags(args);
     DEJA_ASSIGN_OR_RETURN(o.group_secret, GroupSecretFromFlags(args));
     return Status::Ok();
   };

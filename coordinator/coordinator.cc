@@ -102,11 +102,14 @@ Status Coordinator::Init() {
     DEJA_ASSIGN_OR_RETURN(metrics_server_, metrics::MetricsServer::Start(&registry_, mo));
   }
 
+  DEJA_ASSIGN_OR_RETURN(const proto::InternalCredentials internal_credentials,
+                        proto::InternalCredentials::Load(o.internal_tls));
   rendezvous_ = std::make_unique<coordinator::RendezvousService>(
       o.tensor_parallel_size, o.group_secret, o.rendezvous_limits);
   WorkerGroupOptions go = o.group;
   go.world_size = o.tensor_parallel_size;
   go.group_secret = o.group_secret;
+  go.credentials = internal_credentials;
   group_ = std::make_unique<WorkerGroup>(go, rendezvous_.get(), metrics_.get());
 
   EngineOptions eo;
@@ -135,7 +138,7 @@ Status Coordinator::Init() {
   }
   DEJA_ASSIGN_OR_RETURN(InternalServer internal,
                         StartInternalServer(o.internal_host, o.internal_port, rendezvous_.get(),
-                                            grpc::InsecureServerCredentials()));
+                                            internal_credentials.Server()));
   internal_server_ = std::move(internal.server);
   internal_port_ = internal.port;
   if (o.group_secret.empty()) {
@@ -148,7 +151,8 @@ Status Coordinator::Init() {
   LOG(INFO) << "coordinator: serving " << info.model_name() << " (TP " << o.tensor_parallel_size
             << ") on " << o.host << ":" << port_ << ", metrics on port " << metrics_port()
             << ", internal plane on " << o.internal_host << ":" << internal_port_
-            << "; waiting for " << o.tensor_parallel_size << " workers to register";
+            << (internal_credentials.tls() ? " (mutual TLS)" : "") << "; waiting for "
+            << o.tensor_parallel_size << " workers to register";
   return Status::Ok();
 }
 

@@ -52,6 +52,8 @@ struct CoordinatorOptions {
   // Required of the workers' Rendezvous calls and sent on the coordinator's Worker calls
   // (proto/internal_plane.h); empty runs the internal plane without one.
   std::string group_secret;
+  // Mutual TLS of the internal listener and of the calls to the workers; none: plaintext.
+  proto::InternalTlsFiles internal_tls;
   RendezvousLimits rendezvous_limits;
   // Prometheus /metrics; port 0 picks a free one, -1 disables it. An empty host binds the API's.
   std::string metrics_host;

@@ -32,6 +32,8 @@ struct WorkerGroupOptions {
   std::chrono::milliseconds heartbeat_timeout{1500};
   // Sent on every Worker call (Step, GetStatus); the workers refuse calls without it.
   std::string group_secret;
+  // Of the channels to the workers (mutual TLS or plaintext).
+  proto::InternalCredentials credentials;
 };
 
 class WorkerGroup final : public EngineClient {

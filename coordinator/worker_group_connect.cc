@@ -35,8 +35,7 @@ void WorkerGroup::TryConnect() {
       link->rank = static_cast<int>(m.rank);
       link->address = m.address;
       link->pid = m.pid;
-      link->channel =
-          grpc::CreateCustomChannel(m.address, grpc::InsecureChannelCredentials(), args);
+      link->channel = options_.credentials.Channel(m.address, args);
       link->stub = v1::Worker::NewStub(link->channel);
       link->last_ok = now;
       pending_->links.push_back(std::move(link));

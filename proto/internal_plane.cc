@@ -1,6 +1,8 @@
 #include "proto/internal_plane.h"
 
 #include <glog/logging.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
 #include <sys/random.h>
 
 #include <cerrno>
@@ -9,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 namespace deja::proto {
 namespace {
@@ -127,6 +130,55 @@ grpc::Status GroupSecretCheck::Check(const grpc::ServerContext& ctx,
   }
   return {grpc::StatusCode::UNAUTHENTICATED,
           std::string(why) + " (gRPC metadata " + kGroupSecretMetadata + ")"};
+}
+
+StatusOr<InternalCredentials> InternalCredentials::Load(const InternalTlsFiles& files) {
+  InternalCredentials c;
+  if (!files.any()) {
+    if (!files.server_name.empty()) {
+      return InvalidArgument(
+          "--internal-tls-server-name needs --internal-tls-cert, "
+          "--internal-tls-key and --internal-tls-ca");
+    }
+    return c;
+  }
+  if (files.cert_file.empty() || files.key_file.empty() || files.ca_file.empty()) {
+    return InvalidArgument(
+        "--internal-tls-cert, --internal-tls-key and --internal-tls-ca go together");
+  }
+  for (const auto& [flag, path, out] :
+       {std::tuple{"--internal-tls-cert", &files.cert_file, &c.cert_},
+        std::tuple{"--internal-tls-key", &files.key_file, &c.key_},
+        std::tuple{"--internal-tls-ca", &files.ca_file, &c.ca_}}) {
+    std::ifstream in(*path, std::ios::binary);
+    std::ostringstream ss;
+    if (in) ss << in.rdbuf();
+    if (!in || ss.str().find("-----BEGIN ") == std::string::npos) {
+      return InvalidArgument(std::string(flag) + ": cannot read a PEM file at " + *path);
+    }
+    *out = ss.str();
+  }
+  c.server_name_ = files.server_name;
+  return c;
+}
+
+std::shared_ptr<grpc::ServerCredentials> InternalCredentials::Server() const {
+  if (!tls()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions o(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  o.pem_root_certs = ca_;
+  o.pem_key_cert_pairs.push_back({key_, cert_});
+  return grpc::SslServerCredentials(o);
+}
+
+std::shared_ptr<grpc::Channel> InternalCredentials::Channel(const std::string& target,
+                                                            grpc::ChannelArguments args) const {
+  if (!tls()) return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = ca_;
+  o.pem_private_key = key_;
+  o.pem_cert_chain = cert_;
+  if (!server_name_.empty()) args.SetSslTargetNameOverride(server_name_);
+  return grpc::CreateCustomChannel(target, grpc::SslCredentials(o), args);
 }
 
 }  // namespace deja::proto

@@ -1,16 +1,21 @@
-// The internal plane's access control: the group secret that the coordinator and its workers
-// share (docs/serving.md#the-internal-plane). Workers send it on every Rendezvous call, the
+// The internal plane's access control (docs/serving.md#the-internal-plane). The group secret
+// that the coordinator and its workers share: workers send it on every Rendezvous call, the
 // coordinator on every Worker call; each server refuses a missing or wrong one with
 // UNAUTHENTICATED. Without it anyone who reaches the internal port could register as a rank,
-// read the group's Gloo addresses, and receive the users' prompts as steps.
+// read the group's Gloo addresses, and receive the users' prompts as steps. Optionally mutual
+// TLS (InternalCredentials), so that the secret and the steps are not readable on the network.
 #pragma once
 
+#include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
+#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_context.h>
+#include <grpcpp/support/channel_arguments.h>
 #include <grpcpp/support/status.h>
 
 #include <atomic>
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -58,6 +63,36 @@ class GroupSecretCheck {
   const std::string secret_;
   const std::string server_;
   mutable std::atomic<uint64_t> refused_{0};
+};
+
+// PEM files of the internal plane's mutual TLS: all three, or none for plaintext.
+struct InternalTlsFiles {
+  std::string cert_file;  // this process's certificate chain, presented as server and client
+  std::string key_file;
+  std::string ca_file;  // the CA the peers' certificates must chain to
+  // Servers' certificates are checked against this name instead of the host dialled, so one
+  // certificate can serve a group whose addresses are not known in advance.
+  std::string server_name;
+  bool any() const { return !cert_file.empty() || !key_file.empty() || !ca_file.empty(); }
+};
+
+// The credentials of every listener and channel of the internal plane: insecure by default;
+// with TLS files, servers require and verify a client certificate signed by the CA, and clients
+// verify the server's.
+class InternalCredentials {
+ public:
+  InternalCredentials() = default;
+  // InvalidArgument naming the flag for a partial set or an unreadable file.
+  static StatusOr<InternalCredentials> Load(const InternalTlsFiles& files);
+
+  bool tls() const { return !cert_.empty(); }
+  std::shared_ptr<grpc::ServerCredentials> Server() const;
+  // A channel to `target`; `args` are kept (message sizes) and get the TLS name override.
+  std::shared_ptr<grpc::Channel> Channel(const std::string& target,
+                                         grpc::ChannelArguments args = {}) const;
+
+ private:
+  std::string cert_, key_, ca_, server_name_;
 };
 
 }  // namespace deja::proto

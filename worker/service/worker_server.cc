@@ -145,7 +145,7 @@ Status WorkerServer::StartGrpc() {
   service_ = std::make_unique<WorkerServiceImpl>(this);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options_.listen, credentials_.Server(), &port);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a port in use is an error
   builder.RegisterService(service_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -165,13 +165,12 @@ Status WorkerServer::StartGrpc() {
   }
   LOG(INFO) << "rank " << options_.rank << "/" << options_.world_size
             << ": Worker service listening on " << options_.listen << " (port " << port
-            << "), advertised as " << address_;
+            << "), advertised as " << address_ << (credentials_.tls() ? " (mutual TLS)" : "");
   return Status::Ok();
 }
 
 StatusOr<uint64_t> WorkerServer::Register() {
-  auto channel = grpc::CreateChannel(options_.coordinator, grpc::InsecureChannelCredentials());
-  auto stub = deja::v1::Rendezvous::NewStub(channel);
+  auto stub = deja::v1::Rendezvous::NewStub(credentials_.Channel(options_.coordinator));
   deja::v1::RegisterRequest req;
   req.set_rank(static_cast<uint32_t>(options_.rank));
   req.set_world_size(static_cast<uint32_t>(options_.world_size));
@@ -203,8 +202,8 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
   const Clock::time_point t0 = Clock::now();
   std::unique_ptr<comm::Communicator> comm;
   if (options_.world_size > 1) {
-    GrpcStore store(grpc::CreateChannel(options_.coordinator, grpc::InsecureChannelCredentials()),
-                    std::chrono::seconds(10), options_.group_secret);
+    GrpcStore store(credentials_.Channel(options_.coordinator), std::chrono::seconds(10),
+                    options_.group_secret);
     comm::GlooOptions g;
     g.rank = options_.rank;
     g.world_size = options_.world_size;
@@ -250,6 +249,7 @@ Status WorkerServer::Run() {
                            std::to_string(options_.world_size) + ")");
   }
   if (options_.kv_memory_bytes == 0) return InvalidArgument("the KV memory budget must be > 0");
+  DEJA_ASSIGN_OR_RETURN(credentials_, proto::InternalCredentials::Load(options_.internal_tls));
   DEJA_RETURN_IF_ERROR(StartGrpc());
   StatusOr<uint64_t> epoch = Register();
   if (epoch.ok()) {
