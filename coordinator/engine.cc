@@ -240,7 +240,7 @@ void Engine::RunStep(StepPlan plan) {
     scheduler_.FailStep(plan, status, received);
   } else {
     ObserveSparsity(*responses);
-    scheduler_.Complete(plan, responses->front(), received);
+    scheduler_.Complete(plan, *responses, received);
   }
   const Clock::time_point applied = Clock::now();
   metrics_->StepPhase("apply").Observe(Seconds(applied - received));

@@ -210,14 +210,24 @@ class FailedStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnDone() override { delete this; }
 };
 
+// A generation call's request, parsed. A call the client cancelled, or whose deadline passed,
+// before its message arrived has no message at all (not even an empty one): CANCELLED, and not
+// counted as a rejection, since no input was refused. Bad bytes are INVALID_ARGUMENT, counted.
+StatusOr<v1::GenerateRequest> ParseGenerate(const grpc::ByteBuffer& request, Engine* engine) {
+  if (!request.Valid())
+    return Status(StatusCode::kCancelled, "the call ended before its request arrived");
+  StatusOr<v1::GenerateRequest> parsed = ParseGenerateRequest(request);
+  if (!parsed.ok()) engine->RejectInvalid(parsed.status());
+  return parsed;
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* TextGenerationService::Generate(grpc::CallbackServerContext* context,
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
-  StatusOr<v1::GenerateRequest> parsed = ParseGenerateRequest(*request);
+  StatusOr<v1::GenerateRequest> parsed = ParseGenerate(*request, engine_);
   if (!parsed.ok()) {
-    engine_->RejectInvalid(parsed.status());
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(proto::ToGrpc(parsed.status()));
     return reactor;
@@ -227,9 +237,8 @@ grpc::ServerUnaryReactor* TextGenerationService::Generate(grpc::CallbackServerCo
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* TextGenerationService::GenerateStream(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
-  StatusOr<v1::GenerateRequest> parsed = ParseGenerateRequest(*request);
+  StatusOr<v1::GenerateRequest> parsed = ParseGenerate(*request, engine_);
   if (!parsed.ok()) {
-    engine_->RejectInvalid(parsed.status());
     auto* reactor = new FailedStream();
     reactor->Finish(proto::ToGrpc(parsed.status()));
     return reactor;

@@ -101,6 +101,10 @@ TEST_F(GrpcServiceTest, MalformedBytesAreInvalidArgumentOnEveryMethod) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("request_id"), std::string::npos) << s.error_message();
   EXPECT_TRUE(RawUnary("GetModelInfo", "").ok());
+  // An empty message is a message (every field unset), refused by name, not taken for a call
+  // that ended before its request arrived.
+  s = RawUnary("Generate", "");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
   EXPECT_TRUE(RawUnary("Cancel", std::string("\x0a\x01x", 3)).ok());
 }
 
@@ -228,6 +232,42 @@ TEST_F(GrpcServiceTest, ClientCancellationAndDeadlineFreeTheSequence) {
   v1::GenerateResponse resp;
   EXPECT_EQ(stub_->Generate(&dctx, req, &resp).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_TRUE(WaitNoSequences());
+}
+
+// Calls the client cancels at once, or whose deadline passes before they are read, are not
+// refusals of bad input: rejections_total{reason="invalid_argument"} stays 0.
+TEST_F(GrpcServiceTest, CancelledCallsAreNotCountedAsInvalid) {
+  v1::GenerateRequest req;
+  req.set_text("Hi");
+  req.mutable_stopping()->set_max_new_tokens(3);
+  grpc::CompletionQueue cq;
+  constexpr int kCalls = 300;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientAsyncReader<v1::GenerateStreamResponse>>> readers;
+  std::vector<grpc::Status> statuses(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    if (i % 2 == 1) contexts.back()->set_deadline(std::chrono::system_clock::now());
+    readers.push_back(stub_->AsyncGenerateStream(contexts.back().get(), req, &cq,
+                                                 reinterpret_cast<void*>(2 * i)));
+    if (i % 2 == 0) contexts.back()->TryCancel();
+    readers.back()->Finish(&statuses[i], reinterpret_cast<void*>(2 * i + 1));
+  }
+  int finished = 0;
+  void* tag;
+  bool ok;
+  while (finished < kCalls && cq.Next(&tag, &ok)) {
+    if (reinterpret_cast<intptr_t>(tag) % 2 == 1) ++finished;
+  }
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  for (const grpc::Status& s : statuses) {
+    EXPECT_NE(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  }
+  const std::string text = registry_.Serialize();
+  EXPECT_EQ(text.find("rejections_total{reason=\"invalid_argument\"}"), std::string::npos)
+      << text.substr(text.find("rejections_total"), 300);
 }
 
 TEST_F(GrpcServiceTest, TokenizeAndModelInfo) {
