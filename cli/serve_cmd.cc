@@ -1,7 +1,8 @@
 // `deja serve` (coordinator plus N supervised worker processes on this machine) and
 // `deja coordinator` (the coordinator alone; workers are started elsewhere and register with
-// its Rendezvous). Both drain on SIGTERM/SIGINT: readiness turns NOT_SERVING, new requests get
-// UNAVAILABLE, admitted ones finish up to --drain-timeout-ms; a second signal stops at once.
+// its Rendezvous on the internal plane, cli/internal_flags.h). Both drain on SIGTERM/SIGINT:
+// readiness turns NOT_SERVING, new requests get UNAVAILABLE, admitted ones finish up to
+// --drain-timeout-ms; a second signal stops at once.
 #include <fcntl.h>
 #include <glog/logging.h>
 #include <signal.h>
@@ -17,8 +18,10 @@
 #include "cli/commands.h"
 #include "cli/common_flags.h"
 #include "cli/security_flags.h"
+#include "cli/internal_flags.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/launcher.h"
+#include "proto/internal_plane.h"
 #include "worker/kv/policy_table.h"
 
 namespace deja::cli {
@@ -189,6 +192,8 @@ Status Serve(const coordinator::CoordinatorOptions& options,
   }
   std::fprintf(stderr, "deja: serving on %s:%d (metrics on port %d); waiting for %d workers\n",
                options.host.c_str(), c->port(), c->metrics_port(), options.tensor_parallel_size);
+  std::fprintf(stderr, "deja: internal plane (worker rendezvous) on %s\n",
+               c->rendezvous_address().c_str());
   // Until a signal: announce readiness once, with a command to paste.
   for (bool announced = false; !signals.Wait(1, std::chrono::milliseconds(100));) {
     if (!announced && c->engine().Ready()) {
@@ -229,6 +234,8 @@ int RunServe(int argc, char** argv, int first) {
   SignalWaiter signals;
   Args args("serve", "Serve --model with a coordinator and --tp worker processes on this host.");
   AddCoordinatorFlags(args);
+  AddInternalListenFlags(args, "0");
+  AddInternalTlsFlags(args);
   args.Flag("kv-memory-mb", "KV cache budget of each worker, MiB (0: the worker's default)", "0")
       .Flag("threads", "CPU threads per worker (0: this host's cores split evenly)", "0")
       .Flag("worker-host", "address the workers listen on", "127.0.0.1");
@@ -238,7 +245,14 @@ int RunServe(int argc, char** argv, int first) {
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
   auto run = [&]() -> Status {
     DEJA_ASSIGN_OR_RETURN(coordinator::CoordinatorOptions o, CoordinatorFromFlags(args));
+    DEJA_ASSIGN_OR_RETURN(InternalListen internal, InternalListenFromFlags(args));
+    o.internal_host = internal.host;
+    o.internal_port = internal.port;
+    o.internal_tls = InternalTlsFromFlags(args);
+    // A fresh secret for every run, which only this process and its workers know.
+    DEJA_ASSIGN_OR_RETURN(o.group_secret, proto::GenerateGroupSecret());
     coordinator::LauncherOptions lo;
+    lo.group_secret = o.group_secret;
     lo.model_dir = o.model_dir;
     lo.world_size = o.tensor_parallel_size;
     lo.worker_host = args.Str("worker-host");
@@ -255,6 +269,9 @@ int RunServe(int argc, char** argv, int first) {
     lo.sparsity_default = sparsity.default_flag;
     DEJA_RETURN_IF_ERROR(LoadOptionsFromFlags(args).status());
     lo.extra_worker_args = {"--dtype", args.Str("dtype"), "--kv-dtype", args.Str("kv-dtype")};
+    for (const std::string& a : InternalTlsWorkerArgs(o.internal_tls)) {
+      lo.extra_worker_args.push_back(a);
+    }
     return Serve(o, &lo, signals);
   };
   if (Status s = run(); !s.ok()) return Fail("serve", s);
@@ -265,12 +282,21 @@ int RunCoordinator(int argc, char** argv, int first) {
   SignalWaiter signals;
   Args args("coordinator",
             "Run only the coordinator for --model; start --tp `deja worker` processes elsewhere "
-            "with --coordinator pointing at this --port.");
+            "with --coordinator pointing at --internal-host:--internal-port and the same group "
+            "secret.");
   AddCoordinatorFlags(args);
+  AddInternalListenFlags(args, "50052");
+  AddGroupSecretFlags(args);
+  AddInternalTlsFlags(args);
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("coordinator", s);
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
   auto run = [&]() -> Status {
     DEJA_ASSIGN_OR_RETURN(coordinator::CoordinatorOptions o, CoordinatorFromFlags(args));
+    DEJA_ASSIGN_OR_RETURN(InternalListen internal, InternalListenFromFlags(args));
+    o.internal_host = internal.host;
+    o.internal_port = internal.port;
+    o.internal_tls = InternalTlsFromFlags(args);
+    DEJA_ASSIGN_OR_RETURN(o.group_secret, GroupSecretFromFlags(args));
     return Serve(o, nullptr, signals);
   };
   if (Status s = run(); !s.ok()) return Fail("coordinator", s);

@@ -12,6 +12,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/common_flags.h"
+#include "cli/internal_flags.h"
 #include "worker/service/worker_server.h"
 
 namespace deja::cli {
@@ -67,7 +68,9 @@ int RunWorker(int argc, char** argv, int first) {
   args.Flag("model", "model directory (HF OPT checkpoint)", "", true)
       .Flag("rank", "this worker's rank in [0, world)", "", true)
       .Flag("world", "tensor-parallel size N", "", true)
-      .Flag("coordinator", "host:port of the coordinator (Rendezvous service)", "", true)
+      .Flag("coordinator",
+            "host:port of the coordinator's internal plane (its --internal-host:--internal-port)",
+            "", true)
       .Flag("listen", "host:port of this worker's gRPC service (port 0: any free port)",
             "127.0.0.1:0")
       .Flag("advertise", "host:port registered with the coordinator (default: from --listen)")
@@ -76,6 +79,8 @@ int RunWorker(int argc, char** argv, int first) {
       .Flag("connect-timeout-ms", "how long to keep trying to reach the coordinator", "60000")
       .Flag("collective-timeout-ms", "bound on the Gloo rendezvous and every collective", "30000")
       .Flag("gloo-host", "address Gloo listens on for its peers", "127.0.0.1");
+  AddGroupSecretFlags(args);
+  AddInternalTlsFlags(args);
   AddSparsityFlags(args);
   AddDtypeFlag(args);
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("worker", s);
@@ -110,6 +115,8 @@ int RunWorker(int argc, char** argv, int first) {
     o.sparsity = sparsity.options;
     o.sparsity_default = sparsity.default_on;
     DEJA_ASSIGN_OR_RETURN(o.load, LoadOptionsFromFlags(args));
+    o.internal_tls = InternalTlsFromFlags(args);
+    DEJA_ASSIGN_OR_RETURN(o.group_secret, GroupSecretFromFlags(args));
     return Status::Ok();
   };
   if (Status s = parse(); !s.ok()) return Fail("worker", s);

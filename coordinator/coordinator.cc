@@ -9,6 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "coordinator/internal_server.h"
+
 namespace deja::coordinator {
 namespace {
 
@@ -105,9 +107,14 @@ Status Coordinator::Init() {
     DEJA_ASSIGN_OR_RETURN(metrics_server_, metrics::MetricsServer::Start(&registry_, mo));
   }
 
-  rendezvous_ = std::make_unique<coordinator::RendezvousService>(o.tensor_parallel_size);
+  DEJA_ASSIGN_OR_RETURN(const proto::InternalCredentials internal_credentials,
+                        proto::InternalCredentials::Load(o.internal_tls));
+  rendezvous_ = std::make_unique<coordinator::RendezvousService>(
+      o.tensor_parallel_size, o.group_secret, o.rendezvous_limits);
   WorkerGroupOptions go = o.group;
   go.world_size = o.tensor_parallel_size;
+  go.group_secret = o.group_secret;
+  go.credentials = internal_credentials;
   group_ = std::make_unique<WorkerGroup>(go, rendezvous_.get(), metrics_.get());
 
   EngineOptions eo;
@@ -130,30 +137,27 @@ Status Coordinator::Init() {
   // the other server half of the new connections).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service_.get());
-  if (security.tls) {
-    // The workers register in plaintext, so with TLS on the API port the Rendezvous gets a
-    // loopback listener of its own.
-    grpc::ServerBuilder internal;
-    internal.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &rendezvous_port_);
-    internal.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-    internal.RegisterService(rendezvous_.get());
-    rendezvous_server_ = internal.BuildAndStart();
-    if (!rendezvous_server_ || rendezvous_port_ == 0) {
-      return Unavailable("cannot listen on 127.0.0.1 for the workers' Rendezvous");
-    }
-  } else {
-    builder.RegisterService(rendezvous_.get());
-  }
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
     return Unavailable("cannot listen on " + address + " (in use, or not an address of this host)");
+  }
+  DEJA_ASSIGN_OR_RETURN(InternalServer internal,
+                        StartInternalServer(o.internal_host, o.internal_port, rendezvous_.get(),
+                                            internal_credentials.Server()));
+  internal_server_ = std::move(internal.server);
+  internal_port_ = internal.port;
+  if (o.group_secret.empty()) {
+    LOG(WARNING) << "coordinator: the internal plane runs without a group secret: anyone who "
+                    "reaches "
+                 << rendezvous_address() << " can join the worker group";
   }
   server_->GetHealthCheckService()->SetServingStatus(kReadinessService, false);
   health_ = std::thread([this] { HealthLoop(); });
   LOG(INFO) << "coordinator: serving " << info.model_name() << " (TP " << o.tensor_parallel_size
             << ") on " << o.host << ":" << port_ << ", metrics on port " << metrics_port()
-            << "; waiting for " << o.tensor_parallel_size << " workers to register at "
-            << rendezvous_address();
+            << ", internal plane on " << o.internal_host << ":" << internal_port_
+            << (internal_credentials.tls() ? " (mutual TLS)" : "") << "; waiting for "
+            << o.tensor_parallel_size << " workers to register";
   return Status::Ok();
 }
 
@@ -168,17 +172,17 @@ Coordinator::~Coordinator() {
   if (rendezvous_) rendezvous_->Shutdown();
   if (engine_) engine_->FailAll(Unavailable("the server is shutting down"));
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  if (rendezvous_server_) {
-    rendezvous_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (internal_server_) {
+    internal_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
-  // Members go in reverse order: server, service, engine, group, rendezvous, metrics.
+  // Members go in reverse order: internal server, server, service, engine, group, rendezvous,
+  // metrics.
 }
 
 std::string Coordinator::rendezvous_address() const {
-  if (rendezvous_port_ != 0) return "127.0.0.1:" + std::to_string(rendezvous_port_);
-  const std::string& h = options_.host;
+  const std::string& h = options_.internal_host;
   const bool any = h.empty() || h == "0.0.0.0" || h == "[::]" || h == "::";
-  return (any ? std::string("127.0.0.1") : h) + ":" + std::to_string(port_);
+  return (any ? std::string("127.0.0.1") : h) + ":" + std::to_string(internal_port_);
 }
 
 bool Coordinator::Drain() {

@@ -1,6 +1,7 @@
 // Coordinator: the public endpoint as one object. Loads the tokenizer and config (no weights),
-// hosts deja.v1.TextGeneration, grpc.health.v1, server reflection and the workers' Rendezvous
-// on one gRPC port, Prometheus /metrics on another, and owns the engine and the worker group.
+// hosts deja.v1.TextGeneration, grpc.health.v1 and server reflection on the public gRPC port,
+// the workers' Rendezvous on an internal one (coordinator/internal_server.h), Prometheus
+// /metrics on a third, and owns the engine and the worker group.
 //
 // Health: the empty service name is liveness (SERVING while the process runs);
 // "deja.v1.TextGeneration" is readiness: SERVING only while every rank is connected and warmed
@@ -46,6 +47,15 @@ struct CoordinatorOptions {
   // gRPC address; port 0 picks a free one (see Coordinator::port()).
   std::string host = "127.0.0.1";
   int port = 0;
+  // The internal plane: the workers' Rendezvous; port 0 picks a free one (internal_port()).
+  std::string internal_host = "127.0.0.1";
+  int internal_port = 0;
+  // Required of the workers' Rendezvous calls and sent on the coordinator's Worker calls
+  // (proto/internal_plane.h); empty runs the internal plane without one.
+  std::string group_secret;
+  // Mutual TLS of the internal listener and of the calls to the workers; none: plaintext.
+  proto::InternalTlsFiles internal_tls;
+  RendezvousLimits rendezvous_limits;
   // Prometheus /metrics; port 0 picks a free one, -1 disables it. An empty host binds the API's.
   std::string metrics_host;
   int metrics_port = 0;
@@ -70,8 +80,10 @@ class Coordinator {
   Coordinator& operator=(const Coordinator&) = delete;
 
   int port() const { return port_; }
+  int internal_port() const { return internal_port_; }
   int metrics_port() const { return metrics_server_ ? metrics_server_->port() : -1; }
-  // host:port the workers should register at (loopback when listening on every interface).
+  // host:port of the internal listener, the workers' --coordinator (loopback when it listens on
+  // every interface).
   std::string rendezvous_address() const;
 
   Engine& engine() { return *engine_; }
@@ -102,10 +114,8 @@ class Coordinator {
   std::unique_ptr<TextGenerationService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
-  // With TLS on the API port, the Rendezvous alone, in plaintext on loopback (the workers'
-  // address then; see rendezvous_address()).
-  std::unique_ptr<grpc::Server> rendezvous_server_;
-  int rendezvous_port_ = 0;
+  std::unique_ptr<grpc::Server> internal_server_;
+  int internal_port_ = 0;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -8,6 +8,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <string_view>
+
+#include "proto/internal_plane.h"
 
 namespace deja::coordinator {
 namespace {
@@ -75,6 +78,14 @@ Status Launcher::Start() {
     worker_args_.push_back(*value);
   }
   for (const std::string& a : options_.extra_worker_args) worker_args_.push_back(a);
+  const std::string secret_prefix = std::string(proto::kGroupSecretEnv) + "=";
+  worker_env_.clear();
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    if (std::string_view(*e).substr(0, secret_prefix.size()) != secret_prefix) {
+      worker_env_.emplace_back(*e);
+    }
+  }
+  if (!options_.group_secret.empty()) worker_env_.push_back(secret_prefix + options_.group_secret);
   supervisor_ = std::thread([this] { Supervise(); });
   return Status::Ok();
 }
@@ -86,6 +97,10 @@ pid_t Launcher::Spawn(int rank) const {
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  std::vector<std::string> env = worker_env_;
+  std::vector<char*> envp;
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid == 0) {
@@ -96,7 +111,7 @@ pid_t Launcher::Spawn(int rank) const {
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(1);
-    ::execv(argv[0], argv.data());
+    ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
   return pid;

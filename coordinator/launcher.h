@@ -25,8 +25,11 @@ struct LauncherOptions {
   std::string binary = "/proc/self/exe";
   std::string model_dir;
   int world_size = 1;
-  // host:port of the coordinator's Rendezvous.
+  // host:port of the coordinator's Rendezvous (its internal listener).
   std::string coordinator;
+  // Handed to every worker in its environment (proto::kGroupSecretEnv), never on its command
+  // line, which any user of the host can read.
+  std::string group_secret;
   // Host the workers listen on (each picks a free port).
   std::string worker_host = "127.0.0.1";
   // CPU threads per worker; 0 splits this machine's cores evenly.
@@ -87,6 +90,7 @@ class Launcher {
   const LauncherOptions options_;
   WorkerGroup* group_;
   std::vector<std::string> worker_args_;  // argv without the per-rank part
+  std::vector<std::string> worker_env_;   // this process's environment plus the group secret
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

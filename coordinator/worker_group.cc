@@ -89,6 +89,7 @@ void WorkerGroup::Heartbeat(const std::shared_ptr<Connection>& conn) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::min(kHeartbeatCallLimit, options_.heartbeat_timeout));
+    proto::AttachGroupSecret(&ctx, options_.group_secret);
     v1::WorkerStatus st;
     const int64_t sent_ns = Clock::now().time_since_epoch().count();
     grpc::Status s = link->stub->GetStatus(&ctx, v1::GetStatusRequest(), &st);

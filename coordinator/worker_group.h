@@ -30,6 +30,10 @@ struct WorkerGroupOptions {
   // GetStatus polling period, and how long a rank may go without a successful answer.
   std::chrono::milliseconds heartbeat_interval{250};
   std::chrono::milliseconds heartbeat_timeout{1500};
+  // Sent on every Worker call (Step, GetStatus); the workers refuse calls without it.
+  std::string group_secret;
+  // Of the channels to the workers (mutual TLS or plaintext).
+  proto::InternalCredentials credentials;
 };
 
 class WorkerGroup final : public EngineClient {

@@ -35,8 +35,7 @@ void WorkerGroup::TryConnect() {
       link->rank = static_cast<int>(m.rank);
       link->address = m.address;
       link->pid = m.pid;
-      link->channel =
-          grpc::CreateCustomChannel(m.address, grpc::InsecureChannelCredentials(), args);
+      link->channel = options_.credentials.Channel(m.address, args);
       link->stub = v1::Worker::NewStub(link->channel);
       link->last_ok = now;
       pending_->links.push_back(std::move(link));
@@ -48,6 +47,7 @@ void WorkerGroup::TryConnect() {
   for (auto& link : conn->links) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + kHeartbeatCallLimit);
+    proto::AttachGroupSecret(&ctx, options_.group_secret);
     v1::WorkerStatus& st = statuses[link->rank];
     grpc::Status s = link->stub->GetStatus(&ctx, v1::GetStatusRequest(), &st);
     if (s.ok()) link->last_ok = now;
@@ -93,6 +93,7 @@ void WorkerGroup::TryConnect() {
               << SparsityName(sparsity_default);
   }
   for (auto& link : conn->links) {
+    proto::AttachGroupSecret(&link->context, options_.group_secret);
     link->stream = link->stub->Step(&link->context);
     link->evicted_seen = statuses[link->rank].kv().evicted_tokens_total();
   }

@@ -15,6 +15,7 @@
 
 #include "coordinator/worker_group.h"
 #include "deja/v1/worker.grpc.pb.h"
+#include "proto/internal_plane.h"
 
 namespace deja::coordinator {
 

@@ -1,6 +1,7 @@
 // FakeWorker: a deja.v1.Worker gRPC service on loopback that answers Step and GetStatus like a
 // rank (token 7 for every sampled sequence) and can be told to hang, to hang its heartbeats,
-// to report a fatal step, or to go away, for testing the coordinator's worker group.
+// to report a fatal step, or to go away, for testing the coordinator's worker group. It can
+// require the group secret like a real worker (RequireSecret).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -12,6 +13,7 @@
 #include <thread>
 
 #include "deja/v1/worker.grpc.pb.h"
+#include "proto/internal_plane.h"
 
 namespace deja::coordinator::test {
 
@@ -32,6 +34,11 @@ class FakeWorker final : public v1::Worker::Service {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
     server_.reset();
   }
+  // Before the worker is registered: from then on calls without `secret` are UNAUTHENTICATED.
+  void RequireSecret(const std::string& secret) {
+    auth_ = std::make_unique<proto::GroupSecretCheck>(secret, "fake rank");
+  }
+  uint64_t refused() const { return auth_ ? auth_->refused() : 0; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   uint32_t pid() const { return 1000 + static_cast<uint32_t>(rank_); }
 
@@ -44,6 +51,9 @@ class FakeWorker final : public v1::Worker::Service {
 
   grpc::Status Step(grpc::ServerContext* ctx,
                     grpc::ServerReaderWriter<v1::StepResponse, v1::StepRequest>* stream) override {
+    if (auth_) {
+      if (grpc::Status a = auth_->Check(*ctx, "Worker.Step"); !a.ok()) return a;
+    }
     v1::StepRequest req;
     while (stream->Read(&req)) {
       while (hang_steps.load() && !ctx->IsCancelled()) {
@@ -74,6 +84,9 @@ class FakeWorker final : public v1::Worker::Service {
 
   grpc::Status GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest*,
                          v1::WorkerStatus* st) override {
+    if (auth_) {
+      if (grpc::Status a = auth_->Check(*ctx, "Worker.GetStatus"); !a.ok()) return a;
+    }
     while (hang_status.load() && !ctx->IsCancelled()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
@@ -94,6 +107,7 @@ class FakeWorker final : public v1::Worker::Service {
   const int world_;
   const uint64_t epoch_;
   int port_ = 0;
+  std::unique_ptr<proto::GroupSecretCheck> auth_;
   std::unique_ptr<grpc::Server> server_;
 };
 

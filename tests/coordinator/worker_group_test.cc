@@ -1,7 +1,7 @@
 // WorkerGroup against fake Worker services over real gRPC: it connects once every registered
 // rank is warmed up, runs steps, and declares the group lost (new rendezvous epoch, lost
 // callback) on a closed stream, a hung step, missed heartbeats or a fatal response; a group
-// registered in the new epoch is served again.
+// registered in the new epoch is served again. Every Worker call carries the group secret.
 #include "coordinator/worker_group.h"
 
 #include <gtest/gtest.h>
@@ -26,17 +26,25 @@ class WorkerGroupTest : public ::testing::Test {
     group_ = std::make_unique<WorkerGroup>(options_, rendezvous_.get(), metrics_.get());
     group_->SetLostCallback([this](const std::string&) { ++lost_calls_; });
   }
+  // Replaces the group with one built from options_.
+  void Rebuild() {
+    group_.reset();
+    group_ = std::make_unique<WorkerGroup>(options_, rendezvous_.get(), metrics_.get());
+    group_->SetLostCallback([this](const std::string&) { ++lost_calls_; });
+  }
   void TearDown() override {
     group_.reset();
     workers_.clear();
   }
-  // Starts two fake ranks and registers them in the current epoch.
-  void StartGroup(bool warmed = true) {
+  // Starts two fake ranks and registers them in the current epoch; with `secret`, they require
+  // it.
+  void StartGroup(bool warmed = true, const std::string& secret = "") {
     workers_.clear();
     const uint64_t epoch = rendezvous_->group_epoch();
     for (int r = 0; r < 2; ++r) {
       workers_.push_back(std::make_unique<test::FakeWorker>(r, 2, epoch));
       workers_.back()->warmed_up = warmed;
+      if (!secret.empty()) workers_.back()->RequireSecret(secret);
       ASSERT_TRUE(
           rendezvous_->RegisterWorker(r, 2, workers_.back()->address(), workers_.back()->pid())
               .ok());
@@ -172,6 +180,30 @@ TEST_F(WorkerGroupTest, ShutdownIsNotALoss) {
   EXPECT_EQ(lost_calls_.load(), 0);
   EXPECT_GT(rendezvous_->group_epoch(), epoch);  // the old registrations are not reused
   EXPECT_FALSE(group_->State().ready);
+}
+
+TEST_F(WorkerGroupTest, EveryWorkerCallCarriesTheGroupSecret) {
+  const std::string secret(64, 'k');
+  // Without the secret the ranks answer nothing: the group never becomes ready.
+  StartGroup(/*warmed=*/true, secret);
+  EXPECT_FALSE(WaitReady(true, milliseconds(300)));
+  EXPECT_NE(group_->State().reason.find("no group secret"), std::string::npos)
+      << group_->State().reason;
+  EXPECT_GT(workers_[0]->refused(), 0u);
+  // With it: connects, steps, heartbeats and the shutdown step all pass.
+  options_.group_secret = secret;
+  group_->DeclareLost("restart with the secret");
+  Rebuild();
+  StartGroup(/*warmed=*/true, secret);
+  ASSERT_TRUE(WaitReady(true)) << group_->State().reason;
+  StatusOr<std::vector<v1::StepResponse>> r = group_->Step(OneSequence());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::this_thread::sleep_for(options_.heartbeat_timeout + milliseconds(100));
+  EXPECT_TRUE(group_->State().ready) << group_->State().reason;
+  EXPECT_TRUE(group_->ShutdownWorkers().ok());
+  EXPECT_TRUE(workers_[1]->saw_shutdown.load());
+  EXPECT_EQ(workers_[0]->refused(), 0u);
+  EXPECT_EQ(workers_[1]->refused(), 0u);
 }
 
 }  // namespace

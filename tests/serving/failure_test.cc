@@ -1,7 +1,8 @@
 // Failure handling and lifecycle with real processes: queue and KV limits refuse at once; a
 // worker killed (-9) or hung (SIGSTOP) mid-stream fails in-flight requests with UNAVAILABLE
 // within 3 s, readiness drops, the launcher restarts the group and serving resumes; SIGTERM
-// drains; `deja coordinator` serves workers started separately.
+// drains; `deja coordinator` serves workers started separately (sharing a group secret file,
+// meeting on the internal plane).
 #include <signal.h>
 
 #include <atomic>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "serving_util.h"
+#include "tests/common/temp_dir.h"
 
 namespace deja::serving_test {
 namespace {
@@ -171,13 +173,15 @@ TEST(FailureTest, TensorParallelSizeMustDivideTheModel) {
 // /metrics listens on the API's host unless told otherwise.
 TEST(FailureTest, PortInUseIsAnErrorAndMetricsBindTheApiHost) {
   Server first("port_first", {DEJA_BINARY, "coordinator", "--model", ModelDir(), "--tp", "2",
-                              "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0"});
+                              "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
+                              "--internal-port", "0", "--insecure-internal"});
   ASSERT_TRUE(first.WaitListening()) << first.Log();
   EXPECT_EQ(ListenAddress(first.metrics_port()), "0100007F");
   const std::string port = first.target().substr(first.target().rfind(':') + 1);
-  test_util::ChildProcess second({DEJA_BINARY, "coordinator", "--model", ModelDir(), "--tp", "2",
-                                  "--host", "127.0.0.1", "--port", port, "--metrics-port", "-1"},
-                                 LogPath("port_second"));
+  test_util::ChildProcess second(
+      {DEJA_BINARY, "coordinator", "--model", ModelDir(), "--tp", "2", "--host", "127.0.0.1",
+       "--port", port, "--metrics-port", "-1", "--internal-port", "0", "--insecure-internal"},
+      LogPath("port_second"));
   EXPECT_NE(second.ExitCode(milliseconds(20000)), 0) << second.Log();
   EXPECT_NE(second.Log().find("cannot listen on 127.0.0.1:" + port), std::string::npos)
       << second.Log();
@@ -186,8 +190,13 @@ TEST(FailureTest, PortInUseIsAnErrorAndMetricsBindTheApiHost) {
 }
 
 TEST(FailureTest, CoordinatorServesWorkersStartedSeparately) {
+  // As a mounted Kubernetes Secret would hold it, with a trailing newline.
+  test_util::TempDir tmp;
+  const std::string secret_file = tmp.File("group-secret");
+  test_util::WriteBytes(secret_file, "0123456789abcdef0123456789abcdef\n");
   Server server("coordinator", {DEJA_BINARY, "coordinator", "--model", ModelDir(), "--tp", "2",
-                                "--port", "0", "--metrics-port", "-1"});
+                                "--port", "0", "--metrics-port", "-1", "--internal-port", "0",
+                                "--group-secret-file", secret_file});
   ASSERT_TRUE(server.WaitListening()) << server.Log();
   EXPECT_EQ(server.metrics_port(), -1);
   EXPECT_EQ(Health(server.channel(), "deja.v1.TextGeneration"), kNotServing);
@@ -196,7 +205,8 @@ TEST(FailureTest, CoordinatorServesWorkersStartedSeparately) {
     workers.push_back(std::make_unique<test_util::ChildProcess>(
         std::vector<std::string>{DEJA_BINARY, "worker", "--model", ModelDir(), "--rank",
                                  std::to_string(r), "--world", "2", "--coordinator",
-                                 server.target(), "--threads", "1"},
+                                 server.internal_target(), "--group-secret-file", secret_file,
+                                 "--threads", "1"},
         LogPath("worker" + std::to_string(r))));
   }
   ASSERT_TRUE(WaitHealth(server.channel(), kServing)) << server.Log() << workers[0]->Log();

@@ -410,6 +410,8 @@ TEST(SecurityFlagsTest, BadValuesFailAtOnceNamingTheFlag) {
     for (const Case& c : cases) {
       std::vector<std::string> args = {DEJA_BINARY, command, "--model",        ModelDir(),
                                        "--port",    "0",     "--metrics-port", "-1"};
+      // A standalone coordinator also needs a group secret, refused first without one.
+      if (std::string(command) == "coordinator") args.push_back("--insecure-internal");
       args.insert(args.end(), c.flags.begin(), c.flags.end());
       test_util::ChildProcess p(args, LogPath(std::string("flags_") + command + "_" + c.name));
       EXPECT_EQ(p.ExitCode(milliseconds(20000)), 2) << command << " " << c.name << ": " << p.Log();

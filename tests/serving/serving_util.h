@@ -1,6 +1,6 @@
 // Shared by the serving tests: `deja serve` / `deja coordinator` / `deja worker` as child
-// processes on loopback (ports and worker pids read from their logs), gRPC helpers (health,
-// reflection), and a real HTTP scrape of /metrics.
+// processes on loopback (ports, the internal plane's address, worker pids and addresses read
+// from their logs), gRPC helpers (health, reflection), and a real HTTP scrape of /metrics.
 #pragma once
 
 #include <arpa/inet.h>
@@ -64,16 +64,19 @@ class Server {
   Server(const std::string& name, std::vector<std::string> args)
       : log_(LogPath(name)), process_(std::make_unique<test_util::ChildProcess>(args, log_)) {}
 
-  // Waits for the "serving on" line; false if the process died or it took too long.
+  // Waits for the "serving on" and "internal plane" lines; false if the process died or it took
+  // too long.
   bool WaitListening(milliseconds timeout = milliseconds(30000)) {
     const std::regex re("serving on [^:]+:([0-9]+) \\(metrics on port (-?[0-9]+)\\)");
+    const std::regex internal_re("internal plane \\(worker rendezvous\\) on ([^\\s]+)");
     const auto end = Clock::now() + timeout;
     while (Clock::now() < end) {
-      std::smatch m;
+      std::smatch m, internal;
       const std::string log = ReadFile(log_);
-      if (std::regex_search(log, m, re)) {
+      if (std::regex_search(log, m, re) && std::regex_search(log, internal, internal_re)) {
         port_ = std::stoi(m[1]);
         metrics_port_ = std::stoi(m[2]);
+        internal_target_ = internal[1];
         channel_ = grpc::CreateChannel(target(), grpc::InsecureChannelCredentials());
         stub_ = v1::TextGeneration::NewStub(channel_);
         return true;
@@ -98,6 +101,19 @@ class Server {
     }
     return pids;
   }
+  // host:port each rank's Worker service advertised last (by rank; "" for a rank not seen).
+  std::vector<std::string> WorkerAddresses(int world) const {
+    const std::regex re(
+        "rank ([0-9]+)/[0-9]+: Worker service listening on .* advertised as ([^\\s]+)");
+    const std::string log = ReadFile(log_);
+    std::vector<std::string> out(world);
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator();
+         ++it) {
+      const int rank = std::stoi((*it)[1].str());
+      if (rank < world) out[rank] = (*it)[2].str();
+    }
+    return out;
+  }
   int GroupsStarted() const {
     const std::regex re("worker group ([0-9]+) started");
     const std::string log = ReadFile(log_);
@@ -110,6 +126,8 @@ class Server {
   }
 
   std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  // The workers' --coordinator: the internal plane's listener.
+  const std::string& internal_target() const { return internal_target_; }
   int metrics_port() const { return metrics_port_; }
   v1::TextGeneration::Stub& stub() { return *stub_; }
   std::shared_ptr<grpc::Channel> channel() { return channel_; }
@@ -121,6 +139,7 @@ class Server {
   std::unique_ptr<test_util::ChildProcess> process_;
   int port_ = 0;
   int metrics_port_ = -1;
+  std::string internal_target_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::TextGeneration::Stub> stub_;
 };

@@ -1,5 +1,5 @@
 // RendezvousService hosted in a gRPC server on a free loopback port: the coordinator's side of
-// rendezvous, as the tests need it.
+// rendezvous (its internal listener), as the tests need it.
 #pragma once
 
 #include <grpcpp/create_channel.h>
@@ -16,7 +16,9 @@ namespace deja::test_util {
 
 class GrpcRendezvous {
  public:
-  explicit GrpcRendezvous(uint32_t world) : service_(world) {
+  explicit GrpcRendezvous(uint32_t world, std::string group_secret = "",
+                          coordinator::RendezvousLimits limits = {})
+      : service_(world, std::move(group_secret), limits) {
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     b.RegisterService(&service_);

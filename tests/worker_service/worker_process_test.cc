@@ -3,7 +3,9 @@
 // answer Step streams. Greedy tokens equal the single-process model::Generate; bad requests are
 // per-step errors and the group keeps serving; release and stream close return KV usage to its
 // baseline; a shutdown step or SIGTERM ends the workers with code 0; kill -9 of one rank makes
-// the other report a fatal step error and exit non-zero within 3 s.
+// the other report a fatal step error and exit non-zero within 3 s. The group secret: the workers
+// read it from a file, send it on their Rendezvous calls, and refuse Step and GetStatus calls
+// without it; a worker with a wrong one cannot register, one without any does not start.
 #include <grpcpp/client_context.h>
 #include <gtest/gtest.h>
 
@@ -12,6 +14,7 @@
 
 #include "deja/v1/worker.grpc.pb.h"
 #include "kernels/backend.h"
+#include "proto/internal_plane.h"
 #include "tests/comm/process_util.h"
 #include "tests/comm/tp_util.h"
 #include "tests/common/temp_dir.h"
@@ -31,25 +34,45 @@ constexpr int kWorld = 2;
 constexpr int32_t kNewTokens = 6;
 constexpr uint32_t kKvMb = 64;
 
+std::string NewSecret() {
+  StatusOr<std::string> s = proto::GenerateGroupSecret();
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? *s : std::string(64, 'x');
+}
+
 class WorkerGroup {
  public:
-  WorkerGroup() : rv_(kWorld) {
+  WorkerGroup() : secret_(NewSecret()), rv_(kWorld, secret_) {
     model_dir_ = test_util::ModelDir(test_util::TpModelName());
+    test_util::WriteBytes(SecretFile(), secret_ + "\n");
     for (int r = 0; r < kWorld; ++r) {
       procs_.push_back(std::make_unique<test_util::ChildProcess>(
-          std::vector<std::string>{
-              DEJA_BINARY, "worker", "--model", model_dir_, "--rank", std::to_string(r), "--world",
-              std::to_string(kWorld), "--coordinator", rv_.address(), "--threads", "1",
-              "--kv-memory-mb", std::to_string(kKvMb), "--collective-timeout-ms", "20000"},
+          WorkerArgs(r, {"--group-secret-file", SecretFile()}),
           tmp_.File("worker" + std::to_string(r) + ".log")));
     }
   }
+
+  std::vector<std::string> WorkerArgs(int rank, const std::vector<std::string>& extra) const {
+    std::vector<std::string> args = {DEJA_BINARY, "worker", "--model",
+                                     model_dir_,  "--rank", std::to_string(rank)};
+    args.insert(args.end(), {"--world", std::to_string(kWorld), "--coordinator", rv_.address(),
+                             "--threads", "1", "--kv-memory-mb", std::to_string(kKvMb)});
+    args.insert(args.end(), {"--collective-timeout-ms", "20000"});
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+  std::string SecretFile() const { return tmp_.File("group-secret"); }
+  const std::string& secret() const { return secret_; }
+  test_util::GrpcRendezvous& rendezvous() { return rv_; }
+  deja::v1::Worker::Stub& stub(int r) { return *stubs_[r]; }
+  const std::string& address(int r) const { return addresses_[r]; }
 
   // Waits for both ranks to register and warm up; opens their stubs.
   void WaitReady() {
     auto members = rv_.service().WaitForMembers(60s);
     ASSERT_TRUE(members.ok()) << members.status().ToString() << Logs();
     for (const auto& m : *members) {
+      addresses_.push_back(m.address);
       stubs_.push_back(deja::v1::Worker::NewStub(
           grpc::CreateChannel(m.address, grpc::InsecureChannelCredentials())));
     }
@@ -67,6 +90,7 @@ class WorkerGroup {
   deja::v1::WorkerStatus Status(int r) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    proto::AttachGroupSecret(&ctx, secret_);
     deja::v1::WorkerStatus st;
     grpc::Status s = stubs_[r]->GetStatus(&ctx, {}, &st);
     EXPECT_TRUE(s.ok()) << "rank " << r << ": " << s.error_message();
@@ -78,6 +102,7 @@ class WorkerGroup {
     streams_.clear();
     for (int r = 0; r < kWorld; ++r) {
       ctxs_.push_back(std::make_unique<grpc::ClientContext>());
+      proto::AttachGroupSecret(ctxs_.back().get(), secret_);
       streams_.push_back(stubs_[r]->Step(ctxs_.back().get()));
     }
   }
@@ -118,8 +143,10 @@ class WorkerGroup {
 
  private:
   test_util::TempDir tmp_;
+  const std::string secret_;
   test_util::GrpcRendezvous rv_;
   std::string model_dir_;
+  std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<test_util::ChildProcess>> procs_;
   std::vector<std::unique_ptr<deja::v1::Worker::Stub>> stubs_;
   std::vector<std::unique_ptr<grpc::ClientContext>> ctxs_;
@@ -290,6 +317,65 @@ TEST(WorkerProcessTest, KilledPeerTakesTheOtherRankDown) {
   EXPECT_LT(Clock::now() - killed, 3s);
   EXPECT_NE(code, 0) << g.Logs();
   EXPECT_NE(code, -1) << "rank 0 still running 3 s after its peer died" << g.Logs();
+}
+
+// The Worker service answers only callers with the group secret, and a worker's Rendezvous calls
+// carry it: a worker with a wrong secret cannot register, one without any does not start.
+TEST(WorkerProcessTest, WorkerCallsNeedTheGroupSecret) {
+  WorkerGroup g;
+  ASSERT_NO_FATAL_FAILURE(g.WaitReady());
+  const std::vector<int32_t> prompt = Prompts().back();
+  for (const std::string& wrong : {std::string(), std::string(64, '0'), g.secret() + "0"}) {
+    for (int r = 0; r < kWorld; ++r) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+      proto::AttachGroupSecret(&ctx, wrong);
+      deja::v1::WorkerStatus st;
+      grpc::Status s = g.stub(r).GetStatus(&ctx, {}, &st);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+      EXPECT_FALSE(st.warmed_up());
+
+      grpc::ClientContext step_ctx;
+      step_ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+      proto::AttachGroupSecret(&step_ctx, wrong);
+      auto stream = g.stub(r).Step(&step_ctx);
+      StepRequest req;
+      req.set_step_id(1);
+      *req.add_sequences() = test_util::FirstChunk(7, prompt, prompt.size(), kNewTokens);
+      stream->Write(req);
+      stream->WritesDone();
+      StepResponse resp;
+      EXPECT_FALSE(stream->Read(&resp)) << "rank " << r << " answered a step without the secret";
+      s = stream->Finish();
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+    }
+  }
+  // With the secret both ranks still serve, and the refused step left nothing behind.
+  g.OpenStreams();
+  StepRequest req;
+  req.set_step_id(1);
+  *req.add_sequences() = test_util::FirstChunk(7, prompt, prompt.size(), kNewTokens);
+  std::vector<StepResponse> resp = g.Step(req);
+  ASSERT_EQ(resp[0].error_code(), 0) << resp[0].error_message();
+  EXPECT_EQ(resp[0].kv().sequences(), 1u);
+  g.CloseStreams();
+
+  test_util::TempDir tmp;
+  const std::string wrong_file = tmp.File("wrong-secret");
+  test_util::WriteBytes(wrong_file, std::string(64, '0'));
+  const uint64_t refused_before = g.rendezvous().service().refused_calls();
+  test_util::ChildProcess intruder(g.WorkerArgs(0, {"--group-secret-file", wrong_file}),
+                                   tmp.File("intruder.log"));
+  EXPECT_EQ(intruder.ExitCode(30s), 1) << intruder.Log();
+  EXPECT_NE(intruder.Log().find("UNAUTHENTICATED"), std::string::npos) << intruder.Log();
+  EXPECT_GT(g.rendezvous().service().refused_calls(), refused_before);
+  ASSERT_EQ(g.rendezvous().service().Members().size(), 2u);
+  EXPECT_NE(g.rendezvous().service().Members()[0].pid, static_cast<uint32_t>(intruder.pid()));
+
+  test_util::ChildProcess bare(g.WorkerArgs(1, {}), tmp.File("bare.log"));
+  EXPECT_EQ(bare.ExitCode(30s), 2) << bare.Log();
+  EXPECT_NE(bare.Log().find("--group-secret-file"), std::string::npos) << bare.Log();
+  EXPECT_NE(bare.Log().find("--insecure-internal"), std::string::npos) << bare.Log();
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "proto/grpc_status.h"
+#include "proto/internal_plane.h"
 
 namespace deja::worker::service {
 namespace {
@@ -14,7 +15,8 @@ void SetDeadline(grpc::ClientContext& ctx, std::chrono::milliseconds d) {
 }
 
 // The server enforces the store's timeout; the RPC deadline adds a margin for the network. A
-// non-positive timeout waits without limit on the server, so the deadline is then a day.
+// non-positive timeout waits as long as the server allows (RendezvousLimits::max_wait), so the
+// deadline is then a day.
 std::chrono::milliseconds RpcBound(std::chrono::milliseconds timeout,
                                    std::chrono::milliseconds extra) {
   if (timeout.count() <= 0) return std::chrono::hours(24);
@@ -23,12 +25,16 @@ std::chrono::milliseconds RpcBound(std::chrono::milliseconds timeout,
 
 }  // namespace
 
-GrpcStore::GrpcStore(std::shared_ptr<grpc::Channel> channel, std::chrono::milliseconds rpc_timeout)
-    : stub_(deja::v1::Rendezvous::NewStub(std::move(channel))), rpc_timeout_(rpc_timeout) {}
+GrpcStore::GrpcStore(std::shared_ptr<grpc::Channel> channel, std::chrono::milliseconds rpc_timeout,
+                     std::string group_secret)
+    : stub_(deja::v1::Rendezvous::NewStub(std::move(channel))),
+      rpc_timeout_(rpc_timeout),
+      group_secret_(std::move(group_secret)) {}
 
 Status GrpcStore::Set(const std::string& key, std::string_view value) {
   grpc::ClientContext ctx;
   SetDeadline(ctx, rpc_timeout_);
+  proto::AttachGroupSecret(&ctx, group_secret_);
   deja::v1::SetRequest req;
   req.set_key(key);
   req.set_value(std::string(value));
@@ -39,6 +45,7 @@ Status GrpcStore::Set(const std::string& key, std::string_view value) {
 StatusOr<std::string> GrpcStore::Get(const std::string& key, std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
   SetDeadline(ctx, RpcBound(timeout, rpc_timeout_));
+  proto::AttachGroupSecret(&ctx, group_secret_);
   deja::v1::GetRequest req;
   req.set_key(key);
   req.set_timeout_ms(static_cast<uint32_t>(std::max<int64_t>(timeout.count(), 0)));
@@ -51,6 +58,7 @@ StatusOr<std::string> GrpcStore::Get(const std::string& key, std::chrono::millis
 Status GrpcStore::Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
   SetDeadline(ctx, RpcBound(timeout, rpc_timeout_));
+  proto::AttachGroupSecret(&ctx, group_secret_);
   deja::v1::WaitRequest req;
   for (const std::string& k : keys) req.add_keys(k);
   req.set_timeout_ms(static_cast<uint32_t>(std::max<int64_t>(timeout.count(), 0)));

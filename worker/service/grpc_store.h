@@ -19,8 +19,10 @@ namespace deja::worker::service {
 class GrpcStore final : public comm::KeyValueStore {
  public:
   // `rpc_timeout` bounds Set; Get and Wait get their own timeout plus this much for the RPC.
+  // `group_secret` goes with every call (the coordinator refuses calls without it).
   explicit GrpcStore(std::shared_ptr<grpc::Channel> channel,
-                     std::chrono::milliseconds rpc_timeout = std::chrono::seconds(10));
+                     std::chrono::milliseconds rpc_timeout = std::chrono::seconds(10),
+                     std::string group_secret = "");
 
   Status Set(const std::string& key, std::string_view value) override;
   StatusOr<std::string> Get(const std::string& key, std::chrono::milliseconds timeout) override;
@@ -29,6 +31,7 @@ class GrpcStore final : public comm::KeyValueStore {
  private:
   std::unique_ptr<deja::v1::Rendezvous::Stub> stub_;
   std::chrono::milliseconds rpc_timeout_;
+  std::string group_secret_;
 };
 
 }  // namespace deja::worker::service

@@ -13,6 +13,7 @@
 
 #include "deja/v1/worker.grpc.pb.h"
 #include "proto/grpc_status.h"
+#include "proto/internal_plane.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/kv/kv_cache.h"
 #include "worker/service/grpc_store.h"
@@ -36,7 +37,9 @@ std::pair<std::string, int> SplitHostPort(const std::string& hp) {
 
 class WorkerServiceImpl final : public deja::v1::Worker::Service {
  public:
-  explicit WorkerServiceImpl(WorkerServer* owner) : owner_(owner) {}
+  explicit WorkerServiceImpl(WorkerServer* owner)
+      : owner_(owner),
+        auth_(owner->options_.group_secret, "rank " + std::to_string(owner->options_.rank)) {}
 
   std::atomic<bool> loaded{false};
   std::atomic<bool> warmed_up{false};
@@ -46,6 +49,7 @@ class WorkerServiceImpl final : public deja::v1::Worker::Service {
   grpc::Status Step(
       grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<deja::v1::StepResponse, deja::v1::StepRequest>* stream) override {
+    if (grpc::Status a = auth_.Check(*ctx, "Worker.Step"); !a.ok()) return a;
     if (!warmed_up.load()) return {grpc::StatusCode::UNAVAILABLE, "worker is not ready yet"};
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -83,8 +87,9 @@ class WorkerServiceImpl final : public deja::v1::Worker::Service {
     return result;
   }
 
-  grpc::Status GetStatus(grpc::ServerContext*, const deja::v1::GetStatusRequest*,
+  grpc::Status GetStatus(grpc::ServerContext* ctx, const deja::v1::GetStatusRequest*,
                          deja::v1::WorkerStatus* st) override {
+    if (grpc::Status a = auth_.Check(*ctx, "Worker.GetStatus"); !a.ok()) return a;
     const WorkerOptions& o = owner_->options_;
     st->set_rank(static_cast<uint32_t>(o.rank));
     st->set_world_size(static_cast<uint32_t>(o.world_size));
@@ -107,6 +112,7 @@ class WorkerServiceImpl final : public deja::v1::Worker::Service {
 
  private:
   WorkerServer* owner_;
+  const proto::GroupSecretCheck auth_;
   std::mutex mu_;
   bool stream_active_ = false;
 };
@@ -139,7 +145,7 @@ Status WorkerServer::StartGrpc() {
   service_ = std::make_unique<WorkerServiceImpl>(this);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options_.listen, credentials_.Server(), &port);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a port in use is an error
   builder.RegisterService(service_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -159,13 +165,12 @@ Status WorkerServer::StartGrpc() {
   }
   LOG(INFO) << "rank " << options_.rank << "/" << options_.world_size
             << ": Worker service listening on " << options_.listen << " (port " << port
-            << "), advertised as " << address_;
+            << "), advertised as " << address_ << (credentials_.tls() ? " (mutual TLS)" : "");
   return Status::Ok();
 }
 
 StatusOr<uint64_t> WorkerServer::Register() {
-  auto channel = grpc::CreateChannel(options_.coordinator, grpc::InsecureChannelCredentials());
-  auto stub = deja::v1::Rendezvous::NewStub(channel);
+  auto stub = deja::v1::Rendezvous::NewStub(credentials_.Channel(options_.coordinator));
   deja::v1::RegisterRequest req;
   req.set_rank(static_cast<uint32_t>(options_.rank));
   req.set_world_size(static_cast<uint32_t>(options_.world_size));
@@ -177,6 +182,7 @@ StatusOr<uint64_t> WorkerServer::Register() {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     ctx.set_wait_for_ready(true);
+    proto::AttachGroupSecret(&ctx, options_.group_secret);
     deja::v1::RegisterResponse resp;
     last = proto::FromGrpc(stub->Register(&ctx, req, &resp));
     if (last.ok()) return resp.group_epoch();
@@ -196,7 +202,8 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
   const Clock::time_point t0 = Clock::now();
   std::unique_ptr<comm::Communicator> comm;
   if (options_.world_size > 1) {
-    GrpcStore store(grpc::CreateChannel(options_.coordinator, grpc::InsecureChannelCredentials()));
+    GrpcStore store(credentials_.Channel(options_.coordinator), std::chrono::seconds(10),
+                    options_.group_secret);
     comm::GlooOptions g;
     g.rank = options_.rank;
     g.world_size = options_.world_size;
@@ -242,6 +249,7 @@ Status WorkerServer::Run() {
                            std::to_string(options_.world_size) + ")");
   }
   if (options_.kv_memory_bytes == 0) return InvalidArgument("the KV memory budget must be > 0");
+  DEJA_ASSIGN_OR_RETURN(credentials_, proto::InternalCredentials::Load(options_.internal_tls));
   DEJA_RETURN_IF_ERROR(StartGrpc());
   StatusOr<uint64_t> epoch = Register();
   if (epoch.ok()) {

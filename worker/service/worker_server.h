@@ -16,6 +16,7 @@
 
 #include "common/status.h"
 #include "kernels/backend.h"
+#include "proto/internal_plane.h"
 #include "worker/model/model.h"
 
 namespace deja::worker::service {
@@ -27,7 +28,12 @@ struct WorkerOptions {
   std::string model_dir;
   int rank = 0;
   int world_size = 1;
-  std::string coordinator;             // host:port of the Rendezvous service
+  std::string coordinator;  // host:port of the Rendezvous (the internal listener)
+  // Sent on every Rendezvous call and required of every Worker call (proto/internal_plane.h);
+  // empty runs without one.
+  std::string group_secret;
+  // Mutual TLS of this worker's listener and of its calls to the coordinator; none: plaintext.
+  proto::InternalTlsFiles internal_tls;
   std::string listen = "127.0.0.1:0";  // port 0: any free port
   // Registered with the coordinator; empty: the listen host with the bound port (the host name
   // when listening on every interface).
@@ -72,6 +78,7 @@ class WorkerServer {
   bool finished() const;
 
   WorkerOptions options_;
+  proto::InternalCredentials credentials_;  // loaded by Run()
   std::string address_;
   const std::chrono::steady_clock::time_point started_;
   std::unique_ptr<kernels::Backend> backend_;
