@@ -78,6 +78,9 @@ int RunWorker(int argc, char** argv, int first) {
       .Flag("kv-memory-mb", "KV cache memory budget of this rank, MiB", "1024")
       .Flag("connect-timeout-ms", "how long to keep trying to reach the coordinator", "60000")
       .Flag("collective-timeout-ms", "bound on the Gloo rendezvous and every collective", "30000")
+      .Flag("coordinator-timeout-ms",
+            "after warm-up, exit when the coordinator has not called for this long (0: never)",
+            "10000")
       .Flag("gloo-host", "address Gloo listens on for its peers", "127.0.0.1");
   AddGroupSecretFlags(args);
   AddInternalTlsFlags(args);
@@ -94,6 +97,8 @@ int RunWorker(int argc, char** argv, int first) {
     DEJA_ASSIGN_OR_RETURN(int64_t kv_mb, args.Int("kv-memory-mb"));
     DEJA_ASSIGN_OR_RETURN(int64_t connect_ms, args.Int("connect-timeout-ms"));
     DEJA_ASSIGN_OR_RETURN(int64_t collective_ms, args.Int("collective-timeout-ms"));
+    DEJA_ASSIGN_OR_RETURN(int64_t coordinator_ms, args.Int("coordinator-timeout-ms"));
+    if (coordinator_ms < 0) return InvalidArgument("--coordinator-timeout-ms must be >= 0");
     if (world < 1 || world > 4096) return InvalidArgument("--world must be in [1, 4096]");
     if (rank < 0 || rank >= world) return InvalidArgument("--rank must be in [0, --world)");
     if (kv_mb <= 0) return InvalidArgument("--kv-memory-mb must be > 0");
@@ -110,6 +115,7 @@ int RunWorker(int argc, char** argv, int first) {
     o.kv_memory_bytes = static_cast<uint64_t>(kv_mb) << 20;
     o.connect_timeout = std::chrono::milliseconds(connect_ms);
     o.collective_timeout = std::chrono::milliseconds(collective_ms);
+    o.coordinator_timeout = std::chrono::milliseconds(coordinator_ms);
     o.gloo_hostname = args.Str("gloo-host");
     DEJA_ASSIGN_OR_RETURN(SparsityFlags sparsity, SparsityFromFlags(args));
     o.sparsity = sparsity.options;

@@ -1,5 +1,6 @@
 // Faults of the serving process itself, with real processes: `deja serve` killed (-9) takes its
-// workers with it (no orphans); `deja serve` stopped (SIGSTOP) and continued serves again
+// workers with it (no orphans), as does a standalone `deja coordinator` its separately started
+// workers (they exit); `deja serve` stopped (SIGSTOP) and continued serves again
 // without a manual step; logs written to a full disk (stderr on /dev/full) do not stop serving.
 // Worker faults (kill -9, SIGSTOP of a worker) are in failure_test.cc.
 #include <netinet/in.h>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "serving_util.h"
+#include "tests/common/temp_dir.h"
 
 namespace deja::serving_test {
 namespace {
@@ -83,6 +85,38 @@ TEST(FaultTest, KilledServeTakesItsWorkersWithIt) {
   for (pid_t p : workers) ASSERT_TRUE(Alive(p));
   ASSERT_EQ(::kill(server.process().pid(), SIGKILL), 0);
   EXPECT_TRUE(WaitGone(workers, milliseconds(3000))) << "workers outlived a killed serve";
+}
+
+// Workers started on their own (as on Kubernetes) do not outlive their coordinator: once it is
+// gone they exit non-zero, so that their supervisor starts a new group.
+TEST(FaultTest, WorkersOfAKilledCoordinatorExit) {
+  test_util::TempDir tmp;
+  const std::string secret_file = tmp.File("group-secret");
+  test_util::WriteBytes(secret_file, "0123456789abcdef0123456789abcdef\n");
+  Server server("kill_coordinator", {DEJA_BINARY, "coordinator", "--model", ModelDir(), "--tp", "2",
+                                     "--port", "0", "--metrics-port", "-1", "--internal-port", "0",
+                                     "--group-secret-file", secret_file});
+  ASSERT_TRUE(server.WaitListening()) << server.Log();
+  std::vector<std::unique_ptr<test_util::ChildProcess>> workers;
+  for (int r = 0; r < 2; ++r) {
+    workers.push_back(std::make_unique<test_util::ChildProcess>(
+        std::vector<std::string>{DEJA_BINARY, "worker", "--model", ModelDir(), "--rank",
+                                 std::to_string(r), "--world", "2", "--coordinator",
+                                 server.internal_target(), "--group-secret-file", secret_file,
+                                 "--threads", "1", "--coordinator-timeout-ms", "2000"},
+        LogPath("orphan_worker" + std::to_string(r))));
+  }
+  ASSERT_TRUE(WaitHealth(server.channel(), kServing)) << server.Log() << workers[0]->Log();
+  v1::GenerateResponse resp;
+  ASSERT_TRUE(Generate(server.stub(), 4, &resp).ok());
+  const auto killed = Clock::now();
+  ASSERT_EQ(::kill(server.process().pid(), SIGKILL), 0);
+  for (auto& w : workers) {
+    const int code = w->ExitCode(milliseconds(6000));
+    EXPECT_NE(code, 0) << w->Log();
+    EXPECT_NE(w->Log().find("no call from the coordinator"), std::string::npos) << w->Log();
+  }
+  EXPECT_LT(Clock::now() - killed, milliseconds(6000));
 }
 
 TEST(FaultTest, StoppedServeServesAgainWhenContinued) {

@@ -45,6 +45,9 @@ class WorkerServiceImpl final : public deja::v1::Worker::Service {
   std::atomic<bool> warmed_up{false};
   std::atomic<bool> sparsity{false};  // EnableSparsity succeeded
   std::atomic<uint64_t> epoch{0};
+  // When the coordinator last called (a Step message or GetStatus), in Clock ticks.
+  std::atomic<Clock::rep> last_call{0};
+  void Touch() { last_call.store(Clock::now().time_since_epoch().count()); }
 
   grpc::Status Step(
       grpc::ServerContext* ctx,
@@ -64,6 +67,7 @@ class WorkerServiceImpl final : public deja::v1::Worker::Service {
     deja::v1::StepRequest req;
     grpc::Status result = grpc::Status::OK;
     while (stream->Read(&req)) {
+      Touch();
       deja::v1::StepResponse resp;
       Status fatal = engine.Run(req, &resp);
       const bool written = stream->Write(resp);
@@ -90,6 +94,7 @@ class WorkerServiceImpl final : public deja::v1::Worker::Service {
   grpc::Status GetStatus(grpc::ServerContext* ctx, const deja::v1::GetStatusRequest*,
                          deja::v1::WorkerStatus* st) override {
     if (grpc::Status a = auth_.Check(*ctx, "Worker.GetStatus"); !a.ok()) return a;
+    Touch();
     const WorkerOptions& o = owner_->options_;
     st->set_rank(static_cast<uint32_t>(o.rank));
     st->set_world_size(static_cast<uint32_t>(o.world_size));
@@ -263,6 +268,22 @@ Status WorkerServer::Run() {
     Finish(epoch.status());
   }
   std::unique_lock<std::mutex> lock(mu_);
+  if (!done_ && options_.coordinator_timeout.count() > 0) {
+    // The watch starts at warm-up: the coordinator polls every rank from then on.
+    service_->Touch();
+    const auto timeout = options_.coordinator_timeout;
+    while (!cv_.wait_for(lock,
+                         std::min<std::chrono::milliseconds>(timeout / 4, std::chrono::seconds(1)),
+                         [&] { return done_; })) {
+      const Clock::time_point last{Clock::duration(service_->last_call.load())};
+      if (Clock::now() - last <= timeout) continue;
+      lock.unlock();
+      Finish(Unavailable("no call from the coordinator for " + std::to_string(timeout.count()) +
+                         " ms (--coordinator-timeout-ms): it is gone; exiting so that a new "
+                         "group can start"));
+      lock.lock();
+    }
+  }
   cv_.wait(lock, [&] { return done_; });
   Status outcome = outcome_;
   lock.unlock();

@@ -42,6 +42,11 @@ struct WorkerOptions {
   uint64_t kv_memory_bytes = 1ull << 30;
   std::chrono::milliseconds connect_timeout{60000};     // reaching the coordinator
   std::chrono::milliseconds collective_timeout{30000};  // Gloo rendezvous and collectives
+  // Once warmed up, the worker exits (UNAVAILABLE) when no call has come from its coordinator
+  // for this long (it sends GetStatus every 250 ms): the coordinator was killed, stopped or cut
+  // off, and a rank cannot rejoin a group, so the supervisor (the launcher, Kubernetes) starts
+  // a new one. 0: wait for ever.
+  std::chrono::milliseconds coordinator_timeout{10000};
   std::string gloo_hostname = "127.0.0.1";              // where Gloo listens
   // Deja Vu: predictors or oracle mode (neither: every step dense, SequenceConfig.sparse is
   // refused), and what requests that leave Sparsity.mode unspecified get (reported to the
