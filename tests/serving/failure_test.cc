@@ -200,15 +200,7 @@ TEST(FailureTest, CoordinatorServesWorkersStartedSeparately) {
   ASSERT_TRUE(server.WaitListening()) << server.Log();
   EXPECT_EQ(server.metrics_port(), -1);
   EXPECT_EQ(Health(server.channel(), "deja.v1.TextGeneration"), kNotServing);
-  std::vector<std::unique_ptr<test_util::ChildProcess>> workers;
-  for (int r = 0; r < 2; ++r) {
-    workers.push_back(std::make_unique<test_util::ChildProcess>(
-        std::vector<std::string>{DEJA_BINARY, "worker", "--model", ModelDir(), "--rank",
-                                 std::to_string(r), "--world", "2", "--coordinator",
-                                 server.internal_target(), "--group-secret-file", secret_file,
-                                 "--threads", "1"},
-        LogPath("worker" + std::to_string(r))));
-  }
+  auto workers = StartWorkers(server.internal_target(), 2, secret_file, "worker");
   ASSERT_TRUE(WaitHealth(server.channel(), kServing)) << server.Log() << workers[0]->Log();
   v1::GenerateResponse resp;
   grpc::Status s = Generate(server, Long(5), &resp);

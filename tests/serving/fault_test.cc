@@ -97,15 +97,8 @@ TEST(FaultTest, WorkersOfAKilledCoordinatorExit) {
                                      "--port", "0", "--metrics-port", "-1", "--internal-port", "0",
                                      "--group-secret-file", secret_file});
   ASSERT_TRUE(server.WaitListening()) << server.Log();
-  std::vector<std::unique_ptr<test_util::ChildProcess>> workers;
-  for (int r = 0; r < 2; ++r) {
-    workers.push_back(std::make_unique<test_util::ChildProcess>(
-        std::vector<std::string>{DEJA_BINARY, "worker", "--model", ModelDir(), "--rank",
-                                 std::to_string(r), "--world", "2", "--coordinator",
-                                 server.internal_target(), "--group-secret-file", secret_file,
-                                 "--threads", "1", "--coordinator-timeout-ms", "2000"},
-        LogPath("orphan_worker" + std::to_string(r))));
-  }
+  auto workers = StartWorkers(server.internal_target(), 2, secret_file, "orphan_worker",
+                              {"--coordinator-timeout-ms", "2000"});
   ASSERT_TRUE(WaitHealth(server.channel(), kServing)) << server.Log() << workers[0]->Log();
   v1::GenerateResponse resp;
   ASSERT_TRUE(Generate(server.stub(), 4, &resp).ok());

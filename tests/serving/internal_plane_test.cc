@@ -256,17 +256,7 @@ TEST(InternalPlaneTest, AFreedRankCannotBeTakenAndTheGroupRecovers) {
   const std::vector<pid_t> now = server.WorkerPids();
   EXPECT_EQ(PidsOfNewestEpoch(server.Log()), std::set<pid_t>(now.begin(), now.end()))
       << server.Log();
-  v1::GenerateRequest req;
-  req.set_text("And God said");
-  req.mutable_stopping()->set_max_new_tokens(16);
-  req.mutable_response()->set_return_tokens(true);
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  v1::GenerateResponse resp;
-  grpc::Status s = server.stub().Generate(&ctx, req, &resp);
-  ASSERT_TRUE(s.ok()) << s.error_message();
-  std::vector<int32_t> got;
-  for (const v1::Token& t : resp.tokens()) got.push_back(t.id());
+  const std::vector<int32_t> got = ServedGreedy(server.stub(), "And God said", 16);
   worker::model::GenerationOptions o;
   o.max_new_tokens = 16;
   EXPECT_EQ(got, ref->Generate("And God said", o));
@@ -282,10 +272,7 @@ TEST(InternalPlaneTest, AFreedRankCannotBeTakenAndTheGroupRecovers) {
     }
   }
   // Still serving after all that.
-  grpc::ClientContext again;
-  SetDeadline(&again);
-  s = server.stub().Generate(&again, req, &resp);
-  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(ServedGreedy(server.stub(), "And God said", 16), got);
 }
 
 TEST(InternalPlaneTest, StandaloneCommandsNeedASecretOrInsecureInternal) {

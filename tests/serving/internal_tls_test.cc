@@ -119,17 +119,7 @@ TEST(InternalTlsTest, ServesOverMutualTlsAndRefusesPeersWithoutAGoodCertificate)
   ASSERT_TRUE(WaitHealth(server.channel(), kServing)) << server.Log();
   EXPECT_NE(server.Log().find("(mutual TLS)"), std::string::npos);
 
-  v1::GenerateRequest req;
-  req.set_text("And God said");
-  req.mutable_stopping()->set_max_new_tokens(12);
-  req.mutable_response()->set_return_tokens(true);
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  v1::GenerateResponse resp;
-  grpc::Status s = server.stub().Generate(&ctx, req, &resp);
-  ASSERT_TRUE(s.ok()) << s.error_message();
-  std::vector<int32_t> got;
-  for (const v1::Token& t : resp.tokens()) got.push_back(t.id());
+  const std::vector<int32_t> got = ServedGreedy(server.stub(), "And God said", 12);
   worker::model::GenerationOptions o;
   o.max_new_tokens = 12;
   EXPECT_EQ(got, ref->Generate("And God said", o));

@@ -173,8 +173,8 @@ inline bool WaitHealth(const std::shared_ptr<grpc::Channel>& channel, int status
   return false;
 }
 
-// GET /metrics over a plain socket; the body, or "" on failure.
-inline std::string Scrape(int port) {
+// GET /metrics on loopback with `headers` ("Name: value\r\n" lines); the whole response.
+inline std::string HttpGetMetrics(int port, const std::string& headers = "") {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return "";
   sockaddr_in addr{};
@@ -183,7 +183,7 @@ inline std::string Scrape(int port) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string out;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string req = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    const std::string req = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n" + headers + "\r\n";
     if (::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
       char buf[8192];
       ssize_t n;
@@ -191,6 +191,12 @@ inline std::string Scrape(int port) {
     }
   }
   ::close(fd);
+  return out;
+}
+
+// GET /metrics; the body, or "" on failure.
+inline std::string Scrape(int port) {
+  const std::string out = HttpGetMetrics(port);
   const size_t body = out.find("\r\n\r\n");
   if (out.rfind("HTTP/1.1 200", 0) != 0 || body == std::string::npos) return "";
   return out.substr(body + 4);
@@ -274,6 +280,52 @@ inline std::string ListenAddress(int port) {
     }
   }
   return "";
+}
+
+// The greedy token ids `server` generates for `prompt` (max_new tokens); empty on error, which
+// is reported.
+inline std::vector<int32_t> ServedGreedy(v1::TextGeneration::Stub& stub, const std::string& prompt,
+                                         int max_new) {
+  v1::GenerateRequest req;
+  req.set_text(prompt);
+  req.mutable_stopping()->set_max_new_tokens(max_new);
+  req.mutable_response()->set_return_tokens(true);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::GenerateResponse resp;
+  const grpc::Status s = stub.Generate(&ctx, req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  std::vector<int32_t> ids;
+  for (const v1::Token& t : resp.tokens()) ids.push_back(t.id());
+  return ids;
+}
+
+// `deja worker` processes for every rank of a standalone coordinator's group, with the group
+// secret in `secret_file`; `extra` flags are added to each.
+inline std::vector<std::unique_ptr<test_util::ChildProcess>> StartWorkers(
+    const std::string& internal_target, int world, const std::string& secret_file,
+    const std::string& log_prefix, const std::vector<std::string>& extra = {}) {
+  std::vector<std::unique_ptr<test_util::ChildProcess>> workers;
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> args = {DEJA_BINARY,
+                                     "worker",
+                                     "--model",
+                                     ModelDir(),
+                                     "--rank",
+                                     std::to_string(r),
+                                     "--world",
+                                     std::to_string(world),
+                                     "--coordinator",
+                                     internal_target,
+                                     "--group-secret-file",
+                                     secret_file,
+                                     "--threads",
+                                     "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    workers.push_back(
+        std::make_unique<test_util::ChildProcess>(args, LogPath(log_prefix + std::to_string(r))));
+  }
+  return workers;
 }
 
 // One GenerateStream call, collected.
