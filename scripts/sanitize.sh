@@ -21,7 +21,7 @@ cmake --build --preset "$preset" -j "$(nproc)"
 # Reports are errors: halt_on_error turns each into a failing test with its report in the log.
 export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
 extra=()
 if [ "$preset" = tsan ]; then
   extra=(-E 'Golden|Bf16|CompareAttention|CompareMatmul|TopK|Perplexity')

@@ -257,7 +257,7 @@ TEST_F(EngineTest, ARefusedSequenceFailsAloneAndTheOthersComplete) {
   StartEngine();
   Call a = Submit(Text("Hello", 10));
   ASSERT_TRUE(a.status.ok());
-  ASSERT_TRUE(WaitFor([&] { return a.request->generated() >= 2; }));
+  ASSERT_TRUE(WaitFor([&] { return a.sink->messages().size() >= 2; }));
   // The third admitted request is refused at its 3rd decode step (position prompt + 2).
   std::atomic<uint64_t> bad_seq{0};
   client_->SetRefuseFn([&bad_seq](const v1::SequenceWork& w) {

@@ -80,7 +80,10 @@ TEST_F(WorkerGroupTest, ReadyOnlyWhenEveryRankIsWarmAndStepsRoundTrip) {
   EXPECT_FALSE(group_->State().ready);
   EXPECT_EQ(group_->Step(OneSequence()).status().code(), StatusCode::kUnavailable);
   StartGroup(/*warmed=*/false);
-  std::this_thread::sleep_for(milliseconds(300));
+  // Registration, then the warm-up poll (slow under sanitizers): wait for it to be reported.
+  for (int i = 0; i < 500 && group_->State().reason.find("warming up") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
   GroupState s = group_->State();
   EXPECT_FALSE(s.ready);
   EXPECT_NE(s.reason.find("warming up"), std::string::npos) << s.reason;
@@ -186,6 +189,11 @@ TEST_F(WorkerGroupTest, EveryWorkerCallCarriesTheGroupSecret) {
   const std::string secret(64, 'k');
   // Without the secret the ranks answer nothing: the group never becomes ready.
   StartGroup(/*warmed=*/true, secret);
+  for (int i = 0; i < 500 && (workers_[0]->refused() == 0 ||
+                              group_->State().reason.find("no group secret") == std::string::npos);
+       ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
   EXPECT_FALSE(WaitReady(true, milliseconds(300)));
   EXPECT_NE(group_->State().reason.find("no group secret"), std::string::npos)
       << group_->State().reason;
