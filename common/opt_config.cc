@@ -68,6 +68,14 @@ Status Positive(int64_t v, const char* field) {
   return Status::Ok();
 }
 
+Status AtMost(int64_t v, int64_t max, const char* field, const char* why) {
+  if (v > max) {
+    return InvalidArgument(std::string("config field '") + field + "' must be at most " +
+                           std::to_string(max) + " (" + why + "), got " + std::to_string(v));
+  }
+  return Status::Ok();
+}
+
 Status TokenId(int64_t id, int64_t vocab, const char* field) {
   if (id < 0 || id >= vocab) {
     return InvalidArgument(std::string("config field '") + field + "' = " + std::to_string(id) +
@@ -120,6 +128,12 @@ Status OptConfig::Validate() const {
   DEJA_RETURN_IF_ERROR(Positive(num_attention_heads, "num_attention_heads"));
   DEJA_RETURN_IF_ERROR(Positive(max_position_embeddings, "max_position_embeddings"));
   DEJA_RETURN_IF_ERROR(Positive(word_embed_proj_dim, "word_embed_proj_dim"));
+  // Token ids and positions are 32-bit everywhere past the config (KV cache, protocol, the
+  // coordinator's limits), and the position table has two rows more than positions.
+  constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
+  DEJA_RETURN_IF_ERROR(AtMost(vocab_size, kMax32, "vocab_size", "token ids are 32-bit"));
+  DEJA_RETURN_IF_ERROR(AtMost(max_position_embeddings, kMax32 - 2, "max_position_embeddings",
+                              "positions are 32-bit"));
   if (hidden_size % num_attention_heads != 0) {
     return InvalidArgument("config field 'hidden_size' (" + std::to_string(hidden_size) +
                            ") is not divisible by 'num_attention_heads' (" +

@@ -136,8 +136,15 @@ INSTANTIATE_TEST_SUITE_P(
                   "eos_token_id"},
         BadConfig{"NegativeProj", R"("word_embed_proj_dim": 768)", R"("word_embed_proj_dim": -1)",
                   "word_embed_proj_dim"},
-        BadConfig{"OtherModel", R"("model_type": "opt")", R"("model_type": "llama")",
-                  "model_type"}),
+        BadConfig{"OtherModel", R"("model_type": "opt")", R"("model_type": "llama")", "model_type"},
+        // Sizes kept in 32 bits past the config; the largest position count used to overflow
+        // int64 when the loader added the position table's two extra rows (fuzz_opt_config).
+        BadConfig{"HugePositions", R"("max_position_embeddings": 2048)",
+                  R"("max_position_embeddings": 9223372036854775807)", "max_position_embeddings"},
+        BadConfig{"PositionsPastInt32", R"("max_position_embeddings": 2048)",
+                  R"("max_position_embeddings": 2147483646)", "max_position_embeddings"},
+        BadConfig{"VocabPastInt32", R"("vocab_size": 50272)", R"("vocab_size": 2147483648)",
+                  "vocab_size"}),
     [](const ::testing::TestParamInfo<BadConfig>& info) { return info.param.test_name; });
 
 TEST(OptConfigTest, InvalidJson) {

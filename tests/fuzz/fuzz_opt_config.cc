@@ -3,8 +3,10 @@
 //
 // Invariants: a text that does not parse is INVALID_ARGUMENT naming the file; a config that
 // parses is valid (Validate: positive sizes, heads divide the width, relu, special tokens inside
-// the vocabulary) and survives a round trip through JSON unchanged; resolving and checking its
-// tensors against a checkpoint returns a Status (the tiny config's own resolves and checks).
+// the vocabulary, token ids and positions in 32 bits) and survives a round trip through JSON
+// unchanged; resolving and checking its tensors against a checkpoint returns a Status (the tiny
+// config's own resolves and checks).
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -95,6 +97,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
              c.num_attention_heads > 0 && c.max_position_embeddings > 0 &&
              c.word_embed_proj_dim > 0);
   FUZZ_CHECK(c.head_dim() * c.num_attention_heads == c.hidden_size);
+  // Token ids and positions (plus the position table's two extra rows) fit in 32 bits.
+  FUZZ_CHECK(c.vocab_size <= INT32_MAX && c.max_position_embeddings + 2 <= INT32_MAX);
   FUZZ_CHECK(c.activation_function == "relu");
   for (int64_t id : {c.pad_token_id, c.bos_token_id, c.eos_token_id}) {
     FUZZ_CHECK(id >= 0 && id < c.vocab_size);
