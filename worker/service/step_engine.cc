@@ -187,6 +187,12 @@ Status StepEngine::Plan(const deja::v1::StepRequest& req, std::vector<Planned>* 
                           " tokens exceed the sequence's declared length of " +
                           std::to_string(p.seq->max_tokens) + " (prompt_tokens + max_new_tokens)");
       }
+      // A bounded cache holds budget + 1 slots once its prompt is in: one token per step.
+      if (w.tokens_size() > p.seq->kv->free_slots()) {
+        return OutOfRange(Seq(id) + std::to_string(w.tokens_size()) + " tokens exceed the " +
+                          std::to_string(p.seq->kv->free_slots()) +
+                          " free slots of the sequence's KV cache");
+      }
     }
     plan->push_back(std::move(p));
   }
