@@ -33,7 +33,7 @@ void BM_Choose(benchmark::State& state) {
   const std::vector<int32_t> history = {2, 100, 200};
   int row = 0;
   for (auto _ : state) {
-    sampling::TokenChoice c =
+    StatusOr<sampling::TokenChoice> c =
         sampler.Choose(logits.data() + static_cast<size_t>(row) * vocab, vocab, history);
     benchmark::DoNotOptimize(c);
     row = (row + 1) % kRows;

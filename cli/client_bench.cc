@@ -28,8 +28,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// GET /metrics from host:port; "" on failure.
-std::string Scrape(const std::string& target) {
+// GET /metrics from host:port, with an Authorization header when `authorization` is set; "" on
+// failure.
+std::string Scrape(const std::string& target, const std::string& authorization) {
   const size_t colon = target.rfind(':');
   if (colon == std::string::npos) return "";
   addrinfo hints = {};
@@ -43,7 +44,9 @@ std::string Scrape(const std::string& target) {
   std::string out;
   const int fd = ::socket(res->ai_family, res->ai_socktype, res->ai_protocol);
   if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
-    const std::string req = "GET /metrics HTTP/1.1\r\nHost: " + target + "\r\n\r\n";
+    std::string req = "GET /metrics HTTP/1.1\r\nHost: " + target + "\r\n";
+    if (!authorization.empty()) req += "Authorization: " + authorization + "\r\n";
+    req += "\r\n";
     if (::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
       char buf[8192];
       ssize_t n;
@@ -73,8 +76,8 @@ struct Level {
   std::vector<double> ttft_ms;
 };
 
-Level RunLevel(v1::TextGeneration::Stub& stub, int streams, int max_new,
-               const std::string& prompt) {
+Level RunLevel(const ClientConnection& connection, v1::TextGeneration::Stub& stub, int streams,
+               int max_new, const std::string& prompt) {
   Level level;
   level.streams = streams;
   std::atomic<int64_t> tokens{0};
@@ -90,6 +93,7 @@ Level RunLevel(v1::TextGeneration::Stub& stub, int streams, int max_new,
       req.mutable_stopping()->set_ignore_eos(true);
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(30));
+      connection.Authorize(&ctx);
       auto reader = stub.GenerateStream(&ctx, req);
       v1::GenerateStreamResponse msg;
       while (reader->Read(&msg)) {
@@ -111,16 +115,18 @@ Level RunLevel(v1::TextGeneration::Stub& stub, int streams, int max_new,
 
 }  // namespace
 
-Status RunClientBench(const std::string& target, const std::string& metrics_target,
+Status RunClientBench(const ClientConnection& connection, const std::string& metrics_target,
                       const std::vector<int>& levels, int max_new, const std::string& prompt) {
-  auto stub =
-      v1::TextGeneration::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
-  RunLevel(*stub, 1, 4, prompt);  // warm the connection and the workers
+  auto stub = v1::TextGeneration::NewStub(connection.channel);
+  auto scrape = [&] {
+    return metrics_target.empty() ? "" : Scrape(metrics_target, connection.authorization);
+  };
+  RunLevel(connection, *stub, 1, 4, prompt);  // warm the connection and the workers
   double single_rate = 0;
   for (int streams : levels) {
-    const std::string before = metrics_target.empty() ? "" : Scrape(metrics_target);
-    Level level = RunLevel(*stub, streams, max_new, prompt);
-    const std::string after = metrics_target.empty() ? "" : Scrape(metrics_target);
+    const std::string before = scrape();
+    Level level = RunLevel(connection, *stub, streams, max_new, prompt);
+    const std::string after = scrape();
     if (level.failed > 0) {
       return Unavailable(std::to_string(level.failed) + " of " + std::to_string(streams) +
                          " streams failed");

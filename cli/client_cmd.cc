@@ -8,7 +8,9 @@
 
 #include "cli/args.h"
 #include "cli/client_bench.h"
+#include "cli/client_soak.h"
 #include "cli/commands.h"
+#include "cli/security_flags.h"
 #include "common/enum_table.h"
 #include "coordinator/sparsity_mode.h"
 #include "deja/v1/text_generation.grpc.pb.h"
@@ -21,7 +23,7 @@ namespace {
 
 using proto::FromGrpc;
 
-constexpr const char* kActions = "generate, stream, tokenize, info, cancel, health or bench";
+constexpr const char* kActions = "generate, stream, tokenize, info, cancel, health, bench or soak";
 
 std::string Json(const google::protobuf::Message& m) {
   std::string out;
@@ -121,11 +123,14 @@ void SetDeadline(const Args& args, grpc::ClientContext* ctx) {
 }
 
 Status Run(const std::string& action, const Args& args) {
-  auto channel = grpc::CreateChannel(args.Str("target"), grpc::InsecureChannelCredentials());
+  DEJA_ASSIGN_OR_RETURN(const ClientConnection connection,
+                        ConnectFromFlags(args, args.Str("target")));
+  const std::shared_ptr<grpc::Channel>& channel = connection.channel;
   auto stub = v1::TextGeneration::NewStub(channel);
   const bool json = args.On("json");
   grpc::ClientContext ctx;
   SetDeadline(args, &ctx);
+  connection.Authorize(&ctx);
   if (action == "generate") {
     DEJA_ASSIGN_OR_RETURN(v1::GenerateRequest req, RequestFromFlags(args));
     v1::GenerateResponse resp;
@@ -205,7 +210,7 @@ Status Run(const std::string& action, const Args& args) {
   }
   if (action == "bench") {
     std::vector<int> levels;
-    std::stringstream list(args.Str("streams"));
+    std::stringstream list(args.Has("streams") ? args.Str("streams") : "1,8,32");
     for (std::string item; std::getline(list, item, ',');) {
       const int n = std::atoi(item.c_str());
       if (n < 1) return InvalidArgument("--streams must list positive counts, got '" + item + "'");
@@ -216,9 +221,35 @@ Status Run(const std::string& action, const Args& args) {
       DEJA_ASSIGN_OR_RETURN(max_new, args.Int("max-new-tokens"));
     }
     if (max_new < 1) return InvalidArgument("--max-new-tokens must be >= 1");
-    return RunClientBench(args.Str("target"), args.Str("metrics-target"), levels,
-                          static_cast<int>(max_new),
+    return RunClientBench(connection, args.Str("metrics-target"), levels, static_cast<int>(max_new),
                           args.Has("prompt") ? args.Str("prompt") : "And God said");
+  }
+  if (action == "soak") {
+    SoakOptions o;
+    int64_t streams = 200;
+    if (args.Has("streams")) {
+      DEJA_ASSIGN_OR_RETURN(streams, args.Int("streams"));
+    }
+    DEJA_ASSIGN_OR_RETURN(o.seconds, args.Double("seconds"));
+    DEJA_ASSIGN_OR_RETURN(o.cancel_fraction, args.Double("cancel-fraction"));
+    DEJA_ASSIGN_OR_RETURN(o.check_fraction, args.Double("check-fraction"));
+    if (streams < 1 || streams > 10000) return InvalidArgument("--streams must be in [1, 10000]");
+    if (!(o.cancel_fraction >= 0 && o.cancel_fraction <= 1) ||
+        !(o.check_fraction >= 0 && o.check_fraction <= 1)) {
+      return InvalidArgument("--cancel-fraction and --check-fraction must be in [0, 1]");
+    }
+    o.streams = static_cast<int>(streams);
+    if (args.Has("max-new-tokens")) {
+      DEJA_ASSIGN_OR_RETURN(int64_t max_new, args.Int("max-new-tokens"));
+      if (max_new < 1) return InvalidArgument("--max-new-tokens must be >= 1");
+      o.max_new_tokens = static_cast<int>(max_new);
+    }
+    if (args.Has("seed")) {
+      DEJA_ASSIGN_OR_RETURN(int64_t seed, args.Int("seed"));
+      o.seed = static_cast<uint64_t>(seed);
+    }
+    o.prompt_file = args.Str("prompt-file");
+    return RunClientSoak(connection, o);
   }
   return InvalidArgument("unknown action '" + action + "': use " + kActions);
 }
@@ -226,7 +257,7 @@ Status Run(const std::string& action, const Args& args) {
 }  // namespace
 
 int RunClient(int argc, char** argv, int first) {
-  Args args("client <generate|stream|tokenize|info|cancel|health|bench>",
+  Args args("client <generate|stream|tokenize|info|cancel|health|bench|soak>",
             "Call a deja server's TextGeneration API (or its health service).");
   args.Flag("target", "host:port of the server", "127.0.0.1:50051")
       .Flag("prompt", "prompt text (generate, stream) or text to tokenize")
@@ -256,8 +287,15 @@ int RunClient(int argc, char** argv, int first) {
       .Flag("service", "health: service name ('' = liveness)", "")
       .Flag("timeout-ms", "gRPC deadline (0 = none)", "0")
       .Bool("json", "print responses as JSON")
-      .Flag("streams", "bench: comma-separated concurrency levels", "1,8,32")
+      .Flag("streams",
+            "bench: comma-separated concurrency levels (default 1,8,32); soak: concurrent "
+            "streams (default 200)")
+      .Flag("seconds", "soak: how long to run", "600")
+      .Flag("cancel-fraction", "soak: streams the client cancels part-way", "0.1")
+      .Flag("check-fraction", "soak: finished streams replayed as unary calls and compared", "0.1")
+      .Flag("prompt-file", "soak: prompts, one per line (default: a few built in)", "")
       .Flag("metrics-target", "bench: host:port of the server's /metrics, for step accounting");
+  AddClientSecurityFlags(args);
   if (first >= argc || std::string(argv[first]).rfind("--", 0) == 0) {
     if (first < argc && (std::string(argv[first]) == "--help")) {
       return std::printf("%s", args.Help().c_str()), 0;

@@ -16,6 +16,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/common_flags.h"
+#include "cli/security_flags.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/launcher.h"
 #include "worker/kv/policy_table.h"
@@ -84,7 +85,7 @@ std::string SelfPath() {
 void AddCoordinatorFlags(Args& args) {
   args.Flag("model", "model directory (HF OPT checkpoint and tokenizer)", "", true)
       .Flag("tp", "tensor-parallel size N (number of workers)", "1")
-      .Flag("host", "address the gRPC API listens on", "0.0.0.0")
+      .Flag("host", "address the gRPC API listens on (0.0.0.0: every interface)", "127.0.0.1")
       .Flag("port", "gRPC port (0: any free port)", "50051")
       .Flag("metrics-port", "Prometheus /metrics port (0: any free port, -1: off)", "9090")
       .Flag("metrics-host", "address /metrics listens on (default: the API's --host)", "")
@@ -101,6 +102,7 @@ void AddCoordinatorFlags(Args& args) {
             "free, instead of RESOURCE_EXHAUSTED at once");
   // The server's default KV-cache policy: what a request without CachePolicy.kind gets.
   AddCachePolicyFlags(args, worker::kv::CachePolicyKind::kFull);
+  AddServerSecurityFlags(args);
 }
 
 // The --kv-policy flags as the API's CachePolicy (ratios unless token budgets were given), with
@@ -169,6 +171,7 @@ StatusOr<coordinator::CoordinatorOptions> CoordinatorFromFlags(const Args& args)
   o.group.heartbeat_timeout = std::chrono::milliseconds(hb_timeout_ms);
   o.drain_timeout = std::chrono::milliseconds(drain_ms);
   DEJA_ASSIGN_OR_RETURN(o.default_cache, DefaultCacheFromFlags(args));
+  o.security = ServerSecurityFromFlags(args);
   return o;
 }
 
@@ -192,8 +195,9 @@ Status Serve(const coordinator::CoordinatorOptions& options,
       announced = true;
       std::fprintf(stderr,
                    "deja: ready (grpc.health.v1 %s is SERVING). Try:\n  %s client stream "
-                   "--target 127.0.0.1:%d --prompt \"And God said\" --max-new-tokens 32\n",
-                   coordinator::kReadinessService, SelfPath().c_str(), c->port());
+                   "--target 127.0.0.1:%d%s --prompt \"And God said\" --max-new-tokens 32\n",
+                   coordinator::kReadinessService, SelfPath().c_str(), c->port(),
+                   ClientFlagsHint(options.security).c_str());
     }
   }
   // A second signal cuts the drain short.

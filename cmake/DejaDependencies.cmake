@@ -4,6 +4,8 @@ find_package(glog REQUIRED)
 find_package(gflags REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(hwy REQUIRED)
+# TLS on the public API: certificate and key checks at start-up (gRPC itself links it too).
+find_package(OpenSSL REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(RE2 REQUIRED IMPORTED_TARGET re2)
 

@@ -1,5 +1,6 @@
 // Highway translation unit of common/vec_math.h: compiled once per x86 target by foreach_target
 // and dispatched at run time.
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -93,13 +94,24 @@ float MaxOfImpl(const float* x, int64_t n) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   float m = -std::numeric_limits<float>::infinity();
   int64_t i = 0;
+  bool nan = false;
   if (n >= lanes) {
     auto vm = hn::LoadU(df, x);
-    for (i = lanes; i + lanes <= n; i += lanes) vm = hn::Max(vm, hn::LoadU(df, x + i));
+    // Max drops NaNs (maxps keeps its second operand), so they are looked for on the side.
+    auto vnan = hn::IsNaN(vm);
+    for (i = lanes; i + lanes <= n; i += lanes) {
+      const auto v = hn::LoadU(df, x + i);
+      vm = hn::Max(vm, v);
+      vnan = hn::Or(vnan, hn::IsNaN(v));
+    }
     m = hn::GetLane(hn::MaxOfLanes(df, vm));
+    nan = !hn::AllFalse(df, vnan);
   }
-  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
-  return m;
+  for (; i < n; ++i) {
+    nan |= std::isnan(x[i]);
+    m = x[i] > m ? x[i] : m;
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : m;
 }
 
 int32_t LowestScoreSlotImpl(const int32_t* pos, const float* score, int64_t n, int32_t pos_limit) {

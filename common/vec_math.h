@@ -15,6 +15,7 @@ void ConvertToF32(const void* src, DType dtype, int64_t n, float* dst, bool accu
 // dst[i] = src[i] stored as dtype: f32 (a copy), f16 (nearest even on every x86 target with
 // F16C; plain SSE4 targets truncate) or bf16 (nearest even, FloatToBF16).
 void ConvertFromF32(const float* src, int64_t n, DType dtype, void* dst);
+// The largest of x[0..n) (-inf when n is 0); NaN when any entry is NaN.
 float MaxOf(const float* x, int64_t n);
 // x[i] = exp(x[i] - shift); returns the sum of the results.
 float ExpShiftInPlace(float* x, int64_t n, float shift);

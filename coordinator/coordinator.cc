@@ -75,6 +75,8 @@ Status Coordinator::Init() {
         "max batch sequences and max prefill tokens must be >= 1, the queue "
         "limit >= 0");
   }
+  DEJA_ASSIGN_OR_RETURN(ServerSecurity security, LoadServerSecurity(o.security));
+  auth_ = std::move(security.auth);
   DEJA_ASSIGN_OR_RETURN(config_, LoadOptConfig(o.model_dir));
   if (config_.num_attention_heads % o.tensor_parallel_size != 0 ||
       config_.ffn_dim % o.tensor_parallel_size != 0) {
@@ -97,6 +99,9 @@ Status Coordinator::Init() {
     metrics::MetricsServerOptions mo;
     mo.host = o.metrics_host.empty() ? o.host : o.metrics_host;
     mo.port = o.metrics_port;
+    if (security.metrics_auth) {
+      mo.authorize = [auth = auth_.get()](std::string_view a) { return auth->Allows(a); };
+    }
     DEJA_ASSIGN_OR_RETURN(metrics_server_, metrics::MetricsServer::Start(&registry_, mo));
   }
 
@@ -114,18 +119,31 @@ Status Coordinator::Init() {
   eo.limits.default_max_new_tokens = o.default_max_new_tokens;
   eo.limits.default_cache = info.default_cache_policy();
   engine_ = std::make_unique<Engine>(eo, tokenizer_.get(), group_.get(), metrics_.get());
-  service_ = std::make_unique<TextGenerationService>(engine_.get(), info);
+  service_ = std::make_unique<TextGenerationService>(engine_.get(), info, auth_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string address = o.host + ":" + std::to_string(o.port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port_);
+  builder.AddListeningPort(address, security.credentials, &port_);
   // A port another process holds is an error, not a shared listener (SO_REUSEPORT would hand
   // the other server half of the new connections).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service_.get());
-  builder.RegisterService(rendezvous_.get());
+  if (security.tls) {
+    // The workers register in plaintext, so with TLS on the API port the Rendezvous gets a
+    // loopback listener of its own.
+    grpc::ServerBuilder internal;
+    internal.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &rendezvous_port_);
+    internal.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    internal.RegisterService(rendezvous_.get());
+    rendezvous_server_ = internal.BuildAndStart();
+    if (!rendezvous_server_ || rendezvous_port_ == 0) {
+      return Unavailable("cannot listen on 127.0.0.1 for the workers' Rendezvous");
+    }
+  } else {
+    builder.RegisterService(rendezvous_.get());
+  }
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
     return Unavailable("cannot listen on " + address + " (in use, or not an address of this host)");
@@ -134,7 +152,8 @@ Status Coordinator::Init() {
   health_ = std::thread([this] { HealthLoop(); });
   LOG(INFO) << "coordinator: serving " << info.model_name() << " (TP " << o.tensor_parallel_size
             << ") on " << o.host << ":" << port_ << ", metrics on port " << metrics_port()
-            << "; waiting for " << o.tensor_parallel_size << " workers to register";
+            << "; waiting for " << o.tensor_parallel_size << " workers to register at "
+            << rendezvous_address();
   return Status::Ok();
 }
 
@@ -149,10 +168,14 @@ Coordinator::~Coordinator() {
   if (rendezvous_) rendezvous_->Shutdown();
   if (engine_) engine_->FailAll(Unavailable("the server is shutting down"));
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (rendezvous_server_) {
+    rendezvous_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
   // Members go in reverse order: server, service, engine, group, rendezvous, metrics.
 }
 
 std::string Coordinator::rendezvous_address() const {
+  if (rendezvous_port_ != 0) return "127.0.0.1:" + std::to_string(rendezvous_port_);
   const std::string& h = options_.host;
   const bool any = h.empty() || h == "0.0.0.0" || h == "[::]" || h == "::";
   return (any ? std::string("127.0.0.1") : h) + ":" + std::to_string(port_);

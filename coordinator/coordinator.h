@@ -24,6 +24,7 @@
 #include "coordinator/grpc_service.h"
 #include "coordinator/metrics.h"
 #include "coordinator/rendezvous_service.h"
+#include "coordinator/security.h"
 #include "coordinator/validation.h"
 #include "coordinator/worker_group.h"
 #include "metrics/metrics_server.h"
@@ -43,7 +44,7 @@ struct CoordinatorOptions {
   std::string model_dir;
   int tensor_parallel_size = 1;
   // gRPC address; port 0 picks a free one (see Coordinator::port()).
-  std::string host = "0.0.0.0";
+  std::string host = "127.0.0.1";
   int port = 0;
   // Prometheus /metrics; port 0 picks a free one, -1 disables it. An empty host binds the API's.
   std::string metrics_host;
@@ -56,6 +57,8 @@ struct CoordinatorOptions {
   WorkerGroupOptions group;  // world_size is taken from tensor_parallel_size
   // How long a drain lets admitted requests finish before failing them with UNAVAILABLE.
   std::chrono::milliseconds drain_timeout{30000};
+  // TLS and bearer tokens of the API (and /metrics); checked by Start() before anything else.
+  SecurityOptions security;
 };
 
 class Coordinator {
@@ -87,6 +90,7 @@ class Coordinator {
   void HealthLoop();
 
   CoordinatorOptions options_;
+  std::unique_ptr<BearerAuth> auth_;  // null without --auth-token-file
   std::unique_ptr<Tokenizer> tokenizer_;
   OptConfig config_;
   metrics::Registry registry_;
@@ -98,6 +102,10 @@ class Coordinator {
   std::unique_ptr<TextGenerationService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  // With TLS on the API port, the Rendezvous alone, in plaintext on loopback (the workers'
+  // address then; see rendezvous_address()).
+  std::unique_ptr<grpc::Server> rendezvous_server_;
+  int rendezvous_port_ = 0;
 
   std::mutex mu_;
   std::condition_variable cv_;

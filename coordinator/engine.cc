@@ -19,6 +19,8 @@ std::string RejectReason(const Status& s) {
       return "invalid_argument";
     case StatusCode::kFailedPrecondition:
       return "failed_precondition";
+    case StatusCode::kUnauthenticated:
+      return "unauthenticated";
     default:
       return "other";
   }
@@ -240,7 +242,7 @@ void Engine::RunStep(StepPlan plan) {
     scheduler_.FailStep(plan, status, received);
   } else {
     ObserveSparsity(*responses);
-    scheduler_.Complete(plan, responses->front(), received);
+    scheduler_.Complete(plan, *responses, received);
   }
   const Clock::time_point applied = Clock::now();
   metrics_->StepPhase("apply").Observe(Seconds(applied - received));

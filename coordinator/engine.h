@@ -51,7 +51,8 @@ class Engine {
   StatusOr<std::shared_ptr<Request>> Submit(const v1::GenerateRequest& request,
                                             std::optional<Clock::time_point> deadline,
                                             std::shared_ptr<RequestSink> sink);
-  // Counts a request refused before it reached Submit (it could not be parsed).
+  // Counts a call refused before it reached Submit (it could not be parsed, or it carried no
+  // accepted bearer token).
   void RejectInvalid(const Status& status);
   // The Cancel RPC: true when a queued or running request has `request_id`.
   bool Cancel(const std::string& request_id);

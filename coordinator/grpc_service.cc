@@ -210,14 +210,47 @@ class FailedStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnDone() override { delete this; }
 };
 
+// A generation call's request, parsed. A call the client cancelled, or whose deadline passed,
+// before its message arrived has no message at all (not even an empty one): CANCELLED, and not
+// counted as a rejection, since no input was refused. Bad bytes are INVALID_ARGUMENT, counted.
+StatusOr<v1::GenerateRequest> ParseGenerate(const grpc::ByteBuffer& request, Engine* engine) {
+  if (!request.Valid())
+    return Status(StatusCode::kCancelled, "the call ended before its request arrived");
+  StatusOr<v1::GenerateRequest> parsed = ParseGenerateRequest(request);
+  if (!parsed.ok()) engine->RejectInvalid(parsed.status());
+  return parsed;
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* FailStream(const Status& status) {
+  auto* reactor = new FailedStream();
+  reactor->Finish(proto::ToGrpc(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* FailUnary(grpc::CallbackServerContext* context, const Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(proto::ToGrpc(status));
+  return reactor;
+}
+
 }  // namespace
+
+Status TextGenerationService::Authenticate(const grpc::CallbackServerContext* context) {
+  if (auth_ == nullptr) return Status::Ok();
+  Status s = auth_->Check(context->client_metadata());
+  if (!s.ok()) {
+    engine_->RejectInvalid(s);
+    VLOG(1) << "refused a call from " << context->peer() << ": " << s.message();
+  }
+  return s;
+}
 
 grpc::ServerUnaryReactor* TextGenerationService::Generate(grpc::CallbackServerContext* context,
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
-  StatusOr<v1::GenerateRequest> parsed = ParseGenerateRequest(*request);
+  if (Status s = Authenticate(context); !s.ok()) return FailUnary(context, s);
+  StatusOr<v1::GenerateRequest> parsed = ParseGenerate(*request, engine_);
   if (!parsed.ok()) {
-    engine_->RejectInvalid(parsed.status());
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(proto::ToGrpc(parsed.status()));
     return reactor;
@@ -227,9 +260,9 @@ grpc::ServerUnaryReactor* TextGenerationService::Generate(grpc::CallbackServerCo
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* TextGenerationService::GenerateStream(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
-  StatusOr<v1::GenerateRequest> parsed = ParseGenerateRequest(*request);
+  if (Status s = Authenticate(context); !s.ok()) return FailStream(s);
+  StatusOr<v1::GenerateRequest> parsed = ParseGenerate(*request, engine_);
   if (!parsed.ok()) {
-    engine_->RejectInvalid(parsed.status());
     auto* reactor = new FailedStream();
     reactor->Finish(proto::ToGrpc(parsed.status()));
     return reactor;
@@ -240,6 +273,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TextGenerationService::GenerateStrea
 grpc::ServerUnaryReactor* TextGenerationService::Tokenize(grpc::CallbackServerContext* context,
                                                           const grpc::ByteBuffer* request,
                                                           grpc::ByteBuffer* response) {
+  if (Status s = Authenticate(context); !s.ok()) return FailUnary(context, s);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   StatusOr<v1::TokenizeRequest> parsed = ParseTokenizeRequest(*request);
   if (!parsed.ok()) {
@@ -266,6 +300,7 @@ grpc::ServerUnaryReactor* TextGenerationService::Tokenize(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* TextGenerationService::GetModelInfo(grpc::CallbackServerContext* context,
                                                               const grpc::ByteBuffer* request,
                                                               grpc::ByteBuffer* response) {
+  if (Status s = Authenticate(context); !s.ok()) return FailUnary(context, s);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (StatusOr<v1::GetModelInfoRequest> parsed = ParseGetModelInfoRequest(*request);
       !parsed.ok()) {
@@ -285,6 +320,7 @@ grpc::ServerUnaryReactor* TextGenerationService::GetModelInfo(grpc::CallbackServ
 grpc::ServerUnaryReactor* TextGenerationService::Cancel(grpc::CallbackServerContext* context,
                                                         const grpc::ByteBuffer* request,
                                                         grpc::ByteBuffer* response) {
+  if (Status s = Authenticate(context); !s.ok()) return FailUnary(context, s);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   StatusOr<v1::CancelRequest> parsed = ParseCancelRequest(*request);
   if (!parsed.ok()) {

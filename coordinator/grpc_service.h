@@ -10,6 +10,7 @@
 #pragma once
 
 #include "coordinator/engine.h"
+#include "coordinator/security.h"
 #include "deja/v1/text_generation.grpc.pb.h"
 
 namespace deja::coordinator {
@@ -27,9 +28,11 @@ using TextGenerationBase = v1::TextGeneration::WithRawCallbackMethod_Generate<
 class TextGenerationService final : public TextGenerationBase {
  public:
   // `engine` outlives the service. `info` is returned by GetModelInfo, with its sparsity fields
-  // set from what the worker group reports.
-  TextGenerationService(Engine* engine, v1::ModelInfo info)
-      : engine_(engine), info_(std::move(info)) {}
+  // set from what the worker group reports. With `auth` (which outlives the service), every
+  // call must carry an accepted bearer token; the others get UNAUTHENTICATED, counted as a
+  // rejection, and never reach the engine.
+  TextGenerationService(Engine* engine, v1::ModelInfo info, const BearerAuth* auth = nullptr)
+      : engine_(engine), info_(std::move(info)), auth_(auth) {}
 
   grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
@@ -47,8 +50,12 @@ class TextGenerationService final : public TextGenerationBase {
                                    grpc::ByteBuffer* response) override;
 
  private:
+  // OK without auth_, else the token check of the call's metadata (a refusal is counted).
+  Status Authenticate(const grpc::CallbackServerContext* context);
+
   Engine* engine_;
   const v1::ModelInfo info_;
+  const BearerAuth* auth_;
 };
 
 }  // namespace deja::coordinator

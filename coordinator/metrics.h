@@ -44,7 +44,7 @@ class CoordinatorMetrics {
   // Request outcomes: `code` is the gRPC code name ("OK", "CANCELLED", ...).
   void RequestFinished(const std::string& code, v1::FinishReason reason);
   // Requests turned away before queueing: invalid_argument, queue_full, kv_full, draining,
-  // not_ready, already_exists, failed_precondition.
+  // not_ready, already_exists, failed_precondition, unauthenticated (any TextGeneration call).
   void Rejected(const std::string& reason);
   // The per-step histogram of one phase: schedule, workers, apply, total, overhead.
   metrics::Histogram& StepPhase(const std::string& phase);

@@ -1,6 +1,7 @@
 #include "coordinator/scheduler.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 namespace deja::coordinator {
 
@@ -140,12 +141,30 @@ void Scheduler::AddPrefill(const std::shared_ptr<Request>& r, int32_t* budget, S
   plan->tokens += chunk;
 }
 
-void Scheduler::Complete(const StepPlan& plan, const v1::StepResponse& rank0,
+void Scheduler::Complete(const StepPlan& plan, const std::vector<v1::StepResponse>& responses,
                          Clock::time_point now) {
+  static const v1::StepResponse kNone;
+  const v1::StepResponse& rank0 = responses.empty() ? kNone : responses.front();
+  // Sequences a rank refused, with the first refusal's status.
+  std::unordered_map<uint64_t, Status> refused;
+  for (const v1::StepResponse& response : responses) {
+    for (const v1::SequenceResult& result : response.results()) {
+      if (result.error_code() == 0 || refused.count(result.seq_id())) continue;
+      refused.emplace(result.seq_id(),
+                      Status(static_cast<StatusCode>(result.error_code()),
+                             "worker rank " + std::to_string(response.rank()) +
+                                 " refused the request: " + result.error_message()));
+    }
+  }
   for (size_t i = 0; i < plan.work.size(); ++i) {
     const PlannedWork& work = plan.work[i];
     const std::shared_ptr<Request>& r = work.request;
     if (r->done()) continue;
+    if (auto it = refused.find(r->seq_id()); it != refused.end()) {
+      r->Fail(it->second, now);
+      Remove(r, /*force_release=*/true);
+      continue;
+    }
     if (work.prompt_tokens > 0) {
       r->OnPrefillChunk(work.prompt_tokens, plan.start);
       if (r->prefill_done()) ShrinkReservation(*r);

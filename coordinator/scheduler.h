@@ -82,8 +82,11 @@ class Scheduler {
 
   // The next step; empty when there is nothing to run or release.
   StepPlan Plan(Clock::time_point now);
-  // Applies rank 0's response to a planned step.
-  void Complete(const StepPlan& plan, const v1::StepResponse& rank0, Clock::time_point now);
+  // Applies a step's responses (rank 0's first). A sequence that any rank refused (its
+  // SequenceResult carries an error) fails alone with that error and is released; the others
+  // take rank 0's results.
+  void Complete(const StepPlan& plan, const std::vector<v1::StepResponse>& responses,
+                Clock::time_point now);
   // The step failed for its own sequences (a rank reported an error): they fail with `status`
   // and are released, as are the step's releases again (a failed step applies none of them).
   void FailStep(const StepPlan& plan, const Status& status, Clock::time_point now);

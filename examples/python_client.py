@@ -7,6 +7,9 @@ Generate the Python modules first (see examples/README.md), then for example:
   python examples/python_client.py --target localhost:50051 generate "Hello" --sparsity on
   python examples/python_client.py --target localhost:50051 tokenize "Hello world"
   python examples/python_client.py --target localhost:50051 info
+A server with TLS and bearer tokens (docs/serving.md#security):
+  python examples/python_client.py --target deja.example:50051 --tls-ca ca.pem \
+      --auth-token-file token.txt generate "Hello"
 """
 import argparse
 import os
@@ -62,6 +65,41 @@ def _build_request(pb, args):
     return req
 
 
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _token(args):
+    """The bearer token: the first token of --auth-token-file, else $DEJA_AUTH_TOKEN, else None."""
+    if args.auth_token_file:
+        with open(args.auth_token_file, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    return line
+        sys.exit(f"--auth-token-file: {args.auth_token_file} holds no token")
+    return os.environ.get("DEJA_AUTH_TOKEN", "").strip() or None
+
+
+def _channel(args):
+    """A plaintext channel, or TLS when --tls, --tls-ca or --tls-cert is given."""
+    if bool(args.tls_cert) != bool(args.tls_key):
+        sys.exit("--tls-cert and --tls-key go together")
+    if not (args.tls or args.tls_ca or args.tls_cert):
+        if args.tls_server_name:
+            sys.exit("--tls-server-name needs TLS (--tls-ca, or --tls for the system's CAs)")
+        return grpc.insecure_channel(args.target)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=_read(args.tls_ca) if args.tls_ca else None,
+        private_key=_read(args.tls_key) if args.tls_key else None,
+        certificate_chain=_read(args.tls_cert) if args.tls_cert else None)
+    options = []
+    if args.tls_server_name:
+        options.append(("grpc.ssl_target_name_override", args.tls_server_name))
+    return grpc.secure_channel(args.target, credentials, options=options)
+
+
 def _finish(pb, reason):
     return pb.FinishReason.Name(reason).removeprefix("FINISH_REASON_").lower()
 
@@ -71,6 +109,16 @@ def main():
     parser.add_argument("--target", default="localhost:50051", help="coordinator host:port")
     parser.add_argument("--gen-dir", default=_DEFAULT_GEN_DIR, help="generated modules")
     parser.add_argument("--timeout", type=float, default=60.0, help="deadline in seconds")
+    parser.add_argument("--tls", action="store_true",
+                        help="TLS, trusting the system's CA certificates")
+    parser.add_argument("--tls-ca", help="PEM CA certificates of the server (implies TLS)")
+    parser.add_argument("--tls-cert", help="PEM client certificate for mutual TLS (with --tls-key)")
+    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    parser.add_argument("--tls-server-name",
+                        help="name to check the server's certificate against (default: the host)")
+    parser.add_argument("--auth-token-file",
+                        help="file whose first token is sent as 'authorization: Bearer <token>' "
+                             "(default: $DEJA_AUTH_TOKEN)")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("generate", "stream"):
         p = sub.add_parser(name)
@@ -94,11 +142,15 @@ def main():
     args = parser.parse_args()
 
     pb, pb_grpc = _import_api(args.gen_dir)
-    with grpc.insecure_channel(args.target) as channel:
+    token = _token(args)
+    # Every call carries the token (when there is one) and the deadline.
+    call = {"timeout": args.timeout,
+            "metadata": [("authorization", f"Bearer {token}")] if token else None}
+    with _channel(args) as channel:
         stub = pb_grpc.TextGenerationStub(channel)
         try:
             if args.command == "generate":
-                resp = stub.Generate(_build_request(pb, args), timeout=args.timeout)
+                resp = stub.Generate(_build_request(pb, args), **call)
                 print(resp.text)
                 print(f"[{resp.request_id}] {resp.prompt_tokens} prompt + "
                       f"{resp.generated_tokens} generated tokens, "
@@ -107,7 +159,7 @@ def main():
                 for t in resp.tokens:
                     print(f"  {t.id:6d} {t.logprob:9.4f} {t.text!r}", file=sys.stderr)
             elif args.command == "stream":
-                for msg in stub.GenerateStream(_build_request(pb, args), timeout=args.timeout):
+                for msg in stub.GenerateStream(_build_request(pb, args), **call):
                     print(msg.text_delta, end="", flush=True)
                     if msg.finished:
                         print()
@@ -115,11 +167,11 @@ def main():
                               f"finish={_finish(pb, msg.finish_reason)}, ttft="
                               f"{msg.timings.time_to_first_token_ms:.1f} ms", file=sys.stderr)
             elif args.command == "tokenize":
-                resp = stub.Tokenize(pb.TokenizeRequest(text=args.text), timeout=args.timeout)
+                resp = stub.Tokenize(pb.TokenizeRequest(text=args.text), **call)
                 for i, t in zip(resp.ids, resp.tokens):
                     print(f"{i}\t{t!r}")
             elif args.command == "info":
-                print(stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=args.timeout), end="")
+                print(stub.GetModelInfo(pb.GetModelInfoRequest(), **call), end="")
         except grpc.RpcError as e:
             sys.exit(f"error: {e.code().name}: {e.details()}")
 

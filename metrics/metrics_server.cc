@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -28,6 +29,30 @@ std::string PlainResponse(int code, const char* reason, const std::string& body)
   return "HTTP/1.1 " + std::to_string(code) + " " + reason +
          "\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: " +
          std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+}
+
+// The value of header `name` (lower case) in a request head, trimmed; "" when absent.
+std::string HeaderValue(const std::string& head, const std::string& name) {
+  size_t pos = head.find("\r\n");
+  while (pos != std::string::npos) {
+    const size_t start = pos + 2;
+    const size_t end = head.find("\r\n", start);
+    const std::string line = head.substr(start, end == std::string::npos ? end : end - start);
+    const size_t colon = line.find(':');
+    if (colon == name.size()) {
+      bool same = true;
+      for (size_t i = 0; i < colon && same; ++i) {
+        same = std::tolower(static_cast<unsigned char>(line[i])) == name[i];
+      }
+      if (same) {
+        const size_t b = line.find_first_not_of(" \t", colon + 1);
+        const size_t e = line.find_last_not_of(" \t");
+        return b == std::string::npos ? "" : line.substr(b, e - b + 1);
+      }
+    }
+    pos = end;
+  }
+  return "";
 }
 
 }  // namespace
@@ -50,7 +75,7 @@ struct MetricsServer::Connection {
 };
 
 std::string HttpResponseFor(const std::string& request_head, const Registry& registry,
-                            bool* is_scrape) {
+                            bool* is_scrape, const Authorizer& authorize) {
   *is_scrape = false;
   const size_t line_end = request_head.find("\r\n");
   const std::string line = request_head.substr(0, line_end);
@@ -67,6 +92,11 @@ std::string HttpResponseFor(const std::string& request_head, const Registry& reg
   if (method != "GET" && method != "HEAD") {
     std::string r = PlainResponse(405, "Method Not Allowed", "use GET\n");
     r.insert(r.find("\r\n") + 2, "Allow: GET, HEAD\r\n");
+    return r;
+  }
+  if (authorize && !authorize(HeaderValue(request_head, "authorization"))) {
+    std::string r = PlainResponse(401, "Unauthorized", "a bearer token is required\n");
+    r.insert(r.find("\r\n") + 2, "WWW-Authenticate: Bearer realm=\"deja\"\r\n");
     return r;
   }
   const std::string body = registry.Serialize();
@@ -225,7 +255,7 @@ bool MetricsServer::OnReadable(Connection* conn) {
 
 void MetricsServer::Respond(Connection* conn) {
   bool is_scrape = false;
-  conn->out = HttpResponseFor(conn->in, *registry_, &is_scrape);
+  conn->out = HttpResponseFor(conn->in, *registry_, &is_scrape, options_.authorize);
   if (is_scrape) scrapes_.fetch_add(1, std::memory_order_relaxed);
   conn->state = Connection::State::kWriting;
   conn->deadline = Clock::now() + std::chrono::milliseconds(options_.idle_timeout_ms);

@@ -1,12 +1,15 @@
 // MetricsServer: a minimal HTTP/1.1 endpoint for Prometheus scrapes. One thread multiplexes
 // every connection with poll(); GET (or HEAD) /metrics renders the Registry, anything else gets
-// 404 (405 for other methods). Each response closes its connection, which Prometheus accepts.
+// 404 (405 for other methods); with an authorize function, a scrape without an accepted
+// Authorization header gets 401. Each response closes its connection, which Prometheus accepts.
 // Requests are bounded in size and idle time so a stuck client cannot hold the server.
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -15,9 +18,11 @@
 
 namespace deja::metrics {
 
+using Authorizer = std::function<bool(std::string_view authorization)>;
+
 struct MetricsServerOptions {
-  // Address to bind: "0.0.0.0" so other hosts can scrape, "127.0.0.1" for loopback only.
-  std::string host = "0.0.0.0";
+  // Address to bind: "127.0.0.1" for loopback only, "0.0.0.0" so other hosts can scrape.
+  std::string host = "127.0.0.1";
   // 0 picks a free port; MetricsServer::port() reports it.
   int port = 0;
   // Request line plus headers; larger requests get 431 and are closed.
@@ -27,6 +32,10 @@ struct MetricsServerOptions {
   // A connection that neither completes its request nor drains its response in this time is
   // closed.
   int idle_timeout_ms = 10000;
+  // When set, /metrics answers only requests whose Authorization header value (passed as is,
+  // "" when absent) it accepts; the others get 401 with `WWW-Authenticate: Bearer`. Called on
+  // the server's thread.
+  Authorizer authorize;
 };
 
 class MetricsServer {
@@ -75,6 +84,6 @@ class MetricsServer {
 // Builds the HTTP response for one request head (request line + headers, without the final
 // blank line). Exposed for tests. Sets *is_scrape when the response is a 200 from /metrics.
 std::string HttpResponseFor(const std::string& request_head, const Registry& registry,
-                            bool* is_scrape);
+                            bool* is_scrape, const Authorizer& authorize = nullptr);
 
 }  // namespace deja::metrics

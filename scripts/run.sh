@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main job: install dependencies, build, and serve the bundled models/opt-mini with two
-# tensor-parallel CPU workers (gRPC on :50051, Prometheus /metrics on :9090). Its Deja Vu
-# predictors are loaded with sparsity off by default: on a model this small the dense step is
-# faster (docs/performance.md); requests opt in with Sparsity.mode = MODE_ON.
+# tensor-parallel CPU workers (gRPC on 127.0.0.1:50051, Prometheus /metrics on :9090; pass
+# --host 0.0.0.0, with TLS and tokens, to serve other hosts: docs/serving.md#security). Its
+# Deja Vu predictors are loaded with sparsity off by default: on a model this small the dense
+# step is faster (docs/performance.md); requests opt in with Sparsity.mode = MODE_ON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh

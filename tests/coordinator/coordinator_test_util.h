@@ -142,6 +142,17 @@ class FakeEngineClient final : public EngineClient {
     }
     for (uint64_t id : request.release_seq_ids()) seqs_.erase(id);
     for (const v1::SequenceWork& w : request.sequences()) {
+      if (refuse_fn_ && refuse_fn_(w)) {
+        // Refused as a worker refuses one sequence: every rank reports it, nothing changes.
+        for (int r = 0; r < world_; ++r) {
+          v1::SequenceResult* res = out[r].add_results();
+          res->set_seq_id(w.seq_id());
+          res->set_token_id(-1);
+          res->set_error_code(static_cast<int>(StatusCode::kInvalidArgument));
+          res->set_error_message("seq_id " + std::to_string(w.seq_id()) + ": injected");
+        }
+        continue;
+      }
       Seq& s = seqs_[w.seq_id()];
       if (w.start_position() == 0) {
         if (!w.has_config()) Violation("seq " + std::to_string(w.seq_id()) + " has no config");
@@ -178,6 +189,12 @@ class FakeEngineClient final : public EngineClient {
   void SetTokenFn(TokenFn fn) {
     std::lock_guard<std::mutex> lock(mu_);
     token_fn_ = std::move(fn);
+  }
+  // Sequences for which `fn` holds are refused by every rank (their SequenceResult carries an
+  // error) and left as they were.
+  void SetRefuseFn(std::function<bool(const v1::SequenceWork&)> fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    refuse_fn_ = std::move(fn);
   }
   void SetReady(bool ready, uint64_t epoch) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -231,6 +248,7 @@ class FakeEngineClient final : public EngineClient {
   mutable std::mutex mu_;
   GroupState state_;
   TokenFn token_fn_;
+  std::function<bool(const v1::SequenceWork&)> refuse_fn_;
   std::map<uint64_t, Seq> seqs_;
   std::vector<v1::StepRequest> steps_;
   uint64_t step_id_ = 0;

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 #include "coordinator_test_util.h"
 
 namespace deja::coordinator {
@@ -246,6 +248,41 @@ TEST_F(EngineTest, RankErrorFailsOnlyThatStepsRequests) {
   ASSERT_TRUE(b.sink->WaitDone());
   EXPECT_TRUE(b.sink->error().ok());
   EXPECT_TRUE(engine_->Ready());
+}
+
+// A sequence the workers refuse fails alone, with their error, in the middle of other streams:
+// those stream every token they would have streamed alone, and the engine stays ready.
+TEST_F(EngineTest, ARefusedSequenceFailsAloneAndTheOthersComplete) {
+  client_->SetDelay(milliseconds(1));
+  StartEngine();
+  Call a = Submit(Text("Hello", 10));
+  ASSERT_TRUE(a.status.ok());
+  ASSERT_TRUE(WaitFor([&] { return a.request->generated() >= 2; }));
+  // The third admitted request is refused at its 3rd decode step (position prompt + 2).
+  std::atomic<uint64_t> bad_seq{0};
+  client_->SetRefuseFn([&bad_seq](const v1::SequenceWork& w) {
+    return w.seq_id() == bad_seq.load() && w.start_position() >= 3;
+  });
+  Call b = Submit(Text("Hello", 10));
+  ASSERT_TRUE(b.status.ok());
+  bad_seq = b.request->seq_id() + 1;  // sequence ids are handed out in order
+  Call bad = Submit(Text("Hi", 10));
+  ASSERT_TRUE(bad.status.ok());
+  ASSERT_EQ(bad.request->seq_id(), bad_seq.load());
+  Call c = Submit(Text("Hello", 10));
+  ASSERT_TRUE(c.status.ok());
+  ASSERT_TRUE(bad.sink->WaitDone());
+  EXPECT_EQ(bad.sink->error().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.sink->error().message().find("injected"), std::string::npos);
+  for (Call* call : {&a, &b, &c}) {
+    ASSERT_TRUE(call->sink->WaitDone());
+    EXPECT_TRUE(call->sink->error().ok()) << call->sink->error().ToString();
+    EXPECT_EQ(call->sink->text(), ScriptText(10));
+    EXPECT_EQ(call->sink->last().finish_reason(), v1::FINISH_REASON_LENGTH);
+  }
+  EXPECT_TRUE(engine_->Ready());
+  // The refused sequence is released like the others.
+  EXPECT_TRUE(WaitFor([&] { return client_->live_sequences() == 0; }));
 }
 
 TEST_F(EngineTest, DrainRefusesNewAndFinishesRunning) {

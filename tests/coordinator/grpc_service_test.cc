@@ -1,6 +1,6 @@
 // The TextGeneration handlers in-process over the engine and a fake worker group: unary and
 // streaming calls, Cancel, client cancellation and deadlines (the sequence leaves the batch),
-// errors passed through, Tokenize and GetModelInfo.
+// errors passed through, Tokenize and GetModelInfo, and bearer-token refusals.
 #include "coordinator/grpc_service.h"
 
 #include <grpcpp/grpcpp.h>
@@ -101,6 +101,10 @@ TEST_F(GrpcServiceTest, MalformedBytesAreInvalidArgumentOnEveryMethod) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("request_id"), std::string::npos) << s.error_message();
   EXPECT_TRUE(RawUnary("GetModelInfo", "").ok());
+  // An empty message is a message (every field unset), refused by name, not taken for a call
+  // that ended before its request arrived.
+  s = RawUnary("Generate", "");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
   EXPECT_TRUE(RawUnary("Cancel", std::string("\x0a\x01x", 3)).ok());
 }
 
@@ -158,6 +162,66 @@ TEST_F(GrpcServiceTest, ErrorsPassThrough) {
   v1::GenerateStreamResponse msg;
   EXPECT_FALSE(reader->Read(&msg));
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+// With tokens, every method refuses a call without an accepted one: UNAUTHENTICATED, counted
+// as a rejection, and no step reaches the workers. An accepted token is served as before.
+TEST_F(GrpcServiceTest, BearerTokenIsCheckedBeforeAnythingElse) {
+  const BearerAuth auth({"good-token"});
+  v1::ModelInfo info;
+  info.set_model_name("fake");
+  TextGenerationService service(engine_.get(), info, &auth);
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::TextGeneration::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  const auto context = [](const std::string& authorization) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    Deadline(ctx.get());
+    if (!authorization.empty()) ctx->AddMetadata("authorization", authorization);
+    return ctx;
+  };
+  v1::GenerateRequest req;
+  req.set_text("Hi");
+  int refused = 0;
+  for (const std::string& a : {std::string(), std::string("Bearer bad"),
+                               std::string("Basic good-token"), std::string("good-token")}) {
+    SCOPED_TRACE(a);
+    v1::GenerateResponse resp;
+    EXPECT_EQ(stub->Generate(context(a).get(), req, &resp).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    auto sctx = context(a);
+    auto reader = stub->GenerateStream(sctx.get(), req);
+    v1::GenerateStreamResponse msg;
+    EXPECT_FALSE(reader->Read(&msg));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    v1::TokenizeRequest treq;
+    v1::TokenizeResponse tresp;
+    EXPECT_EQ(stub->Tokenize(context(a).get(), treq, &tresp).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::ModelInfo mresp;
+    EXPECT_EQ(stub->GetModelInfo(context(a).get(), v1::GetModelInfoRequest(), &mresp).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::CancelResponse cresp;
+    EXPECT_EQ(stub->Cancel(context(a).get(), v1::CancelRequest(), &cresp).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    refused += 5;
+  }
+  EXPECT_TRUE(client_->steps().empty());
+  EXPECT_NE(
+      registry_.Serialize().find("deja_coordinator_rejections_total{reason=\"unauthenticated\"} " +
+                                 std::to_string(refused) + "\n"),
+      std::string::npos)
+      << registry_.Serialize();
+  v1::GenerateResponse resp;
+  grpc::Status s = stub->Generate(context("Bearer good-token").get(), req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.text(), " one two three four five");
+  server->Shutdown(std::chrono::system_clock::now() + milliseconds(500));
 }
 
 TEST_F(GrpcServiceTest, CancelRpcEndsStreamAndUnary) {
@@ -228,6 +292,42 @@ TEST_F(GrpcServiceTest, ClientCancellationAndDeadlineFreeTheSequence) {
   v1::GenerateResponse resp;
   EXPECT_EQ(stub_->Generate(&dctx, req, &resp).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_TRUE(WaitNoSequences());
+}
+
+// Calls the client cancels at once, or whose deadline passes before they are read, are not
+// refusals of bad input: rejections_total{reason="invalid_argument"} stays 0.
+TEST_F(GrpcServiceTest, CancelledCallsAreNotCountedAsInvalid) {
+  v1::GenerateRequest req;
+  req.set_text("Hi");
+  req.mutable_stopping()->set_max_new_tokens(3);
+  grpc::CompletionQueue cq;
+  constexpr int kCalls = 300;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientAsyncReader<v1::GenerateStreamResponse>>> readers;
+  std::vector<grpc::Status> statuses(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    if (i % 2 == 1) contexts.back()->set_deadline(std::chrono::system_clock::now());
+    readers.push_back(stub_->AsyncGenerateStream(contexts.back().get(), req, &cq,
+                                                 reinterpret_cast<void*>(2 * i)));
+    if (i % 2 == 0) contexts.back()->TryCancel();
+    readers.back()->Finish(&statuses[i], reinterpret_cast<void*>(2 * i + 1));
+  }
+  int finished = 0;
+  void* tag;
+  bool ok;
+  while (finished < kCalls && cq.Next(&tag, &ok)) {
+    if (reinterpret_cast<intptr_t>(tag) % 2 == 1) ++finished;
+  }
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  for (const grpc::Status& s : statuses) {
+    EXPECT_NE(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  }
+  const std::string text = registry_.Serialize();
+  EXPECT_EQ(text.find("rejections_total{reason=\"invalid_argument\"}"), std::string::npos)
+      << text.substr(text.find("rejections_total"), 300);
 }
 
 TEST_F(GrpcServiceTest, TokenizeAndModelInfo) {

@@ -41,10 +41,12 @@ class SchedulerTest : public ::testing::Test {
     return {r, sink};
   }
   // rank 0's answer: token 500 + step for every sampled sequence.
-  static v1::StepResponse Answer(const StepPlan& plan, int32_t token = 500) {
-    v1::StepResponse resp;
+  // Rank 0's answer (and an empty rank 1's) to a planned step.
+  static std::vector<v1::StepResponse> Answer(const StepPlan& plan, int32_t token = 500) {
+    std::vector<v1::StepResponse> resp(2);
+    resp[1].set_rank(1);
     for (size_t i = 0; i < plan.work.size(); ++i) {
-      v1::SequenceResult* r = resp.add_results();
+      v1::SequenceResult* r = resp[0].add_results();
       r->set_seq_id(plan.step.sequences(static_cast<int>(i)).seq_id());
       r->set_token_id(plan.work[i].sample ? token : -1);
     }
@@ -120,6 +122,43 @@ TEST_F(SchedulerTest, FinishedSequenceIsReleasedInTheNextStep) {
   EXPECT_EQ(p3.step.sequences_size(), 0);
   EXPECT_EQ(Releases(p3), std::vector<uint64_t>{a.request->seq_id()});
   EXPECT_TRUE(s.idle());
+}
+
+// A sequence one rank refuses fails alone with that rank's error and is released next step; the
+// others of the step take their tokens and go on.
+TEST_F(SchedulerTest, ARefusedSequenceFailsAloneAndIsReleased) {
+  options_.max_prefill_tokens = 16;
+  options_.max_waiting = 4;
+  Scheduler s(options_);
+  std::string reason;
+  Made a = Make("a", 3, 5);
+  Made b = Make("b", 3, 5);
+  Made c = Make("c", 3, 5);
+  for (const Made* m : {&a, &b, &c}) ASSERT_TRUE(s.Admit(m->request, &reason).ok());
+  StepPlan p1 = s.Plan(Clock::now());
+  ASSERT_EQ(p1.step.sequences_size(), 3);
+  std::vector<v1::StepResponse> resp = Answer(p1);
+  // Rank 1 refuses b (rank 0 answers it as refused too, with its token left at -1).
+  v1::SequenceResult* refused = resp[1].add_results();
+  refused->set_seq_id(b.request->seq_id());
+  refused->set_token_id(-1);
+  refused->set_error_code(static_cast<int>(StatusCode::kOutOfRange));
+  refused->set_error_message("seq_id 2: 3 tokens exceed the sequence's KV capacity of 1");
+  s.Complete(p1, resp, Clock::now());
+  ASSERT_TRUE(b.sink->done());
+  EXPECT_EQ(b.sink->error().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(b.sink->error().message().find("worker rank 1"), std::string::npos)
+      << b.sink->error().message();
+  EXPECT_FALSE(a.sink->done());
+  EXPECT_FALSE(c.sink->done());
+  EXPECT_EQ(a.request->generated(), 1);
+  EXPECT_EQ(c.request->generated(), 1);
+  EXPECT_EQ(s.running(), 2u);
+  StepPlan p2 = s.Plan(Clock::now());
+  EXPECT_EQ(Releases(p2), std::vector<uint64_t>{b.request->seq_id()});
+  ASSERT_EQ(p2.step.sequences_size(), 2);
+  EXPECT_EQ(p2.step.sequences(0).seq_id(), a.request->seq_id());
+  EXPECT_EQ(p2.step.sequences(1).seq_id(), c.request->seq_id());
 }
 
 TEST_F(SchedulerTest, CancelLeavesTheBatchWithinOneStep) {

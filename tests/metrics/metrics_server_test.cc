@@ -1,5 +1,6 @@
 // MetricsServer over real loopback sockets: scrape content and headers, 404/405/431, several
-// sequential and concurrent scrapes, bind errors, and a clean stop in the destructor.
+// sequential and concurrent scrapes, 401 when an authorizer refuses, bind errors, and a clean
+// stop in the destructor.
 #include "metrics/metrics_server.h"
 
 #include <arpa/inet.h>
@@ -12,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -241,6 +243,44 @@ TEST(MetricsServerStartTest, ReportsBindErrorsAsStatus) {
   options.host = "not-an-address";
   EXPECT_EQ(MetricsServer::Start(&registry, options).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(MetricsServer::Start(&registry, 70000).status().code(), StatusCode::kInvalidArgument);
+}
+
+// With an authorizer, /metrics answers 401 (with WWW-Authenticate) unless it accepts the
+// Authorization header, whatever the header name's case; other paths are unaffected.
+TEST(MetricsServerAuthTest, ScrapesNeedAnAcceptedAuthorizationHeader) {
+  Registry registry;
+  registry.AddGauge("deja_test_up", "Up.").Add({}).Set(1);
+  MetricsServerOptions options;
+  std::vector<std::string> seen;
+  std::mutex mu;
+  options.authorize = [&](std::string_view a) {
+    std::lock_guard<std::mutex> lock(mu);
+    seen.emplace_back(a);
+    return a == "Bearer good";
+  };
+  auto server = MetricsServer::Start(&registry, options);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const int port = (*server)->port();
+  const HttpReply none = Get(port, "/metrics");
+  EXPECT_EQ(none.status, 401);
+  EXPECT_NE(none.head.find("\r\nWWW-Authenticate: Bearer realm=\"deja\""), std::string::npos)
+      << none.head;
+  EXPECT_EQ(none.body.find("deja_test_up"), std::string::npos);
+  const auto with = [&](const std::string& header) {
+    return Request(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n" + header + "\r\n\r\n");
+  };
+  EXPECT_EQ(with("Authorization: Bearer bad").status, 401);
+  EXPECT_EQ(with("X-Authorization: Bearer good").status, 401);
+  const HttpReply good = with("authorization:   Bearer good  ");
+  EXPECT_EQ(good.status, 200) << good.head;
+  EXPECT_NE(good.body.find("deja_test_up 1"), std::string::npos);
+  EXPECT_EQ(with("AUTHORIZATION: Bearer good").status, 200);
+  EXPECT_EQ(Request(port, "HEAD /metrics HTTP/1.1\r\n\r\n").status, 401);
+  EXPECT_EQ(Get(port, "/other").status, 404);
+  EXPECT_EQ((*server)->scrapes(), 2u);
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(seen,
+            (std::vector<std::string>{"", "Bearer bad", "", "Bearer good", "Bearer good", ""}));
 }
 
 int OpenFdCount() {

@@ -167,24 +167,6 @@ TEST(FailureTest, TensorParallelSizeMustDivideTheModel) {
   EXPECT_NE(p.Log().find("must divide"), std::string::npos) << p.Log();
 }
 
-// The local address a TCP listener on `port` is bound to, as /proc/net/tcp writes it (hex, e.g.
-// 0100007F for 127.0.0.1); "" when none listens.
-std::string ListenAddress(int port) {
-  std::ifstream in("/proc/net/tcp");
-  std::string line;
-  char want[8];
-  std::snprintf(want, sizeof(want), ":%04X", port);
-  while (std::getline(in, line)) {
-    std::istringstream f(line);
-    std::string slot, local, remote, state;
-    f >> slot >> local >> remote >> state;
-    if (state == "0A" && local.size() > 5 && local.substr(local.size() - 5) == want) {
-      return local.substr(0, local.size() - 5);
-    }
-  }
-  return "";
-}
-
 // A port another server holds is a start-up error naming it (no SO_REUSEPORT sharing), and
 // /metrics listens on the API's host unless told otherwise.
 TEST(FailureTest, PortInUseIsAnErrorAndMetricsBindTheApiHost) {

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -230,6 +231,30 @@ inline std::string ReflectionListing(const std::shared_ptr<grpc::Channel>& chann
   while (cq.Next(&tag, &ok)) {
   }
   return bytes;
+}
+
+// The local address a TCP listener on `port` is bound to, as /proc/net/tcp writes it (hex, e.g.
+// 0100007F for 127.0.0.1; an IPv4-mapped address of /proc/net/tcp6, as gRPC's listeners are,
+// the same way; other IPv6 addresses in 32 hex digits); "" when none listens.
+inline std::string ListenAddress(int port) {
+  char want[8];
+  std::snprintf(want, sizeof(want), ":%04X", port);
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string slot, local, remote, state;
+      f >> slot >> local >> remote >> state;
+      if (state != "0A" || local.size() <= 5 || local.substr(local.size() - 5) != want) continue;
+      std::string address = local.substr(0, local.size() - 5);
+      if (address.size() == 32 && address.rfind("0000000000000000FFFF0000", 0) == 0) {
+        address = address.substr(24);
+      }
+      return address;
+    }
+  }
+  return "";
 }
 
 // One GenerateStream call, collected.

@@ -1,11 +1,12 @@
 // Sampling: greedy, temperature, top-k, top-p, repetition penalty, seeding, log-probs, top-n
-// (the fast path against a plain reference), and parameter validation.
+// (the fast path against a plain reference), numerical edge cases and parameter validation.
 #include "worker/sampling/sampler.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -24,14 +25,14 @@ std::vector<int> Histogram(const sampling::SamplingParams& params, const std::ve
                            int draws) {
   sampling::Sampler s(params);
   std::vector<int> h(logits.size());
-  for (int i = 0; i < draws; ++i) ++h[s.Choose(logits.data(), logits.size(), {}).id];
+  for (int i = 0; i < draws; ++i) ++h[s.Choose(logits.data(), logits.size(), {})->id];
   return h;
 }
 
 TEST(SamplerTest, GreedyPicksArgmaxAndReportsLogprob) {
   std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f};
   sampling::Sampler s(sampling::SamplingParams{});
-  sampling::TokenChoice c = s.Choose(logits.data(), 4, {});
+  sampling::TokenChoice c = s.Choose(logits.data(), 4, {}).value();
   EXPECT_EQ(c.id, 1);  // ties go to the lower id
   double z = 0;
   for (float l : logits) z += std::exp(l);
@@ -71,7 +72,7 @@ TEST(SamplerTest, GreedyLogprobsAndTopNMatchAPlainReference) {
       sampling::SamplingParams p;
       p.top_n = 5;
       sampling::Sampler sampler(p);
-      sampling::TokenChoice c = sampler.Choose(logits.data(), vocab, {});
+      sampling::TokenChoice c = sampler.Choose(logits.data(), vocab, {}).value();
       EXPECT_EQ(c.id, argmax);
       EXPECT_NEAR(c.logprob, logits[argmax] - lse, 1e-5);
       ASSERT_EQ(c.top.size(), static_cast<size_t>(std::min(5, vocab)));
@@ -147,6 +148,68 @@ TEST(SamplerTest, TopKAndTopPRestrictTheSupport) {
   EXPECT_EQ(h[3], 1000);
 }
 
+// top_p near 0 keeps only the most likely token; top_k at or beyond the vocabulary is no limit
+// (the same draws as top_k = 0 under the same seed).
+TEST(SamplerTest, TopPNearZeroIsGreedyAndTopKBeyondTheVocabularyIsNoLimit) {
+  std::vector<double> p = {0.2, 0.35, 0.3, 0.15};
+  sampling::SamplingParams params;
+  params.do_sample = true;
+  for (float top_p : {1e-30f, std::numeric_limits<float>::denorm_min(), 1e-3f}) {
+    params.top_p = top_p;
+    auto h = Histogram(params, LogitsFromProbs(p), 500);
+    EXPECT_EQ(h[1], 500) << "top_p " << top_p;
+  }
+  params.top_p = 1.f;
+  params.seed = 11;
+  const std::vector<int> unlimited = Histogram(params, LogitsFromProbs(p), 2000);
+  for (int32_t k : {4, 5, 1000, std::numeric_limits<int32_t>::max()}) {
+    params.top_k = k;
+    EXPECT_EQ(Histogram(params, LogitsFromProbs(p), 2000), unlimited) << "top_k " << k;
+  }
+}
+
+// Masked (-inf) tokens are never chosen while a finite one remains, greedy or sampled; a row
+// with nothing finite to choose from, a NaN or a +inf is an error naming it, not a token.
+TEST(SamplerTest, MaskedTokensAreNeverChosenAndABrokenRowIsAnError) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> logits = {-inf, 0.5f, -inf, 0.2f, -inf};
+  for (bool sample : {false, true}) {
+    sampling::SamplingParams params;
+    params.do_sample = sample;
+    params.top_n = 5;
+    params.top_k = sample ? 4 : 0;
+    params.repetition_penalty = 1.3f;
+    sampling::Sampler s(params);
+    for (int i = 0; i < 200; ++i) {
+      StatusOr<sampling::TokenChoice> c = s.Choose(logits.data(), 5, {1});
+      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      EXPECT_TRUE(c->id == 1 || c->id == 3) << c->id;
+      EXPECT_TRUE(std::isfinite(c->logprob));
+    }
+  }
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Broken {
+    std::vector<float> row;
+    const char* says;
+  };
+  const std::vector<Broken> broken = {
+      {{-inf, -inf, -inf}, "every logit of the row is -inf"},
+      {{0.1f, nan, 0.3f}, "token id 1"},
+      {{0.1f, 0.2f, inf}, "token id 2"},
+  };
+  for (bool sample : {false, true}) {
+    sampling::SamplingParams params;
+    params.do_sample = sample;
+    sampling::Sampler s(params);
+    for (const Broken& b : broken) {
+      StatusOr<sampling::TokenChoice> c = s.Choose(b.row.data(), 3, {});
+      ASSERT_FALSE(c.ok()) << b.says;
+      EXPECT_EQ(c.status().code(), StatusCode::kInternal);
+      EXPECT_NE(c.status().message().find(b.says), std::string::npos) << c.status().message();
+    }
+  }
+}
+
 TEST(SamplerTest, SeedMakesSamplingReproducible) {
   std::vector<float> logits(100);
   for (int i = 0; i < 100; ++i) logits[i] = std::sin(i * 0.37f);
@@ -158,9 +221,9 @@ TEST(SamplerTest, SeedMakesSamplingReproducible) {
   sampling::Sampler c(params);
   bool differs = false;
   for (int i = 0; i < 50; ++i) {
-    int x = a.Choose(logits.data(), 100, {}).id;
-    EXPECT_EQ(x, b.Choose(logits.data(), 100, {}).id);
-    differs |= x != c.Choose(logits.data(), 100, {}).id;
+    int x = a.Choose(logits.data(), 100, {})->id;
+    EXPECT_EQ(x, b.Choose(logits.data(), 100, {})->id);
+    differs |= x != c.Choose(logits.data(), 100, {})->id;
   }
   EXPECT_TRUE(differs);
 }
@@ -170,9 +233,9 @@ TEST(SamplerTest, RepetitionPenaltyDemotesSeenTokens) {
   sampling::SamplingParams params;
   params.repetition_penalty = 1.5f;
   sampling::Sampler s(params);
-  EXPECT_EQ(s.Choose(logits.data(), 4, {1, 1, 1}).id, 2);  // 3/1.5 = 2 < 2.9, penalised once
+  EXPECT_EQ(s.Choose(logits.data(), 4, {1, 1, 1})->id, 2);  // 3/1.5 = 2 < 2.9, penalised once
   logits = {-1.0f, -0.5f, -0.6f, -3.0f};
-  EXPECT_EQ(s.Choose(logits.data(), 4, {1}).id, 2);  // negative: -0.5 * 1.5 = -0.75 < -0.6
+  EXPECT_EQ(s.Choose(logits.data(), 4, {1})->id, 2);  // negative: -0.5 * 1.5 = -0.75 < -0.6
 }
 
 TEST(SamplerTest, TopNAlternativesAreSortedLogprobs) {
@@ -180,7 +243,7 @@ TEST(SamplerTest, TopNAlternativesAreSortedLogprobs) {
   sampling::SamplingParams params;
   params.top_n = 3;
   sampling::Sampler s(params);
-  sampling::TokenChoice c = s.Choose(logits.data(), 5, {});
+  sampling::TokenChoice c = s.Choose(logits.data(), 5, {}).value();
   ASSERT_EQ(c.top.size(), 3u);
   EXPECT_EQ(c.top[0].first, 1);
   EXPECT_EQ(c.top[1].first, 3);

@@ -94,8 +94,11 @@ TEST_F(StepEngineSparsityTest, SparseIsRefusedWithoutSparsityAndDenseStepsReport
   req.set_step_id(1);
   *req.add_sequences() = Sparse(1, p, "");
   StepResponse r = Run(req);
-  EXPECT_EQ(r.error_code(), static_cast<int>(StatusCode::kFailedPrecondition)) << r.error_message();
-  EXPECT_NE(r.error_message().find("config.sparse"), std::string::npos) << r.error_message();
+  ASSERT_EQ(r.results_size(), 1);
+  EXPECT_EQ(r.results(0).error_code(), static_cast<int>(StatusCode::kFailedPrecondition))
+      << r.results(0).error_message();
+  EXPECT_NE(r.results(0).error_message().find("config.sparse"), std::string::npos)
+      << r.results(0).error_message();
   EXPECT_FALSE(r.fatal());
   EXPECT_FALSE(r.has_sparsity());
   EXPECT_EQ(r.kv().free_bytes(), before.free_bytes());
@@ -127,9 +130,11 @@ TEST_F(StepEngineSparsityTest, OracleSparsityRunsSparseSequencesAndKeepsDenseOne
   bad.set_step_id(1);
   *bad.add_sequences() = Sparse(1, p, "fast");
   StepResponse r = Run(bad);
-  EXPECT_EQ(r.error_code(), static_cast<int>(StatusCode::kInvalidArgument)) << r.error_message();
-  EXPECT_NE(r.error_message().find("config.sparsity_schedule"), std::string::npos)
-      << r.error_message();
+  ASSERT_EQ(r.results_size(), 1);
+  EXPECT_EQ(r.results(0).error_code(), static_cast<int>(StatusCode::kInvalidArgument))
+      << r.results(0).error_message();
+  EXPECT_NE(r.results(0).error_message().find("config.sparsity_schedule"), std::string::npos)
+      << r.results(0).error_message();
   EXPECT_EQ(r.kv().sequences(), 0u);
 
   for (const char* schedule : {"", "default"}) {

@@ -1,6 +1,7 @@
 // StepEngine on one rank (TP 1, in process): prefill (whole and chunked) then decode gives the
-// tokens model::Generate gives; several sequences share a step; every bad request is a
-// per-step error that leaves the sequences as they were; KV usage returns to its baseline.
+// tokens model::Generate gives; several sequences share a step; a bad sequence is refused alone
+// (its result carries the error, it is left as it was, the others' tokens do not change); KV
+// usage returns to its baseline.
 #include "worker/service/step_engine.h"
 
 #include <gtest/gtest.h>
@@ -179,7 +180,7 @@ TEST_F(StepEngineTest, ChunkedPrefillAndBatchedSequencesMatchGenerate) {
   EXPECT_EQ(got[1], test_util::ReferenceGreedy(*model_, b, kNewTokens));
 }
 
-TEST_F(StepEngineTest, BadRequestsAreStepErrorsAndChangeNothing) {
+TEST_F(StepEngineTest, BadSequencesAreRefusedAloneAndChangeNothing) {
   const std::vector<int32_t>& p = prompts_.back();
   StepRequest ok;
   ok.set_step_id(1);
@@ -191,52 +192,47 @@ TEST_F(StepEngineTest, BadRequestsAreStepErrorsAndChangeNothing) {
 
   struct Case {
     const char* name;
-    StepRequest req;
+    deja::v1::SequenceWork work;
     StatusCode code;
   };
   std::vector<Case> cases;
-  auto add = [&](const char* name, StatusCode code, std::vector<deja::v1::SequenceWork> works) {
-    Case c{name, {}, code};
-    c.req.set_step_id(2);
-    for (auto& w : works) *c.req.add_sequences() = w;
-    cases.push_back(std::move(c));
+  auto add = [&](const char* name, StatusCode code, deja::v1::SequenceWork work) {
+    cases.push_back({name, std::move(work), code});
   };
-  add("unknown seq", StatusCode::kNotFound, {NextChunk(99, {5}, 4, true)});
-  add("token out of range", StatusCode::kInvalidArgument, {NextChunk(1, {vocab}, len, true)});
-  add("negative token", StatusCode::kInvalidArgument, {NextChunk(1, {-1}, len, true)});
-  add("wrong position", StatusCode::kFailedPrecondition, {NextChunk(1, {5}, len + 1, true)});
-  add("capacity", StatusCode::kOutOfRange, {NextChunk(1, {5, 6, 7}, len, true)});
-  add("empty tokens", StatusCode::kInvalidArgument, {NextChunk(1, {}, len, true)});
-  add("exists", StatusCode::kAlreadyExists, {FirstChunk(1, p, p.size(), 2)});
-  add("duplicate", StatusCode::kInvalidArgument,
-      {NextChunk(1, {5}, len, true), NextChunk(1, {5}, len, true)});
+  add("unknown seq", StatusCode::kNotFound, NextChunk(99, {5}, 4, true));
+  add("token out of range", StatusCode::kInvalidArgument, NextChunk(1, {vocab}, len, true));
+  add("negative token", StatusCode::kInvalidArgument, NextChunk(1, {-1}, len, true));
+  add("wrong position", StatusCode::kFailedPrecondition, NextChunk(1, {5}, len + 1, true));
+  add("capacity", StatusCode::kOutOfRange, NextChunk(1, {5, 6, 7}, len, true));
+  add("empty tokens", StatusCode::kInvalidArgument, NextChunk(1, {}, len, true));
+  add("exists", StatusCode::kAlreadyExists, FirstChunk(1, p, p.size(), 2));
   auto no_config = FirstChunk(3, p, p.size(), 2);
   no_config.clear_config();
-  add("no config", StatusCode::kInvalidArgument, {no_config});
+  add("no config", StatusCode::kInvalidArgument, no_config);
   add("too long", StatusCode::kOutOfRange,
-      {FirstChunk(3, p, p.size(), model_->config().max_position_embeddings)});
+      FirstChunk(3, p, p.size(), model_->config().max_position_embeddings));
   auto h2o = FirstChunk(3, p, p.size(), 2);
   h2o.mutable_config()->mutable_cache()->set_kind(deja::v1::WorkerCachePolicy::KIND_H2O);
-  add("h2o without a budget", StatusCode::kInvalidArgument, {h2o});
+  add("h2o without a budget", StatusCode::kInvalidArgument, h2o);
   auto sampling = FirstChunk(3, p, p.size(), 2);
   sampling.mutable_config()->mutable_sampling()->set_do_sample(true);
-  add("temperature 0", StatusCode::kInvalidArgument, {sampling});
-  // A good new sequence next to a bad one: neither is created.
-  add("mixed", StatusCode::kNotFound, {FirstChunk(4, p, p.size(), 2), NextChunk(98, {5}, 1, true)});
-  // Enough full-length sequences to pass the budget together.
-  const uint32_t room = static_cast<uint32_t>(model_->config().max_position_embeddings - p.size());
-  const uint64_t each = engine_->kv_bytes_per_token() * (p.size() + room);
-  std::vector<deja::v1::SequenceWork> many;
-  for (uint64_t i = 0; i <= before.free_bytes() / each; ++i) {
-    many.push_back(FirstChunk(1000 + i, p, p.size(), room));
-  }
-  add("budget", StatusCode::kResourceExhausted, many);
+  add("temperature 0", StatusCode::kInvalidArgument, sampling);
   for (Case& c : cases) {
-    StepResponse r = Run(c.req);
-    EXPECT_EQ(r.error_code(), static_cast<int>(c.code)) << c.name << ": " << r.error_message();
-    EXPECT_FALSE(r.error_message().empty()) << c.name;
+    StepRequest req;
+    req.set_step_id(2);
+    *req.add_sequences() = c.work;
+    StepResponse r = Run(req);
+    EXPECT_EQ(r.error_code(), 0) << c.name;
     EXPECT_FALSE(r.fatal()) << c.name;
-    EXPECT_EQ(r.results_size(), 0) << c.name;
+    ASSERT_EQ(r.results_size(), 1) << c.name;
+    EXPECT_EQ(r.results(0).seq_id(), c.work.seq_id()) << c.name;
+    EXPECT_EQ(r.results(0).error_code(), static_cast<int>(c.code))
+        << c.name << ": " << r.results(0).error_message();
+    EXPECT_NE(r.results(0).error_message().find("seq_id " + std::to_string(c.work.seq_id())),
+              std::string::npos)
+        << c.name << ": " << r.results(0).error_message();
+    EXPECT_EQ(r.results(0).token_id(), -1) << c.name;
+    EXPECT_FALSE(r.has_sparsity()) << c.name << ": no forward pass ran";
     EXPECT_EQ(r.kv().free_bytes(), before.free_bytes()) << c.name;
     EXPECT_EQ(r.kv().sequences(), before.sequences()) << c.name;
     EXPECT_EQ(r.kv().cached_tokens(), before.cached_tokens()) << c.name;
@@ -247,13 +243,88 @@ TEST_F(StepEngineTest, BadRequestsAreStepErrorsAndChangeNothing) {
   *next.add_sequences() = NextChunk(1, {5}, len, true);
   StepResponse r = Run(next);
   EXPECT_EQ(r.error_code(), 0) << r.error_message();
+  ASSERT_EQ(r.results_size(), 1);
+  EXPECT_EQ(r.results(0).error_code(), 0) << r.results(0).error_message();
   EXPECT_GE(r.results(0).token_id(), 0);
 }
 
+// A step whose sequences pass the KV budget together creates those that fit, in order, and
+// refuses the rest; a sequence repeated in a step runs once and its repeat is refused.
+TEST_F(StepEngineTest, BudgetAndRepeatsAreRefusedPerSequence) {
+  const std::vector<int32_t>& p = prompts_.back();
+  const deja::v1::KvUsage before = engine_->Usage();
+  const uint32_t room = static_cast<uint32_t>(model_->config().max_position_embeddings - p.size());
+  const uint64_t each = engine_->kv_bytes_per_token() * (p.size() + room);
+  const uint64_t fit = before.free_bytes() / each;
+  ASSERT_GE(fit, 1u);
+  StepRequest req;
+  req.set_step_id(1);
+  for (uint64_t i = 0; i <= fit; ++i)
+    *req.add_sequences() = FirstChunk(1000 + i, p, p.size(), room);
+  *req.add_sequences() = FirstChunk(1000, p, p.size(), room);
+  StepResponse r = Run(req);
+  ASSERT_EQ(r.results_size(), static_cast<int>(fit + 2));
+  for (uint64_t i = 0; i < fit; ++i) {
+    EXPECT_EQ(r.results(i).error_code(), 0) << i << ": " << r.results(i).error_message();
+    EXPECT_GE(r.results(i).token_id(), 0) << i;
+  }
+  EXPECT_EQ(r.results(fit).error_code(), static_cast<int>(StatusCode::kResourceExhausted));
+  EXPECT_EQ(r.results(fit + 1).error_code(), static_cast<int>(StatusCode::kInvalidArgument));
+  EXPECT_NE(r.results(fit + 1).error_message().find("appears twice"), std::string::npos);
+  EXPECT_EQ(r.kv().sequences(), fit);
+  EXPECT_EQ(before.free_bytes() - r.kv().free_bytes(), fit * each);
+}
+
+// One bad sequence among good ones, at every step of their generation: each good sequence gives
+// exactly the tokens it gives alone, and the bad one is refused each time.
+TEST_F(StepEngineTest, AFailingSequenceLeavesTheOthersTokensUnchanged) {
+  ASSERT_GE(prompts_.size(), 3u);
+  const int32_t vocab = static_cast<int32_t>(model_->config().vocab_size);
+  std::vector<uint64_t> ids = {21, 22, 23};
+  std::vector<uint32_t> lengths;
+  StepRequest req;
+  req.set_step_id(1);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    *req.add_sequences() = FirstChunk(ids[i], prompts_[i], prompts_[i].size(), kNewTokens);
+    lengths.push_back(static_cast<uint32_t>(prompts_[i].size()));
+  }
+  std::vector<std::vector<int32_t>> got(ids.size());
+  for (int32_t step = 0; step < kNewTokens; ++step) {
+    // The bad sequence goes in the middle of the batch: a new one with a token outside the
+    // vocabulary (so every step also plans, and drops, a fresh cache for it).
+    StepRequest with_bad = req;
+    with_bad.clear_sequences();
+    for (int i = 0; i < req.sequences_size(); ++i) {
+      if (i == 1) {
+        *with_bad.add_sequences() = FirstChunk(99, {2, vocab + step}, 2, kNewTokens);
+      }
+      *with_bad.add_sequences() = req.sequences(i);
+    }
+    StepResponse resp = Run(with_bad);
+    ASSERT_EQ(resp.error_code(), 0) << resp.error_message();
+    ASSERT_EQ(resp.results_size(), static_cast<int>(ids.size() + 1));
+    EXPECT_EQ(resp.results(1).seq_id(), 99u);
+    EXPECT_EQ(resp.results(1).error_code(), static_cast<int>(StatusCode::kInvalidArgument));
+    StepRequest next;
+    next.set_step_id(resp.step_id() + 1);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const deja::v1::SequenceResult& res = resp.results(i == 0 ? 0 : i + 1);
+      ASSERT_EQ(res.seq_id(), ids[i]);
+      ASSERT_EQ(res.error_code(), 0) << res.error_message();
+      got[i].push_back(res.token_id());
+      *next.add_sequences() = NextChunk(ids[i], {res.token_id()}, lengths[i]++, true);
+    }
+    req = next;
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(got[i], test_util::ReferenceGreedy(*model_, prompts_[i], kNewTokens)) << i;
+  }
+}
+
 // A window cache keeps budget + 1 slots once its prompt is in; a later chunk of more tokens than
-// are free is a step error that leaves the sequence as it was. It used to pass the checks and
+// are free is refused for that sequence, which stays as it was. It used to pass the checks and
 // fail the forward pass, which is fatal to the worker (found by fuzz_step).
-TEST_F(StepEngineTest, ChunkPastABoundedCacheAfterItsPromptIsAStepError) {
+TEST_F(StepEngineTest, ChunkPastABoundedCacheAfterItsPromptIsRefused) {
   const std::vector<int32_t> p(prompts_.back().begin(), prompts_.back().begin() + 3);
   StepRequest first;
   first.set_step_id(1);
@@ -268,9 +339,11 @@ TEST_F(StepEngineTest, ChunkPastABoundedCacheAfterItsPromptIsAStepError) {
   two.set_step_id(2);
   *two.add_sequences() = NextChunk(2, {p[1], p[2]}, 3, true);
   StepResponse refused = Run(two);
-  EXPECT_EQ(refused.error_code(), static_cast<int>(StatusCode::kOutOfRange))
-      << refused.error_message();
+  EXPECT_EQ(refused.error_code(), 0) << refused.error_message();
   EXPECT_FALSE(refused.fatal());
+  ASSERT_EQ(refused.results_size(), 1);
+  EXPECT_EQ(refused.results(0).error_code(), static_cast<int>(StatusCode::kOutOfRange))
+      << refused.results(0).error_message();
   EXPECT_EQ(refused.kv().free_bytes(), before.free_bytes());
   EXPECT_EQ(refused.kv().cached_tokens(), before.cached_tokens());
 
@@ -280,6 +353,7 @@ TEST_F(StepEngineTest, ChunkPastABoundedCacheAfterItsPromptIsAStepError) {
   StepResponse r = Run(one);
   EXPECT_EQ(r.error_code(), 0) << r.error_message();
   ASSERT_EQ(r.results_size(), 1);
+  EXPECT_EQ(r.results(0).error_code(), 0) << r.results(0).error_message();
   EXPECT_GE(r.results(0).token_id(), 0);
 }
 

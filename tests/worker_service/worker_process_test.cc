@@ -187,20 +187,24 @@ TEST(WorkerProcessTest, ServesStepsLikeOneProcess) {
   ref_b.resize(got_b.size());
   EXPECT_EQ(got_b, ref_b);
 
-  // Bad requests: per-step errors on every rank, the group keeps serving.
+  // Bad sequences: refused by every rank in their results, the group keeps serving.
   const int32_t vocab = static_cast<int32_t>((*model)->config().vocab_size);
   StepRequest bad;
   bad.set_step_id(100);
   *bad.add_sequences() = test_util::NextChunk(12, {vocab + 5}, len_b, true);
   for (const StepResponse& r : g.Step(bad)) {
-    EXPECT_EQ(r.error_code(), static_cast<int>(StatusCode::kInvalidArgument));
-    EXPECT_NE(r.error_message().find("seq_id 12"), std::string::npos) << r.error_message();
+    EXPECT_EQ(r.error_code(), 0);
+    ASSERT_EQ(r.results_size(), 1);
+    EXPECT_EQ(r.results(0).error_code(), static_cast<int>(StatusCode::kInvalidArgument));
+    EXPECT_NE(r.results(0).error_message().find("seq_id 12"), std::string::npos)
+        << r.results(0).error_message();
     EXPECT_FALSE(r.fatal());
   }
   bad.set_step_id(101);
   *bad.mutable_sequences(0) = test_util::NextChunk(777, {5}, 3, true);
   for (const StepResponse& r : g.Step(bad)) {
-    EXPECT_EQ(r.error_code(), static_cast<int>(StatusCode::kNotFound));
+    ASSERT_EQ(r.results_size(), 1);
+    EXPECT_EQ(r.results(0).error_code(), static_cast<int>(StatusCode::kNotFound));
   }
   StepRequest good;
   good.set_step_id(102);

@@ -64,7 +64,8 @@ StatusOr<GenerationResult> Generate(
   result.kv_bytes = kv->bytes();
   const int32_t eos = static_cast<int32_t>(model.config().eos_token_id);
   for (int32_t i = 0; i < options.max_new_tokens; ++i) {
-    sampling::TokenChoice c = sampler.Choose(step.logits.as<float>(), vocab, history);
+    DEJA_ASSIGN_OR_RETURN(sampling::TokenChoice c,
+                          sampler.Choose(step.logits.as<float>(), vocab, history));
     history.push_back(c.id);
     if (on_token) on_token(c);
     result.tokens.push_back(c);

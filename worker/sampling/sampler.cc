@@ -62,12 +62,22 @@ Status SamplingParams::Validate() const {
   return Status::Ok();
 }
 
-TokenChoice Sampler::Choose(const float* logits, int32_t vocab,
-                            const std::vector<int32_t>& history) {
+StatusOr<TokenChoice> Sampler::Choose(const float* logits, int32_t vocab,
+                                      const std::vector<int32_t>& history) {
+  if (vocab <= 0) return InvalidArgument("the logits row is empty");
   // Log-probabilities under the model's own distribution: logits[i] - lse, computed only for
   // the tokens reported (one pass for lse instead of a whole log_softmax row per call).
   float max_logit = 0.f;
   const float lse = LogSumExp(logits, vocab, &max_logit);
+  // Finite exactly when the max is finite and no entry is NaN (MaxOf returns NaN then): the
+  // one check the row needs, at no extra pass.
+  if (!std::isfinite(lse)) {
+    const float* bad = std::find_if(logits, logits + vocab,
+                                    [](float x) { return std::isnan(x) || x == INFINITY; });
+    return Internal(bad != logits + vocab ? "the logits row holds " + std::to_string(*bad) +
+                                                " at token id " + std::to_string(bad - logits)
+                                          : std::string("every logit of the row is -inf"));
+  }
 
   // The logits the choice is made from: the raw row unless a penalty changes it.
   const float* work = logits;

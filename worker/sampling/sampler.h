@@ -37,9 +37,17 @@ class Sampler {
   explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
 
   // `logits` has `vocab` entries; `history` holds the prompt and generated ids (for the
-  // repetition penalty). Uses `scratch` buffers owned by the sampler (no per-call allocation
+  // repetition penalty). Uses scratch buffers owned by the sampler (no per-call allocation
   // after the first).
-  TokenChoice Choose(const float* logits, int32_t vocab, const std::vector<int32_t>& history);
+  //
+  // Edge cases, all defined: a temperature so small that (logit - max) / T underflows samples
+  // among the row's maxima (greedy, ties shared); a huge one samples near uniformly; top_p
+  // near 0 keeps the single most likely token; top_k at or beyond the vocabulary is no limit;
+  // -inf entries (masked tokens) are never chosen while any finite entry remains. A row with
+  // no finite maximum or a NaN (every entry masked, +inf, NaN: the model's numerics failed) is
+  // INTERNAL, naming the value, and no token is chosen.
+  StatusOr<TokenChoice> Choose(const float* logits, int32_t vocab,
+                               const std::vector<int32_t>& history);
 
  private:
   SamplingParams params_;

@@ -148,63 +148,74 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
   return Status::Ok();
 }
 
-Status StepEngine::Plan(const deja::v1::StepRequest& req, std::vector<Planned>* plan) {
+Status StepEngine::PlanOne(const deja::v1::SequenceWork& w,
+                           const std::unordered_set<uint64_t>& earlier, Planned* p,
+                           uint64_t* new_bytes) {
+  const uint64_t id = w.seq_id();
+  if (earlier.count(id)) return InvalidArgument(Seq(id) + "appears twice in the step");
+  if (w.tokens_size() == 0) return InvalidArgument(Seq(id) + "tokens must not be empty");
+  for (int32_t t : w.tokens()) {
+    if (t < 0 || t >= vocab_) {
+      return InvalidArgument(Seq(id) + "token id " + std::to_string(t) +
+                             " is outside the vocabulary [0, " + std::to_string(vocab_) + ")");
+    }
+  }
+  if (w.start_position() == 0) {
+    uint64_t bytes = *new_bytes;
+    DEJA_RETURN_IF_ERROR(PlanNew(w, p, &bytes));
+    if (w.tokens_size() > p->capacity) {
+      return OutOfRange(Seq(id) + std::to_string(w.tokens_size()) +
+                        " tokens exceed the sequence's KV capacity of " +
+                        std::to_string(p->capacity));
+    }
+    // Allocated only once every check passed, so a refusal leaves nothing behind.
+    DEJA_ASSIGN_OR_RETURN(
+        p->fresh->kv, model_->NewSequence(p->fresh->max_tokens, p->cache, p->fresh->prompt_tokens,
+                                          std::max(1, p->fresh->prompt_tokens)));
+    p->seq = p->fresh.get();
+    *new_bytes = bytes;
+    return Status::Ok();
+  }
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return NotFound(Seq(id) + "unknown sequence");
+  if (w.has_config()) return InvalidArgument(Seq(id) + "config is only sent with start_position 0");
+  Sequence* seq = it->second.get();
+  const int32_t len = seq->kv->length();
+  if (w.start_position() != static_cast<uint32_t>(len)) {
+    return FailedPrecondition(Seq(id) + "start_position " + std::to_string(w.start_position()) +
+                              " but the worker holds " + std::to_string(len) + " tokens");
+  }
+  if (static_cast<int64_t>(len) + w.tokens_size() > seq->max_tokens) {
+    return OutOfRange(Seq(id) + std::to_string(len + w.tokens_size()) +
+                      " tokens exceed the sequence's declared length of " +
+                      std::to_string(seq->max_tokens) + " (prompt_tokens + max_new_tokens)");
+  }
+  // A bounded cache holds budget + 1 slots once its prompt is in: one token per step.
+  if (w.tokens_size() > seq->kv->free_slots()) {
+    return OutOfRange(Seq(id) + std::to_string(w.tokens_size()) + " tokens exceed the " +
+                      std::to_string(seq->kv->free_slots()) +
+                      " free slots of the sequence's KV cache");
+  }
+  p->seq = seq;
+  return Status::Ok();
+}
+
+std::vector<StepEngine::Planned> StepEngine::Plan(const deja::v1::StepRequest& req) {
+  std::vector<Planned> plan(static_cast<size_t>(req.sequences_size()));
   std::unordered_set<uint64_t> seen;
   uint64_t new_bytes = 0;
-  for (const deja::v1::SequenceWork& w : req.sequences()) {
-    const uint64_t id = w.seq_id();
-    if (!seen.insert(id).second) return InvalidArgument(Seq(id) + "appears twice in the step");
-    if (w.tokens_size() == 0) return InvalidArgument(Seq(id) + "tokens must not be empty");
-    for (int32_t t : w.tokens()) {
-      if (t < 0 || t >= vocab_) {
-        return InvalidArgument(Seq(id) + "token id " + std::to_string(t) +
-                               " is outside the vocabulary [0, " + std::to_string(vocab_) + ")");
-      }
-    }
-    Planned p;
+  for (int i = 0; i < req.sequences_size(); ++i) {
+    const deja::v1::SequenceWork& w = req.sequences(i);
+    Planned& p = plan[static_cast<size_t>(i)];
     p.work = &w;
-    if (w.start_position() == 0) {
-      DEJA_RETURN_IF_ERROR(PlanNew(w, &p, &new_bytes));
-      if (w.tokens_size() > p.capacity) {
-        return OutOfRange(Seq(id) + std::to_string(w.tokens_size()) +
-                          " tokens exceed the sequence's KV capacity of " +
-                          std::to_string(p.capacity));
-      }
-    } else {
-      auto it = seqs_.find(id);
-      if (it == seqs_.end()) return NotFound(Seq(id) + "unknown sequence");
-      if (w.has_config()) {
-        return InvalidArgument(Seq(id) + "config is only sent with start_position 0");
-      }
-      p.seq = it->second.get();
-      const int32_t len = p.seq->kv->length();
-      if (w.start_position() != static_cast<uint32_t>(len)) {
-        return FailedPrecondition(Seq(id) + "start_position " + std::to_string(w.start_position()) +
-                                  " but the worker holds " + std::to_string(len) + " tokens");
-      }
-      if (static_cast<int64_t>(len) + w.tokens_size() > p.seq->max_tokens) {
-        return OutOfRange(Seq(id) + std::to_string(len + w.tokens_size()) +
-                          " tokens exceed the sequence's declared length of " +
-                          std::to_string(p.seq->max_tokens) + " (prompt_tokens + max_new_tokens)");
-      }
-      // A bounded cache holds budget + 1 slots once its prompt is in: one token per step.
-      if (w.tokens_size() > p.seq->kv->free_slots()) {
-        return OutOfRange(Seq(id) + std::to_string(w.tokens_size()) + " tokens exceed the " +
-                          std::to_string(p.seq->kv->free_slots()) +
-                          " free slots of the sequence's KV cache");
-      }
+    p.refused = PlanOne(w, seen, &p, &new_bytes);
+    seen.insert(w.seq_id());
+    if (!p.refused.ok()) {
+      p.seq = nullptr;
+      p.fresh.reset();
     }
-    plan->push_back(std::move(p));
   }
-  // Allocate the new caches last, so a failure leaves nothing behind.
-  for (Planned& p : *plan) {
-    if (!p.fresh) continue;
-    DEJA_ASSIGN_OR_RETURN(p.fresh->kv,
-                          model_->NewSequence(p.fresh->max_tokens, p.cache, p.fresh->prompt_tokens,
-                                              std::max(1, p.fresh->prompt_tokens)));
-    p.seq = p.fresh.get();
-  }
-  return Status::Ok();
+  return plan;
 }
 
 Status StepEngine::Run(const deja::v1::StepRequest& req, deja::v1::StepResponse* resp) {
@@ -213,17 +224,27 @@ Status StepEngine::Run(const deja::v1::StepRequest& req, deja::v1::StepResponse*
   resp->set_rank(static_cast<uint32_t>(rank_));
   for (uint64_t id : req.release_seq_ids()) Release(id);
 
-  std::vector<Planned> plan;
-  Status planned = Plan(req, &plan);
+  std::vector<Planned> plan = Plan(req);
+  std::vector<deja::v1::SequenceResult> results(plan.size());
+  std::vector<size_t> run;  // indices into plan of the sequences in the forward batch
+  for (size_t i = 0; i < plan.size(); ++i) {
+    deja::v1::SequenceResult& r = results[i];
+    r.set_seq_id(plan[i].work->seq_id());
+    r.set_token_id(-1);
+    if (plan[i].refused.ok()) {
+      run.push_back(i);
+      continue;
+    }
+    r.set_error_code(static_cast<int32_t>(plan[i].refused.code()));
+    r.set_error_message(plan[i].refused.message());
+    VLOG(1) << "rank " << rank_ << " step " << req.step_id() << ": " << plan[i].refused.ToString();
+  }
   Status fatal;
-  if (!planned.ok()) {
-    resp->set_error_code(static_cast<int32_t>(planned.code()));
-    resp->set_error_message(planned.message());
-    VLOG(1) << "rank " << rank_ << " step " << req.step_id() << ": " << planned.ToString();
-  } else if (!plan.empty()) {
+  if (!run.empty()) {
     std::vector<model::SequenceStep> batch;
     uint32_t sparse_sequences = 0;
-    for (const Planned& p : plan) {
+    for (size_t i : run) {
+      const Planned& p = plan[i];
       batch.push_back({p.seq->kv.get(), p.work->tokens().data(), p.work->tokens_size(),
                        p.work->want_all_logits(), p.seq->sparse});
       sparse_sequences += p.seq->sparse ? 1 : 0;
@@ -252,8 +273,9 @@ Status StepEngine::Run(const deja::v1::StepRequest& req, deja::v1::StepResponse*
       sp->set_active_head_fraction(step_.active_head_fraction);
       sp->set_active_neuron_fraction(step_.active_neuron_fraction);
       sp->set_sparse_sequences(sparse_sequences);
-      sp->set_dense_sequences(static_cast<uint32_t>(plan.size()) - sparse_sequences);
-      for (Planned& p : plan) {
+      sp->set_dense_sequences(static_cast<uint32_t>(run.size()) - sparse_sequences);
+      for (size_t i : run) {
+        Planned& p = plan[i];
         p.seq->history.insert(p.seq->history.end(), p.work->tokens().begin(),
                               p.work->tokens().end());
         if (p.fresh) {
@@ -264,31 +286,34 @@ Status StepEngine::Run(const deja::v1::StepRequest& req, deja::v1::StepResponse*
       }
       if (rank_ == 0) {
         const Clock::time_point ts = Clock::now();
-        Sample(plan, resp);
+        Sample(plan, run, &results);
         resp->mutable_timings()->set_sample_seconds(Since(ts));
       }
     }
   }
+  // Rank 0 answers every sequence; the others only the ones they refused.
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (rank_ == 0 || results[i].error_code() != 0) *resp->add_results() = std::move(results[i]);
+  }
   PublishUsage();
   *resp->mutable_kv() = Usage();
   resp->mutable_timings()->set_total_seconds(Since(t0));
-  VLOG(1) << "rank " << rank_ << " step " << req.step_id() << ": " << plan.size() << " sequences, "
-          << req.release_seq_ids_size() << " released, " << resp->timings().total_seconds() * 1e3
-          << " ms";
+  VLOG(1) << "rank " << rank_ << " step " << req.step_id() << ": " << run.size() << " of "
+          << plan.size() << " sequences ran, " << req.release_seq_ids_size() << " released, "
+          << resp->timings().total_seconds() * 1e3 << " ms";
   return fatal;
 }
 
-void StepEngine::Sample(const std::vector<Planned>& plan, deja::v1::StepResponse* resp) {
+void StepEngine::Sample(const std::vector<Planned>& plan, const std::vector<size_t>& run,
+                        std::vector<deja::v1::SequenceResult>* results) {
   const float* logits = step_.logits.as<float>();
   // Logits rows in batch order; each sequence's rows are contiguous, its last row last.
   size_t row = 0;
-  for (size_t b = 0; b < plan.size(); ++b) {
-    const Planned& p = plan[b];
+  for (size_t b = 0; b < run.size(); ++b) {
+    const Planned& p = plan[run[b]];
     size_t first = row;
     while (row < step_.row_seq.size() && step_.row_seq[row] == static_cast<int32_t>(b)) ++row;
-    deja::v1::SequenceResult* r = resp->add_results();
-    r->set_seq_id(p.work->seq_id());
-    r->set_token_id(-1);
+    deja::v1::SequenceResult* r = &(*results)[run[b]];
     if (p.work->want_all_logits()) {
       logprob_row_.resize(vocab_);
       for (size_t i = first; i < row; ++i) {
@@ -297,8 +322,16 @@ void StepEngine::Sample(const std::vector<Planned>& plan, deja::v1::StepResponse
       }
     }
     if (p.work->sample() && row > first) {
-      sampling::TokenChoice c =
+      StatusOr<sampling::TokenChoice> chosen =
           p.seq->sampler->Choose(logits + (row - 1) * vocab_, vocab_, p.seq->history);
+      if (!chosen.ok()) {
+        // This sequence's numerics failed; the others' rows are their own.
+        r->set_error_code(static_cast<int32_t>(chosen.status().code()));
+        r->set_error_message(Seq(p.work->seq_id()) + chosen.status().message());
+        LOG(WARNING) << "rank " << rank_ << ": " << r->error_message();
+        continue;
+      }
+      const sampling::TokenChoice& c = *chosen;
       r->set_token_id(c.id);
       r->set_logprob(c.logprob);
       for (const auto& [id, lp] : c.top) {

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/status.h"
@@ -33,9 +34,11 @@ class StepEngine {
 
   // Answers `req` in `resp` (step id, rank, results on rank 0, timings, KV usage, and the
   // step's sparsity after a forward pass). A sequence with config.sparse runs Deja Vu on every
-  // step; it needs OptModel::EnableSparsity (FAILED_PRECONDITION otherwise). A bad request
-  // (unknown sequence, wrong position, token out of range, capacity or budget exceeded, unsupported
-  // setting) is reported in resp's error fields and changes none of the request's sequences.
+  // step; it needs OptModel::EnableSparsity (FAILED_PRECONDITION otherwise). A bad sequence
+  // (unknown, wrong position, token out of range, capacity or budget exceeded, unsupported
+  // setting, repeated in the step) is refused alone: its SequenceResult carries the error, it is
+  // left unchanged, and the step's other sequences run as if it were absent (every rank refuses
+  // the same ones, since each checks the same request against the same state).
   // Returns non-OK only when the rank's state is lost (a collective failed); resp then carries
   // the error with `fatal` set and the caller must exit.
   Status Run(const deja::v1::StepRequest& req, deja::v1::StepResponse* resp);
@@ -59,20 +62,28 @@ class StepEngine {
     int32_t prompt_tokens = 0;
     int32_t max_tokens = 0;                    // prompt_tokens + max_new_tokens
   };
-  // A checked SequenceWork: the existing sequence, or the settings of a new one.
+  // A checked SequenceWork: the existing sequence, or the settings of a new one; or why the
+  // sequence is refused (`refused` not OK, `seq` null).
   struct Planned {
     const deja::v1::SequenceWork* work = nullptr;
+    Status refused;
     Sequence* seq = nullptr;
     std::unique_ptr<Sequence> fresh;  // new sequence, committed after a successful forward
     int32_t capacity = 0;
     kv::CachePolicyConfig cache;
   };
 
-  Status Plan(const deja::v1::StepRequest& req, std::vector<Planned>* plan);
+  // One entry per SequenceWork, in request order.
+  std::vector<Planned> Plan(const deja::v1::StepRequest& req);
+  Status PlanOne(const deja::v1::SequenceWork& w, const std::unordered_set<uint64_t>& earlier,
+                 Planned* p, uint64_t* new_bytes);
   // A bounded-policy sequence whose prompt is complete keeps only budget + 1 slots per head.
   void ShrinkAfterPrefill(Sequence* seq);
   Status PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t* new_bytes);
-  void Sample(const std::vector<Planned>& plan, deja::v1::StepResponse* resp);
+  // Fills results[i] for every sequence planned to run; `run` holds their indices in `plan`, in
+  // the order of the forward batch.
+  void Sample(const std::vector<Planned>& plan, const std::vector<size_t>& run,
+              std::vector<deja::v1::SequenceResult>* results);
   void Release(uint64_t seq_id);
   void PublishUsage();
 
