@@ -156,15 +156,15 @@ void CheckOnWorker(const ResolvedRequest& r) {
   v1::StepResponse resp;
   Status fatal = (*engine)->Run(req, &resp);
   FUZZ_CHECK_MSG(fatal.ok(), fatal.ToString());
-  FUZZ_CHECK_MSG(resp.error_code() == 0,
-                 resp.error_message() + "\nconfig: " + r.config.ShortDebugString());
+  FUZZ_CHECK_MSG(resp.error_code() == 0 && resp.results_size() == 1, resp.error_message());
+  FUZZ_CHECK_MSG(resp.results(0).error_code() == 0,
+                 resp.results(0).error_message() + "\nconfig: " + r.config.ShortDebugString());
   const uint64_t reserved = resp.kv().total_bytes() - resp.kv().free_bytes();
   const int64_t positions = chunk == prompt ? r.PositionsAfterPrefill() : r.ReservedPositions();
   FUZZ_CHECK_MSG(reserved == per_token * static_cast<uint64_t>(positions),
                  "worker reserved " + std::to_string(reserved / per_token) +
                      " positions, the coordinator accounts " + std::to_string(positions) +
                      "; config " + r.config.ShortDebugString());
-  FUZZ_CHECK(resp.results_size() == 1);
   if (chunk == prompt) {
     FUZZ_CHECK(resp.results(0).token_id() >= 0 && resp.results(0).token_id() < kWideOpt.vocab);
   }
