@@ -1,11 +1,11 @@
 #include "common/opt_config.h"
 
 #include <filesystem>
+#include <functional>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <system_error>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/mmap_file.h"
 
@@ -68,6 +68,14 @@ Status Positive(int64_t v, const char* field) {
   return Status::Ok();
 }
 
+Status AtMost(int64_t v, int64_t max, const char* field, const char* why) {
+  if (v > max) {
+    return InvalidArgument(std::string("config field '") + field + "' must be at most " +
+                           std::to_string(max) + " (" + why + "), got " + std::to_string(v));
+  }
+  return Status::Ok();
+}
+
 Status TokenId(int64_t id, int64_t vocab, const char* field) {
   if (id < 0 || id >= vocab) {
     return InvalidArgument(std::string("config field '") + field + "' = " + std::to_string(id) +
@@ -76,36 +84,38 @@ Status TokenId(int64_t id, int64_t vocab, const char* field) {
   return Status::Ok();
 }
 
-// Every tensor name paired with its expected shape, in load order.
-std::vector<std::pair<std::string, Shape>> ExpectedTensors(const OptConfig& c,
-                                                           const OptTensorNames& n) {
+// Calls `visit` with every tensor name and its expected shape, in load order, and stops at the
+// first error it returns. One at a time: a config may declare more layers than any checkpoint
+// holds (or than memory could list), and the first missing tensor ends the walk.
+Status ForEachExpectedTensor(
+    const OptConfig& c, const OptTensorNames& n,
+    const std::function<Status(const std::string& name, const Shape& shape)>& visit) {
   const int64_t h = c.hidden_size, p = c.word_embed_proj_dim, f = c.ffn_dim;
-  std::vector<std::pair<std::string, Shape>> out;
-  auto add = [&out](const std::string& name, Shape shape) {
-    if (!name.empty()) out.emplace_back(name, shape);
+  auto add = [&visit](const std::string& name, Shape shape) {
+    return name.empty() ? Status::Ok() : visit(name, shape);
   };
-  add(n.embed_tokens, {c.vocab_size, p});
-  add(n.embed_positions, {c.max_position_embeddings + 2, h});  // rows = position + 2
-  add(n.project_in, {h, p});
-  add(n.project_out, {p, h});
+  DEJA_RETURN_IF_ERROR(add(n.embed_tokens, {c.vocab_size, p}));
+  DEJA_RETURN_IF_ERROR(add(n.embed_positions, {c.max_position_embeddings + 2, h}));  // position + 2
+  DEJA_RETURN_IF_ERROR(add(n.project_in, {h, p}));
+  DEJA_RETURN_IF_ERROR(add(n.project_out, {p, h}));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const OptLayerNames ln = n.Layer(l);
     for (const std::string* w : {&ln.q_weight, &ln.k_weight, &ln.v_weight, &ln.out_weight}) {
-      add(*w, {h, h});
+      DEJA_RETURN_IF_ERROR(add(*w, {h, h}));
     }
     for (const std::string* b :
          {&ln.q_bias, &ln.k_bias, &ln.v_bias, &ln.out_bias, &ln.fc2_bias, &ln.attn_ln_weight,
           &ln.attn_ln_bias, &ln.ffn_ln_weight, &ln.ffn_ln_bias}) {
-      add(*b, {h});
+      DEJA_RETURN_IF_ERROR(add(*b, {h}));
     }
-    add(ln.fc1_weight, {f, h});
-    add(ln.fc1_bias, {f});
-    add(ln.fc2_weight, {h, f});
+    DEJA_RETURN_IF_ERROR(add(ln.fc1_weight, {f, h}));
+    DEJA_RETURN_IF_ERROR(add(ln.fc1_bias, {f}));
+    DEJA_RETURN_IF_ERROR(add(ln.fc2_weight, {h, f}));
   }
-  add(n.final_ln_weight, {h});
-  add(n.final_ln_bias, {h});
-  if (!n.tied_lm_head) add(n.lm_head, {c.vocab_size, p});
-  return out;
+  DEJA_RETURN_IF_ERROR(add(n.final_ln_weight, {h}));
+  DEJA_RETURN_IF_ERROR(add(n.final_ln_bias, {h}));
+  if (!n.tied_lm_head) DEJA_RETURN_IF_ERROR(add(n.lm_head, {c.vocab_size, p}));
+  return Status::Ok();
 }
 
 }  // namespace
@@ -118,6 +128,12 @@ Status OptConfig::Validate() const {
   DEJA_RETURN_IF_ERROR(Positive(num_attention_heads, "num_attention_heads"));
   DEJA_RETURN_IF_ERROR(Positive(max_position_embeddings, "max_position_embeddings"));
   DEJA_RETURN_IF_ERROR(Positive(word_embed_proj_dim, "word_embed_proj_dim"));
+  // Token ids and positions are 32-bit everywhere past the config (KV cache, protocol, the
+  // coordinator's limits), and the position table has two rows more than positions.
+  constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
+  DEJA_RETURN_IF_ERROR(AtMost(vocab_size, kMax32, "vocab_size", "token ids are 32-bit"));
+  DEJA_RETURN_IF_ERROR(AtMost(max_position_embeddings, kMax32 - 2, "max_position_embeddings",
+                              "positions are 32-bit"));
   if (hidden_size % num_attention_heads != 0) {
     return InvalidArgument("config field 'hidden_size' (" + std::to_string(hidden_size) +
                            ") is not divisible by 'num_attention_heads' (" +
@@ -240,11 +256,11 @@ StatusOr<OptTensorNames> ResolveOptTensorNames(const Checkpoint& ckpt, const Opt
   }
   n.lm_head = n.tied_lm_head ? n.embed_tokens : "lm_head.weight";
 
-  for (const auto& [name, shape] : ExpectedTensors(config, n)) {
-    if (ckpt.Find(name) == nullptr) {
-      return NotFound("checkpoint " + ckpt.source() + " lacks tensor '" + name + "'");
-    }
-  }
+  DEJA_RETURN_IF_ERROR(
+      ForEachExpectedTensor(config, n, [&ckpt](const std::string& name, const Shape&) {
+        if (ckpt.Find(name) != nullptr) return Status::Ok();
+        return NotFound("checkpoint " + ckpt.source() + " lacks tensor '" + name + "'");
+      }));
   // More layers on disk than the config declares means config and weights do not belong together.
   const std::string extra = n.Layer(config.num_hidden_layers).q_weight;
   if (ckpt.Find(extra) != nullptr) {
@@ -257,10 +273,9 @@ StatusOr<OptTensorNames> ResolveOptTensorNames(const Checkpoint& ckpt, const Opt
 
 Status CheckOptTensorShapes(const Checkpoint& ckpt, const OptConfig& config,
                             const OptTensorNames& names) {
-  for (const auto& [name, shape] : ExpectedTensors(config, names)) {
-    DEJA_RETURN_IF_ERROR(ckpt.Get(name, shape).status());
-  }
-  return Status::Ok();
+  return ForEachExpectedTensor(config, names, [&ckpt](const std::string& name, const Shape& shape) {
+    return ckpt.Get(name, shape).status();
+  });
 }
 
 }  // namespace deja

@@ -1,12 +1,31 @@
 // OptConfig parsing and validation, and OPT tensor-name resolution against small checkpoints.
 #include "common/opt_config.h"
 
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "tests/common/temp_dir.h"
+
+namespace {
+// Bytes operator new may still hand out in this test binary; negative: no limit. A test that sets
+// it fails with std::bad_alloc where the code under test would otherwise take the machine's memory.
+std::atomic<int64_t> g_new_budget{-1};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  const auto bytes = static_cast<int64_t>(n);
+  if (g_new_budget.load() >= 0 && g_new_budget.fetch_sub(bytes) < bytes) throw std::bad_alloc();
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace deja {
 namespace {
@@ -117,8 +136,15 @@ INSTANTIATE_TEST_SUITE_P(
                   "eos_token_id"},
         BadConfig{"NegativeProj", R"("word_embed_proj_dim": 768)", R"("word_embed_proj_dim": -1)",
                   "word_embed_proj_dim"},
-        BadConfig{"OtherModel", R"("model_type": "opt")", R"("model_type": "llama")",
-                  "model_type"}),
+        BadConfig{"OtherModel", R"("model_type": "opt")", R"("model_type": "llama")", "model_type"},
+        // Sizes kept in 32 bits past the config; the largest position count used to overflow
+        // int64 when the loader added the position table's two extra rows (fuzz_opt_config).
+        BadConfig{"HugePositions", R"("max_position_embeddings": 2048)",
+                  R"("max_position_embeddings": 9223372036854775807)", "max_position_embeddings"},
+        BadConfig{"PositionsPastInt32", R"("max_position_embeddings": 2048)",
+                  R"("max_position_embeddings": 2147483646)", "max_position_embeddings"},
+        BadConfig{"VocabPastInt32", R"("vocab_size": 50272)", R"("vocab_size": 2147483648)",
+                  "vocab_size"}),
     [](const ::testing::TestParamInfo<BadConfig>& info) { return info.param.test_name; });
 
 TEST(OptConfigTest, InvalidJson) {
@@ -274,6 +300,30 @@ TEST(OptTensorNamesTest, ConfigMismatches) {
   Status shapes = CheckOptTensorShapes(*ckpt, wider_ffn, *n);
   EXPECT_EQ(shapes.code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(shapes.message(), "fc1.weight"));
+}
+
+// A config may declare more layers than any checkpoint holds; the tensors are checked one at a
+// time, so the first missing one ends the check. The names of every declared layer used to be
+// listed first, and this config (found by fuzz_opt_config) ran the loader out of memory.
+TEST(OptTensorNamesTest, HugeLayerCountFailsAtTheFirstMissingLayer) {
+  TempDir dir;
+  const OptConfig c = TinyConfig(8, true);
+  WriteTinyCheckpoint(dir.path(), c, "model.decoder.", false);
+  auto ckpt = Open(dir.path());
+  ASSERT_NE(ckpt, nullptr);
+  OptConfig huge = c;
+  huge.num_hidden_layers = 214748364812;
+  std::optional<StatusOr<OptTensorNames>> n;
+  g_new_budget = 64 << 20;
+  try {
+    n = ResolveOptTensorNames(*ckpt, huge);
+  } catch (const std::bad_alloc&) {
+  }
+  g_new_budget = -1;
+  ASSERT_TRUE(n.has_value()) << "resolving the names took more than 64 MiB";
+  EXPECT_EQ(n->status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(Contains(n->status().message(), "model.decoder.layers.2.self_attn.q_proj.weight"))
+      << n->status().ToString();
 }
 
 TEST(OptTensorNamesTest, NotAnOptCheckpoint) {

@@ -1,5 +1,5 @@
 // LoadModel builds the implementation registered for a checkpoint's model_type and refuses the
-// others by name, listing what this build serves.
+// others by name, listing what this build serves; a checkpoint it loads runs.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -8,6 +8,7 @@
 
 #include "kernels/backend.h"
 #include "tests/common/temp_dir.h"
+#include "tests/fuzz/tiny_opt.h"
 #include "tests/worker/golden_util.h"
 #include "worker/model/model.h"
 
@@ -51,6 +52,36 @@ TEST(ModelRegistryTest, MalformedOrMissingConfigIsAnError) {
   auto typed = LoadModel(dir.path(), backend.get());
   EXPECT_EQ(typed.status().code(), StatusCode::kInvalidArgument) << typed.status().ToString();
   EXPECT_NE(typed.status().message().find("model_type"), std::string::npos);
+}
+
+// Tensors may differ in dtype, but a LayerNorm's weight and bias go to one op that takes them in
+// one dtype: such a checkpoint used to load and then fail every forward step (found by
+// fuzz_safetensors). Mixed dtypes that pair up load and run.
+TEST(ModelRegistryTest, LayerNormWeightAndBiasInDifferentDtypesAreRefusedAtLoad) {
+  auto backend = kernels::MakeCpuBackend(1);
+  TempDir mixed;
+  ASSERT_TRUE(
+      fuzz::WriteTinyOpt(mixed.path(), 1, fuzz::kTinyOpt, {DType::kF16, DType::kF32, DType::kBF16})
+          .ok());
+  auto refused = LoadModel(mixed.path(), backend.get());
+  ASSERT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("'model.decoder.final_layer_norm.weight' (bf16) and "
+                                            "'model.decoder.final_layer_norm.bias' (f16)"),
+            std::string::npos)
+      << refused.status().ToString();
+
+  TempDir paired;
+  ASSERT_TRUE(fuzz::WriteTinyOpt(paired.path(), 1, fuzz::kTinyOpt,
+                                 {DType::kF32, DType::kF32, DType::kF16, DType::kF16})
+                  .ok());
+  auto m = LoadModel(paired.path(), backend.get());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  auto kv = (*m)->NewSequence(4);
+  ASSERT_TRUE(kv.ok()) << kv.status().ToString();
+  const int32_t tokens[3] = {2, 5, 7};
+  StepResult result;
+  Status s = (*m)->Forward({{kv->get(), tokens, 3, /*all_logits=*/true}}, &result);
+  EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
 }  // namespace

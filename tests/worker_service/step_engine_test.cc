@@ -321,6 +321,42 @@ TEST_F(StepEngineTest, AFailingSequenceLeavesTheOthersTokensUnchanged) {
   }
 }
 
+// A window cache keeps budget + 1 slots once its prompt is in; a later chunk of more tokens than
+// are free is refused for that sequence, which stays as it was. It used to pass the checks and
+// fail the forward pass, which is fatal to the worker (found by fuzz_step).
+TEST_F(StepEngineTest, ChunkPastABoundedCacheAfterItsPromptIsRefused) {
+  const std::vector<int32_t> p(prompts_.back().begin(), prompts_.back().begin() + 3);
+  StepRequest first;
+  first.set_step_id(1);
+  auto w = FirstChunk(2, p, p.size(), 10);
+  w.mutable_config()->mutable_cache()->set_kind(deja::v1::WorkerCachePolicy::KIND_WINDOW);
+  w.mutable_config()->mutable_cache()->set_recent_tokens(3);
+  *first.add_sequences() = w;
+  ASSERT_EQ(Run(first).error_code(), 0);
+  const deja::v1::KvUsage before = engine_->Usage();
+
+  StepRequest two;
+  two.set_step_id(2);
+  *two.add_sequences() = NextChunk(2, {p[1], p[2]}, 3, true);
+  StepResponse refused = Run(two);
+  EXPECT_EQ(refused.error_code(), 0) << refused.error_message();
+  EXPECT_FALSE(refused.fatal());
+  ASSERT_EQ(refused.results_size(), 1);
+  EXPECT_EQ(refused.results(0).error_code(), static_cast<int>(StatusCode::kOutOfRange))
+      << refused.results(0).error_message();
+  EXPECT_EQ(refused.kv().free_bytes(), before.free_bytes());
+  EXPECT_EQ(refused.kv().cached_tokens(), before.cached_tokens());
+
+  StepRequest one;
+  one.set_step_id(3);
+  *one.add_sequences() = NextChunk(2, {p[1]}, 3, true);
+  StepResponse r = Run(one);
+  EXPECT_EQ(r.error_code(), 0) << r.error_message();
+  ASSERT_EQ(r.results_size(), 1);
+  EXPECT_EQ(r.results(0).error_code(), 0) << r.results(0).error_message();
+  EXPECT_GE(r.results(0).token_id(), 0);
+}
+
 TEST_F(StepEngineTest, AllLogprobsAreLogSoftmaxRows) {
   const std::vector<int32_t> p = {2, 10, 11, 12};
   StepRequest req;

@@ -150,6 +150,12 @@ int64_t SequenceKv::cached_slots() const {
   return n;
 }
 
+int32_t SequenceKv::free_slots() const {
+  size_t n = static_cast<size_t>(capacity_);
+  for (const auto& f : free_) n = std::min(n, f.size());
+  return static_cast<int32_t>(n);
+}
+
 Status SequenceKv::AppendPositions(int32_t n) {
   if (n < 0) return InvalidArgument("cannot append a negative number of tokens");
   for (const auto& f : free_) {

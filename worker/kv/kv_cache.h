@@ -57,6 +57,8 @@ class SequenceKv {
   // Positions [length, length + n) take a free slot in every (layer, head). OutOfRange when a
   // head has fewer than n free slots.
   Status AppendPositions(int32_t n);
+  // The free slots of the fullest head: the most tokens AppendPositions takes now.
+  int32_t free_slots() const;
   // Writes the keys/values of the last-appended `n` tokens of one layer, rounded to the cache's
   // dtype. k and v are f32 [n, heads * head_dim] (the projection's layout).
   void WriteLayer(int32_t layer, int32_t n, const float* k, const float* v);

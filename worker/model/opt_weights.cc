@@ -39,6 +39,13 @@ StatusOr<NormWeights> LoadNorm(const Checkpoint& ckpt, const std::string& w, con
   NormWeights n;
   DEJA_ASSIGN_OR_RETURN(n.gamma, GetOptional(ckpt, w, {dim}));
   DEJA_ASSIGN_OR_RETURN(n.beta, GetOptional(ckpt, b, {dim}));
+  // The LayerNorm op takes its scale and shift in one dtype; refused here, a checkpoint that
+  // mixes them would load and then fail every forward step.
+  if (!w.empty() && !b.empty() && n.gamma.dtype != n.beta.dtype) {
+    return InvalidArgument("LayerNorm tensors '" + w + "' (" + DTypeName(n.gamma.dtype) +
+                           ") and '" + b + "' (" + DTypeName(n.beta.dtype) +
+                           ") must have the same dtype");
+  }
   return n;
 }
 

@@ -190,6 +190,12 @@ Status StepEngine::PlanOne(const deja::v1::SequenceWork& w,
                       " tokens exceed the sequence's declared length of " +
                       std::to_string(seq->max_tokens) + " (prompt_tokens + max_new_tokens)");
   }
+  // A bounded cache holds budget + 1 slots once its prompt is in: one token per step.
+  if (w.tokens_size() > seq->kv->free_slots()) {
+    return OutOfRange(Seq(id) + std::to_string(w.tokens_size()) + " tokens exceed the " +
+                      std::to_string(seq->kv->free_slots()) +
+                      " free slots of the sequence's KV cache");
+  }
   p->seq = seq;
   return Status::Ok();
 }

@@ -1,0 +1,1 @@
+sparse please:Bdefault

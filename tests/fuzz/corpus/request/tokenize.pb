@@ -1,0 +1,2 @@
+
+tokenize me</s>
