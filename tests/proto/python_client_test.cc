@@ -3,11 +3,10 @@
 // need it skip and say why.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 
+#include "tests/common/run_shell.h"
 #include "tests/common/temp_dir.h"
 #include "tests/proto/fake_text_generation.h"
 
@@ -24,41 +23,32 @@ std::string Python() {
   return py ? py : "python3";
 }
 
-// Runs a shell command, returns its exit status and combined output.
-int RunCommand(const std::string& command, std::string* output) {
-  output->clear();
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return -1;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) output->append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 bool PythonHas(const std::string& module) {
   std::string out;
-  return RunCommand(Python() + " -c 'import " + module + "'", &out) == 0;
+  return test_util::RunShell(Python() + " -c 'import " + module + "'", &out) == 0;
 }
 
 // Compiles the public proto into `out_dir` with grpc_tools; returns protoc's exit status.
 int CompileProto(const std::string& out_dir, std::string* output) {
-  return RunCommand(Python() + " -m grpc_tools.protoc -I " + SourceDir() +
-                        "/proto --python_out=" + out_dir + " --grpc_python_out=" + out_dir + " " +
-                        SourceDir() + "/proto/deja/v1/text_generation.proto",
-                    output);
+  return test_util::RunShell(Python() + " -m grpc_tools.protoc -I " + SourceDir() +
+                                 "/proto --python_out=" + out_dir +
+                                 " --grpc_python_out=" + out_dir + " " + SourceDir() +
+                                 "/proto/deja/v1/text_generation.proto",
+                             output);
 }
 
 TEST(PythonProtoTest, ExampleClientIsValidPython) {
   std::string out;
-  if (RunCommand(Python() + " --version", &out) != 0) GTEST_SKIP() << Python() << " not found";
+  if (test_util::RunShell(Python() + " --version", &out) != 0)
+    GTEST_SKIP() << Python() << " not found";
   // Compiles to bytecode in memory: no grpc needed, nothing written to the source tree.
-  EXPECT_EQ(RunCommand(Python() +
-                           " -c \"import sys; compile(open(sys.argv[1]).read(), sys.argv[1], "
-                           "'exec')\" " +
-                           SourceDir() + "/examples/python_client.py",
-                       &out),
-            0)
+  EXPECT_EQ(
+      test_util::RunShell(Python() +
+                              " -c \"import sys; compile(open(sys.argv[1]).read(), sys.argv[1], "
+                              "'exec')\" " +
+                              SourceDir() + "/examples/python_client.py",
+                          &out),
+      0)
       << out;
 }
 
@@ -78,7 +68,7 @@ TEST(PythonProtoTest, GrpcToolsCompilesAndImportsThePublicProto) {
       "assert r.WhichOneof('input') == 'text';"
       "m = [x.name for x in pb.DESCRIPTOR.services_by_name['TextGeneration'].methods];"
       "print(sorted(m)); g.TextGenerationStub";
-  ASSERT_EQ(RunCommand(Python() + " -c \"" + script + "\" " + dir.path(), &out), 0) << out;
+  ASSERT_EQ(test_util::RunShell(Python() + " -c \"" + script + "\" " + dir.path(), &out), 0) << out;
   EXPECT_EQ(out, "['Cancel', 'Generate', 'GenerateStream', 'GetModelInfo', 'Tokenize']\n");
 }
 
@@ -96,27 +86,28 @@ TEST(PythonProtoTest, ExampleClientTalksToALiveServer) {
                              "/examples/python_client.py --timeout 20 --gen-dir " + dir.path() +
                              " --target " + server.target() + " ";
 
-  ASSERT_EQ(
-      RunCommand(client + "generate hello --max-new-tokens 4 --temperature 0.7 --seed 3", &out), 0)
+  ASSERT_EQ(test_util::RunShell(
+                client + "generate hello --max-new-tokens 4 --temperature 0.7 --seed 3", &out),
+            0)
       << out;
   EXPECT_NE(out.find("echo: hello\n"), std::string::npos) << out;
   EXPECT_NE(out.find("finish=length"), std::string::npos) << out;
 
-  ASSERT_EQ(RunCommand(client + "generate hello --sparsity off", &out), 0) << out;
+  ASSERT_EQ(test_util::RunShell(client + "generate hello --sparsity off", &out), 0) << out;
   EXPECT_NE(out.find("echo: hello\n"), std::string::npos) << out;
 
   ASSERT_EQ(
-      RunCommand(client + "stream hello --cache h2o --sparsity on --sparsity-schedule default",
-                 &out),
+      test_util::RunShell(
+          client + "stream hello --cache h2o --sparsity on --sparsity-schedule default", &out),
       0)
       << out;
   EXPECT_NE(out.find("echo: stream\n"), std::string::npos) << out;
   EXPECT_NE(out.find("finish=eos"), std::string::npos) << out;
 
-  ASSERT_EQ(RunCommand(client + "tokenize ab", &out), 0) << out;
+  ASSERT_EQ(test_util::RunShell(client + "tokenize ab", &out), 0) << out;
   EXPECT_EQ(out, "97\t'a'\n98\t'b'\n");
 
-  ASSERT_EQ(RunCommand(client + "info", &out), 0) << out;
+  ASSERT_EQ(test_util::RunShell(client + "info", &out), 0) << out;
   EXPECT_NE(out.find("model_name: \"fake-opt\""), std::string::npos) << out;
   EXPECT_NE(out.find("tensor_parallel_size: 2"), std::string::npos) << out;
 }

@@ -194,9 +194,7 @@ TEST(FailureTest, CoordinatorServesWorkersStartedSeparately) {
   test_util::TempDir tmp;
   const std::string secret_file = tmp.File("group-secret");
   test_util::WriteBytes(secret_file, "0123456789abcdef0123456789abcdef\n");
-  Server server("coordinator", {DEJA_BINARY, "coordinator", "--model", ModelDir(), "--tp", "2",
-                                "--port", "0", "--metrics-port", "-1", "--internal-port", "0",
-                                "--group-secret-file", secret_file});
+  Server server("coordinator", StandaloneCoordinatorArgs(secret_file));
   ASSERT_TRUE(server.WaitListening()) << server.Log();
   EXPECT_EQ(server.metrics_port(), -1);
   EXPECT_EQ(Health(server.channel(), "deja.v1.TextGeneration"), kNotServing);

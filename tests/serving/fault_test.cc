@@ -93,9 +93,7 @@ TEST(FaultTest, WorkersOfAKilledCoordinatorExit) {
   test_util::TempDir tmp;
   const std::string secret_file = tmp.File("group-secret");
   test_util::WriteBytes(secret_file, "0123456789abcdef0123456789abcdef\n");
-  Server server("kill_coordinator", {DEJA_BINARY, "coordinator", "--model", ModelDir(), "--tp", "2",
-                                     "--port", "0", "--metrics-port", "-1", "--internal-port", "0",
-                                     "--group-secret-file", secret_file});
+  Server server("kill_coordinator", StandaloneCoordinatorArgs(secret_file));
   ASSERT_TRUE(server.WaitListening()) << server.Log();
   auto workers = StartWorkers(server.internal_target(), 2, secret_file, "orphan_worker",
                               {"--coordinator-timeout-ms", "2000"});

@@ -14,21 +14,12 @@
 #include <fstream>
 #include <string>
 
+#include "tests/common/run_shell.h"
 #include "tests/common/temp_dir.h"
 
 namespace deja::serving_test {
 
-// Runs `command` with sh; its exit status (-1 when it did not exit) and combined output.
-inline int RunShell(const std::string& command, std::string* output) {
-  output->clear();
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return -1;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) output->append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using test_util::RunShell;
 
 // Two CAs: `ca` signs the server's certificate `server` (for the name "localhost" only, so a
 // client that dials 127.0.0.1 must name it) and the client certificate `client`; `other` signs

@@ -300,6 +300,25 @@ inline std::vector<int32_t> ServedGreedy(v1::TextGeneration::Stub& stub, const s
   return ids;
 }
 
+// `deja coordinator` for a TP-2 group on free ports (no /metrics), its workers holding the
+// group secret in `secret_file`.
+inline std::vector<std::string> StandaloneCoordinatorArgs(const std::string& secret_file) {
+  return {DEJA_BINARY,
+          "coordinator",
+          "--model",
+          ModelDir(),
+          "--tp",
+          "2",
+          "--port",
+          "0",
+          "--metrics-port",
+          "-1",
+          "--internal-port",
+          "0",
+          "--group-secret-file",
+          secret_file};
+}
+
 // `deja worker` processes for every rank of a standalone coordinator's group, with the group
 // secret in `secret_file`; `extra` flags are added to each.
 inline std::vector<std::unique_ptr<test_util::ChildProcess>> StartWorkers(
