@@ -78,14 +78,6 @@ class BackgroundStream {
   std::thread thread_;
 };
 
-std::vector<std::string> ServeArgs(const std::vector<std::string>& extra) {
-  std::vector<std::string> args = {DEJA_BINARY,      "serve", "--model",   ModelDir(),
-                                   "--tp",           "2",     "--port",    "0",
-                                   "--metrics-port", "0",     "--threads", "1"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
-}
-
 TEST(FailureTest, KilledOrHungWorkerFailsRequestsFastAndTheGroupRecovers) {
   Server server("kill", ServeArgs({}));
   ASSERT_TRUE(server.WaitListening()) << server.Log();

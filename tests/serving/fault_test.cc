@@ -31,14 +31,6 @@ grpc::Status Generate(v1::TextGeneration::Stub& stub, int max_new, v1::GenerateR
   return stub.Generate(&ctx, Request(max_new), resp);
 }
 
-std::vector<std::string> ServeArgs(const std::vector<std::string>& extra) {
-  std::vector<std::string> args = {DEJA_BINARY,      "serve", "--model",   ModelDir(),
-                                   "--tp",           "2",     "--port",    "0",
-                                   "--metrics-port", "0",     "--threads", "1"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
-}
-
 // Running and not a zombie (an exited child not yet reaped still answers kill(pid, 0)).
 bool Alive(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");

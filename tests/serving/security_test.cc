@@ -17,14 +17,6 @@
 namespace deja::serving_test {
 namespace {
 
-std::vector<std::string> ServeArgs(const std::vector<std::string>& extra) {
-  std::vector<std::string> args = {DEJA_BINARY, "serve", "--model",        ModelDir(),
-                                   "--tp",      "1",     "--port",         "0",
-                                   "--threads", "1",     "--metrics-port", "0"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
-}
-
 v1::GenerateRequest Greedy(int max_new = 16) {
   v1::GenerateRequest r;
   r.set_text("And God said");
@@ -55,13 +47,15 @@ class SecurityTest : public ::testing::Test {
   static void SetUpTestSuite() {
     pki_ = new TestPki();
     if (!pki_->ok()) return;
-    open_ = new Server("open", ServeArgs({}));
+    open_ = new Server("open", ServeArgs({}, /*tp=*/1));
     tls_ = new Server("tls", ServeArgs({"--tls-cert", pki_->File("server.pem"), "--tls-key",
                                         pki_->File("server.key"), "--auth-token-file",
-                                        pki_->File("tokens"), "--metrics-auth"}));
+                                        pki_->File("tokens"), "--metrics-auth"},
+                                       /*tp=*/1));
     mtls_ = new Server(
         "mtls", ServeArgs({"--tls-cert", pki_->File("server.pem"), "--tls-key",
-                           pki_->File("server.key"), "--tls-client-ca", pki_->File("ca.pem")}));
+                           pki_->File("server.key"), "--tls-client-ca", pki_->File("ca.pem")},
+                          /*tp=*/1));
   }
   static void TearDownTestSuite() {
     delete open_;

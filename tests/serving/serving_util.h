@@ -300,6 +300,16 @@ inline std::vector<int32_t> ServedGreedy(v1::TextGeneration::Stub& stub, const s
   return ids;
 }
 
+// `deja serve` of the test model on free ports (API and /metrics), one CPU thread per worker,
+// `tp` workers, then `extra` flags.
+inline std::vector<std::string> ServeArgs(const std::vector<std::string>& extra, int tp = 2) {
+  std::vector<std::string> args = {
+      DEJA_BINARY, "serve", "--model",        ModelDir(), "--tp",      std::to_string(tp),
+      "--port",    "0",     "--metrics-port", "0",        "--threads", "1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
 // `deja coordinator` for a TP-2 group on free ports (no /metrics), its workers holding the
 // group secret in `secret_file`.
 inline std::vector<std::string> StandaloneCoordinatorArgs(const std::string& secret_file) {
