@@ -157,8 +157,18 @@ int RunBenchDecode(int argc, char** argv, int first) {
     j["model"] = args.Str("model");
     j["blas"] = openblas_get_config();
     j["threads"] = m.backend->pool() ? m.backend->pool()->num_threads() : 1;
+    j["device"] = m.backend->device().ToString();
+    const bool on_device = !m.backend->device().is_host();
+    // On a GPU both ceilings are measured on it: a device-to-device copy (bytes read plus
+    // written, as the weights' single read is bounded by) and a bf16 GEMM.
+    kernels::DevicePeaks device_peaks;
+    if (on_device) {
+      DEJA_ASSIGN_OR_RETURN(device_peaks, kernels::MeasureDevicePeaks(*m.backend));
+      j["device_copy_gb_per_s"] = device_peaks.copy_bytes_per_s / 1e9;
+      j["device_bf16_gemm_tflop_per_s"] = device_peaks.bf16_gemm_flops_per_s / 1e12;
+    }
     kernels::ReadBandwidthProbe probe(m.backend->pool());
-    const double start_bw = probe.Measure(5);
+    const double start_bw = on_device ? device_peaks.copy_bytes_per_s : probe.Measure(5);
     j["bandwidth_start_gb_per_s"] = start_bw / 1e9;
     j["weight_bytes"] = m.model->weight_bytes();
     // The floor uses the bandwidth measured between batch 1's steps (the median of one probe
@@ -168,11 +178,16 @@ int RunBenchDecode(int argc, char** argv, int first) {
     // The compute roofline of batched decode: 2 FLOPs per weight per token at the measured peak
     // of the instruction the kernels multiply with: fp32 FMA (weights widened in registers), or
     // VDPBF16PS for bf16 weights where the CPU has it (kernels/cpu/bf16_dot.h).
-    double peak_flops = kernels::MeasurePeakFmaFlopsPerSec(m.backend->pool());
-    j["peak_fma_gflop_per_s"] = peak_flops / 1e9;
+    double peak_flops = on_device ? device_peaks.bf16_gemm_flops_per_s
+                                  : kernels::MeasurePeakFmaFlopsPerSec(m.backend->pool());
     j["weight_dtype"] = DTypeName(m.model->weight_dtype());
-    j["compute_peak"] = "fma_f32";
-    if (m.model->weight_dtype() == DType::kBF16 && kernels::cpu::Bf16DotEnabled()) {
+    if (on_device) {
+      j["compute_peak"] = "bf16_gemm";
+    } else {
+      j["peak_fma_gflop_per_s"] = peak_flops / 1e9;
+      j["compute_peak"] = "fma_f32";
+    }
+    if (!on_device && m.model->weight_dtype() == DType::kBF16 && kernels::cpu::Bf16DotEnabled()) {
       peak_flops = kernels::MeasurePeakBf16DotFlopsPerSec(m.backend->pool());
       j["peak_bf16_dot_gflop_per_s"] = peak_flops / 1e9;
       j["compute_peak"] = "bf16_dot";
@@ -183,6 +198,9 @@ int RunBenchDecode(int argc, char** argv, int first) {
                           TimePrefill(*m.model, static_cast<int32_t>(prefill_tokens), 3, rng));
     j["prefill_tokens"] = prefill_tokens;
     j["prefill_tokens_per_s"] = prefill_tokens / prefill_s;
+    // The GEMMs' share of the compute peak (2 FLOPs per weight per token; attention not counted).
+    j["prefill_fraction_of_compute_peak"] =
+        2.0 * weights * static_cast<double>(prefill_tokens) / prefill_s / peak_flops;
     double batch1 = 0, sparse_batch1 = 0;
     std::vector<double> batch1_bw;
     j["warmup_rounds"] = warmup_rounds;
@@ -194,7 +212,7 @@ int RunBenchDecode(int argc, char** argv, int first) {
                                  .status());
       }
       std::function<void()> between;
-      if (b == 1) between = [&] { batch1_bw.push_back(probe.Measure(1)); };
+      if (b == 1 && !on_device) between = [&] { batch1_bw.push_back(probe.Measure(1)); };
       DEJA_ASSIGN_OR_RETURN(
           auto timing, TimeDecode(*m.model, static_cast<int32_t>(b), static_cast<int32_t>(prompt),
                                   static_cast<int32_t>(steps), sparsity.has_value(), rng, between));

@@ -50,7 +50,33 @@ void AddModelFlags(Args& args) {
 
 void AddDtypeFlag(Args& args) {
   args.Flag("dtype", "weights in memory: " + RowsHelp(kWeightDTypes), kWeightDTypes[0].name)
-      .Flag("kv-dtype", "KV cache storage: " + RowsHelp(kKvDTypes), kKvDTypes[0].name);
+      .Flag("kv-dtype", "KV cache storage: " + RowsHelp(kKvDTypes), kKvDTypes[0].name)
+      .Flag("device", "where the model runs: cpu, cuda (cuda:0) or cuda:N", "cpu")
+      .Flag("kv-memory-fraction",
+            "on a GPU: the share of its memory free after the weights that the KV block pool "
+            "takes (default 0.8; a worker's explicit fraction overrides its --kv-memory-mb)",
+            "");
+}
+
+StatusOr<Device> DeviceFromFlags(const Args& args) {
+  const std::string d = args.Str("device");
+  if (d == "cpu") return Device::Host();
+  if (d == "cuda") return Device::Cuda(0);
+  if (d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.size() <= 8 &&
+      d.find_first_not_of("0123456789", 5) == std::string::npos) {
+    return Device::Cuda(std::stoi(d.substr(5)));
+  }
+  return InvalidArgument("--device must be cpu, cuda or cuda:N, not '" + d + "'");
+}
+
+StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(const Device& device, int threads) {
+  if (device.is_host()) return kernels::MakeCpuBackend(threads);
+  StatusOr<std::unique_ptr<kernels::Backend>> b = kernels::MakeCudaBackend(device.index);
+  if (!b.ok()) {
+    return FailedPrecondition("--device " + device.ToString() +
+                              " is not usable: " + b.status().ToString());
+  }
+  return b;
 }
 
 StatusOr<worker::model::LoadOptions> LoadOptionsFromFlags(const Args& args) {
@@ -61,6 +87,15 @@ StatusOr<worker::model::LoadOptions> LoadOptionsFromFlags(const Args& args) {
   DEJA_ASSIGN_OR_RETURN(const KvDTypeRow* kv,
                         ParseRow(kKvDTypes, args.Str("kv-dtype"), "--kv-dtype"));
   o.kv_dtype = kv->dtype;
+  if (!args.Str("kv-memory-fraction").empty()) {
+    DEJA_ASSIGN_OR_RETURN(double f, args.Double("kv-memory-fraction"));
+    if (!(f > 0.0 && f < 1.0)) {
+      return InvalidArgument("--kv-memory-fraction must be in (0, 1), got " +
+                             args.Str("kv-memory-fraction"));
+    }
+    o.kv_memory_fraction = static_cast<float>(f);
+  }
+  DEJA_RETURN_IF_ERROR(DeviceFromFlags(args).status());
   return o;
 }
 
@@ -183,7 +218,8 @@ StatusOr<LoadedModel> LoadModelFromFlags(const Args& args) {
   LoadedModel m;
   DEJA_ASSIGN_OR_RETURN(int64_t threads, args.Int("threads"));
   DEJA_ASSIGN_OR_RETURN(worker::model::LoadOptions load, LoadOptionsFromFlags(args));
-  m.backend = kernels::MakeCpuBackend(static_cast<int>(threads));
+  DEJA_ASSIGN_OR_RETURN(Device device, DeviceFromFlags(args));
+  DEJA_ASSIGN_OR_RETURN(m.backend, MakeBackend(device, static_cast<int>(threads)));
   DEJA_ASSIGN_OR_RETURN(
       m.model, worker::model::LoadModel(args.Str("model"), m.backend.get(), nullptr, load));
   return m;

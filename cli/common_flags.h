@@ -15,10 +15,16 @@ namespace deja::cli {
 
 // --model, --threads and --dtype.
 void AddModelFlags(Args& args);
-// --dtype checkpoint|bf16 and --kv-dtype f32|f16 (also the worker's and serve's flags), and their
-// parse; InvalidArgument naming the flag.
+// --dtype checkpoint|bf16, --kv-dtype f32|f16, --device cpu|cuda[:N] and --kv-memory-fraction
+// (also the worker's and serve's flags), and their parse; InvalidArgument naming the flag.
 void AddDtypeFlag(Args& args);
 StatusOr<worker::model::LoadOptions> LoadOptionsFromFlags(const Args& args);
+// --device: "cpu" (the host), "cuda" (cuda:0) or "cuda:N".
+StatusOr<Device> DeviceFromFlags(const Args& args);
+// The backend of `device`: the CPU backend with `threads` threads, or the CUDA backend, which
+// fails (FailedPrecondition naming --device and the CUDA reason) where no usable GPU is; never a
+// silent CPU fallback.
+StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(const Device& device, int threads);
 void AddSamplingFlags(Args& args);
 StatusOr<worker::sampling::SamplingParams> SamplingFromFlags(const Args& args);
 

@@ -268,7 +268,21 @@ int RunServe(int argc, char** argv, int first) {
     lo.sparsity_oracle = sparsity.oracle;
     lo.sparsity_default = sparsity.default_flag;
     DEJA_RETURN_IF_ERROR(LoadOptionsFromFlags(args).status());
-    lo.extra_worker_args = {"--dtype", args.Str("dtype"), "--kv-dtype", args.Str("kv-dtype")};
+    lo.extra_worker_args = {"--dtype",  args.Str("dtype"), "--kv-dtype", args.Str("kv-dtype"),
+                            "--device", args.Str("device")};
+    if (!args.Str("kv-memory-fraction").empty()) {
+      lo.extra_worker_args.push_back("--kv-memory-fraction");
+      lo.extra_worker_args.push_back(args.Str("kv-memory-fraction"));
+    }
+    DEJA_ASSIGN_OR_RETURN(Device device, DeviceFromFlags(args));
+    if (!device.is_host()) {
+      if (lo.world_size > 1) {
+        return InvalidArgument("--device " + device.ToString() + " serves one GPU per group " +
+                               "for now: use --tp 1 (tensor parallelism across GPUs needs NCCL)");
+      }
+      // Fail here, with the CUDA reason, rather than in every worker start.
+      DEJA_RETURN_IF_ERROR(MakeBackend(device, 1).status());
+    }
     for (const std::string& a : InternalTlsWorkerArgs(o.internal_tls)) {
       lo.extra_worker_args.push_back(a);
     }

@@ -121,6 +121,13 @@ int RunWorker(int argc, char** argv, int first) {
     o.sparsity = sparsity.options;
     o.sparsity_default = sparsity.default_on;
     DEJA_ASSIGN_OR_RETURN(o.load, LoadOptionsFromFlags(args));
+    DEJA_ASSIGN_OR_RETURN(o.device, DeviceFromFlags(args));
+    // An unusable GPU fails here, with the CUDA reason, before any connection is made.
+    if (!o.device.is_host()) DEJA_RETURN_IF_ERROR(MakeBackend(o.device, 1).status());
+    // On a GPU the KV pool is --kv-memory-mb, unless a fraction of the free memory is asked for.
+    if (args.Str("kv-memory-fraction").empty()) {
+      o.load.kv_memory_bytes = static_cast<int64_t>(o.kv_memory_bytes);
+    }
     o.internal_tls = InternalTlsFromFlags(args);
     DEJA_ASSIGN_OR_RETURN(o.group_secret, GroupSecretFromFlags(args));
     return Status::Ok();

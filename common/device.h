@@ -7,7 +7,9 @@
 
 namespace deja {
 
-enum class DeviceKind : uint8_t { kHost, kCuda };
+// kSim: the tests' simulated device (tests/common/sim_device.h), host memory that only its
+// backend's ops and copies may touch.
+enum class DeviceKind : uint8_t { kHost, kCuda, kSim };
 
 struct Device {
   DeviceKind kind = DeviceKind::kHost;
@@ -17,9 +19,10 @@ struct Device {
   static constexpr Device Cuda(int32_t index) { return {DeviceKind::kCuda, index}; }
   bool is_host() const { return kind == DeviceKind::kHost; }
   bool operator==(const Device&) const = default;
-  // "host" or "cuda:<index>".
+  // "host", "cuda:<index>" or "sim:<index>".
   std::string ToString() const {
-    return kind == DeviceKind::kHost ? "host" : "cuda:" + std::to_string(index);
+    if (kind == DeviceKind::kHost) return "host";
+    return (kind == DeviceKind::kCuda ? "cuda:" : "sim:") + std::to_string(index);
   }
 };
 

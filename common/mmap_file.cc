@@ -102,4 +102,12 @@ size_t PrefetchMemory(const void* data, size_t bytes) {
   return bytes;
 }
 
+void ReleaseFileMemory(const void* data, size_t bytes) {
+  if (data == nullptr || bytes == 0) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + page - 1) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(page - 1);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 }  // namespace deja

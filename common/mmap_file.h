@@ -40,5 +40,9 @@ class MappedFile {
 // is resident afterwards; returns `bytes` so callers can sum it for progress logging. Works on
 // any readable memory, including sub-ranges of a mapping.
 size_t PrefetchMemory(const void* data, size_t bytes);
+// Drops the pages wholly inside [data, data + bytes) of a read-only file mapping from this
+// process's memory (they are read again from the file if touched). Only for file mappings:
+// anonymous memory would read back as zeros.
+void ReleaseFileMemory(const void* data, size_t bytes);
 
 }  // namespace deja

@@ -406,3 +406,17 @@ Status WriteSafetensors(const std::string& path,
 }
 
 }  // namespace deja
+
+namespace deja {
+
+void Checkpoint::Release(const TensorView& view) const {
+  const auto* p = static_cast<const uint8_t*>(view.data);
+  for (const MappedFile& m : mappings_) {
+    if (p >= m.data() && p + view.bytes() <= m.data() + m.size()) {
+      ReleaseFileMemory(p, view.bytes());
+      return;
+    }
+  }
+}
+
+}  // namespace deja

@@ -56,6 +56,9 @@ class Checkpoint {
   size_t Bytes() const { return total_bytes_; }
   // Pages in a view (or a row slice of one) ahead of use; returns its byte count.
   static size_t Prefetch(const TensorView& view) { return PrefetchMemory(view.data, view.bytes()); }
+  // Drops a view's pages from memory once it was copied elsewhere (a device); a no-op for views
+  // outside this checkpoint's files.
+  void Release(const TensorView& view) const;
 
   // The files backing the checkpoint and the merged `__metadata__` of every file.
   std::vector<std::string> files() const;

@@ -42,6 +42,20 @@ Status Backend::CopyDeviceToHost(void* host_dst, const void* src, size_t bytes) 
 
 Status Backend::Synchronize() { return RequireHost(*this, "Synchronize"); }
 
+Status Backend::Memset(void* dst, int value, size_t bytes) {
+  DEJA_RETURN_IF_ERROR(RequireHost(*this, "Memset"));
+  if (bytes > 0) std::memset(dst, value, bytes);
+  return Status::Ok();
+}
+
+StatusOr<Tensor> Backend::AllocatePinned(size_t bytes) {
+  return Tensor::Empty(DType::kF32, Shape{static_cast<int64_t>((bytes + 3) / 4)});
+}
+
+Status Backend::MemoryInfo(size_t*, size_t*) {
+  return Unimplemented("backend " + name() + " has no device memory to report");
+}
+
 StatusOr<Tensor> Backend::ToBackend(const TensorView& host) {
   DEJA_RETURN_IF_ERROR(CheckRowMajor("ToBackend", host));
   if (!host.device.is_host()) {

@@ -7,7 +7,8 @@
 // (TensorView::device, KvView::device) and the ops refuse others by name. Host backends (the
 // reference and the CPU backend) take host memory; the CUDA backend takes its device's memory,
 // which Allocate and ToBackend hand out. The index arrays the ops validate on the host (Embedding
-// ids, Attention q_pos and head_ids, the gathers' rows) are host pointers on every backend.
+// ids, Attention q_pos and head_ids, the gathers' rows, KvWrite's slots and positions) are host
+// pointers on every backend.
 //
 // Ordering. A device backend may enqueue an op and return before it has run; the copies to the
 // host below wait for it, and Synchronize waits for everything enqueued and reports the first
@@ -63,6 +64,14 @@ class Backend {
   virtual Status CopyDeviceToHost(void* host_dst, const void* src, size_t bytes);
   // Waits for all enqueued work; reports the first asynchronous error.
   virtual Status Synchronize();
+  // Sets `bytes` bytes at dst (on device()) to `value`, in stream order.
+  virtual Status Memset(void* dst, int value, size_t bytes);
+  // Host memory the device copies from fastest (page-locked on CUDA), for staging uploads.
+  virtual StatusOr<Tensor> AllocatePinned(size_t bytes);
+  // Free and total bytes of device() memory; Unimplemented on host backends.
+  virtual Status MemoryInfo(size_t* free_bytes, size_t* total_bytes);
+  // Whether Attention, KvWrite and KvEvict read paged KvViews (KvView::blocks).
+  virtual bool SupportsPagedKv() const { return false; }
 
   // A copy on device() of the row-major host view `host` (of the tensor).
   StatusOr<Tensor> ToBackend(const TensorView& host);
@@ -78,5 +87,14 @@ std::unique_ptr<Backend> MakeReferenceBackend();
 std::unique_ptr<Backend> MakeCpuBackend(int threads = 0);
 // The CUDA backend, or Unavailable with the reason (not built, no device).
 StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device);
+
+// A device's two ceilings, measured on it (for benchmarks' floors): a large device-to-device copy
+// (bytes read plus bytes written per second) and a large bf16 GEMM with f32 accumulation (FLOP/s,
+// random inputs). Unimplemented on host backends (the CPU's are in kernels/cpu/bandwidth.h).
+struct DevicePeaks {
+  double copy_bytes_per_s = 0;
+  double bf16_gemm_flops_per_s = 0;
+};
+StatusOr<DevicePeaks> MeasureDevicePeaks(Backend& backend);
 
 }  // namespace deja::kernels

@@ -7,4 +7,8 @@ StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
   return Unavailable("deja was built without the CUDA backend");
 }
 
+StatusOr<DevicePeaks> MeasureDevicePeaks(Backend& backend) {
+  return Unimplemented("backend " + backend.name() + " has no device peaks to measure");
+}
+
 }  // namespace deja::kernels

@@ -25,6 +25,9 @@ enum class OpId {
   kTopK,
   kGatherLinear,
   kGatherLinearT,
+  kKvWrite,
+  kKvEvict,
+  kConvert,
   kCount,
 };
 
@@ -54,6 +57,32 @@ struct KvView {
   DType dtype = DType::kF32;  // of k and v
   // Where k, v, slot_pos and score are (last, so existing aggregate initialisations stay host).
   Device device = Device::Host();
+  // Paged caches (a device's KV pool, worker/kv/kv_pool.h): when non-null, slot s of head h is
+  // element KvSlotIndex(view, h, s) of slot_pos and score (times head_dim for k and v), in block
+  // blocks[s / block_slots] of block_slots slots per head; k, v, slot_pos and score point at the
+  // pool's first block, offset to this layer. `blocks` is in the view's device memory and covers
+  // slots [0, used). nullptr: one contiguous [head][capacity] region as above.
+  const int32_t* blocks = nullptr;
+  int32_t block_slots = 0;
+  int64_t block_stride = 0;  // slots from one block to the next (all heads of all layers)
+};
+
+// Where slot s of head h is, in slots (elements of slot_pos and score; rows of head_dim of k, v).
+inline int64_t KvSlotIndex(const KvView& kv, int64_t h, int64_t s) {
+  if (kv.blocks == nullptr) return h * kv.capacity + s;
+  return kv.blocks[s / kv.block_slots] * kv.block_stride + h * kv.block_slots + s % kv.block_slots;
+}
+
+// How KvEvict ranks a head's candidate slots (lowest goes first; the position breaks ties, older
+// first): `h2o` by accumulated score, its mean-score variant by score / (length - position),
+// `window` by position alone.
+enum class KvRank { kScore, kMeanScore, kPosition };
+
+struct KvEvictArgs {
+  KvRank rank = KvRank::kScore;
+  int32_t excess = 0;         // slots each head gives up (>= 1)
+  int32_t oldest_recent = 0;  // candidates hold positions < oldest_recent (never the recent ones)
+  int32_t length = 0;         // the sequence's length (kMeanScore's age)
 };
 
 struct AttentionArgs {
@@ -104,6 +133,22 @@ using GatherLinearFn = Status (*)(Backend&, TensorView x, TensorView w, TensorVi
 using GatherLinearTFn = Status (*)(Backend&, TensorView x, TensorView wt, const int32_t* rows,
                                    int64_t n_rows, bool accumulate, TensorView out);
 
+// Writes n new tokens into a cache: for head h and token i, slot slots[h * n + i] gets key
+// k[i, h * head_dim:...] and value v[...] (rounded to kv.dtype), position positions[i], and a
+// zero score (when kv.score is set). k, v f32 [n, heads * head_dim] in device memory; slots and
+// positions are host arrays (validated, copied by device backends).
+using KvWriteFn = Status (*)(Backend&, const KvView& kv, int32_t heads, int32_t head_dim,
+                             const int32_t* slots, const int32_t* positions, int32_t n,
+                             TensorView k, TensorView v);
+// Per head: the `excess` lowest-ranked occupied slots among [0, kv.used) whose position is below
+// args.oldest_recent (KvRank) are freed (position -1, score 0) and written, lowest first, to
+// victims[h * excess + j] (device memory, int32; -1 where a head has fewer candidates).
+using KvEvictFn = Status (*)(Backend&, const KvView& kv, int32_t heads, const KvEvictArgs& args,
+                             int32_t* victims);
+// dst = src converted element by element between float dtypes (f32, f16, bf16: round to nearest
+// even), equal element counts, both in device memory.
+using ConvertFn = Status (*)(Backend&, TensorView src, TensorView dst);
+
 struct OpTable {
   EmbeddingFn embedding = nullptr;
   LayerNormFn layer_norm = nullptr;
@@ -114,6 +159,9 @@ struct OpTable {
   TopKFn top_k = nullptr;
   GatherLinearFn gather_linear = nullptr;
   GatherLinearTFn gather_linear_t = nullptr;
+  KvWriteFn kv_write = nullptr;
+  KvEvictFn kv_evict = nullptr;
+  ConvertFn convert = nullptr;
 };
 
 }  // namespace deja::kernels

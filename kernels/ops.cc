@@ -1,5 +1,6 @@
 #include "kernels/ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <string>
@@ -17,7 +18,11 @@ bool SupportedByFullBackend(OpId op, DType dtype) {
     case OpId::kGatherLinearT:
       return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
     case OpId::kAttention:  // the KV cache's dtype
+    case OpId::kKvWrite:
+    case OpId::kKvEvict:
       return dtype == DType::kF32 || dtype == DType::kF16;
+    case OpId::kConvert:  // the destination's dtype
+      return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
     case OpId::kLogSoftmax:
     case OpId::kTopK:
       return dtype == DType::kF32;
@@ -47,6 +52,12 @@ const char* OpName(OpId op) {
       return "gather_linear";
     case OpId::kGatherLinearT:
       return "gather_linear_t";
+    case OpId::kKvWrite:
+      return "kv_write";
+    case OpId::kKvEvict:
+      return "kv_evict";
+    case OpId::kConvert:
+      return "convert";
     case OpId::kCount:
       break;
   }
@@ -157,6 +168,42 @@ Status CheckSupport(Backend& backend, OpId op, DType dtype, const void* fn) {
 }
 
 std::string Dims(int64_t r, int64_t c) { return Shape{r, c}.ToString(); }
+
+// A KvView's pointers, sizes and layout (contiguous, or paged where the backend reads pages); a
+// contiguous cache must not overlap `out` when given.
+Status CheckKvLayout(const Backend& backend, const char* op, const KvView& kv, int64_t head_dim,
+                     int64_t heads, const TensorView* out) {
+  if (kv.capacity <= 0) return Bad(op, "kv.capacity", "must be positive");
+  if (kv.used < 0 || kv.used > kv.capacity) {
+    return Bad(op, "kv.used",
+               std::to_string(kv.used) +
+                   " is outside [0, capacity = " + std::to_string(kv.capacity) + "]");
+  }
+  if (kv.k == nullptr) return Bad(op, "kv.k", "is null");
+  if (kv.v == nullptr) return Bad(op, "kv.v", "is null");
+  if (kv.slot_pos == nullptr) return Bad(op, "kv.slot_pos", "is null");
+  if (kv.blocks != nullptr) {
+    if (!backend.SupportsPagedKv()) {
+      return Bad(op, "kv.blocks",
+                 "is set, but backend " + backend.name() + " reads contiguous KV caches only");
+    }
+    if (kv.block_slots <= 0) return Bad(op, "kv.block_slots", "must be positive when paged");
+    if (kv.block_stride < heads * kv.block_slots) {
+      return Bad(op, "kv.block_stride",
+                 std::to_string(kv.block_stride) + " is less than heads * block_slots = " +
+                     std::to_string(heads * kv.block_slots));
+    }
+    return Status::Ok();
+  }
+  if (out != nullptr) {
+    TensorView cache{nullptr, kv.dtype, Shape{heads * kv.capacity, head_dim}};
+    cache.data = kv.k;
+    DEJA_RETURN_IF_ERROR(CheckNoOverlap(op, "out", *out, "kv.k", cache));
+    cache.data = kv.v;
+    DEJA_RETURN_IF_ERROR(CheckNoOverlap(op, "out", *out, "kv.v", cache));
+  }
+  return Status::Ok();
+}
 
 // n_rows >= 1 and every rows[j] in [0, limit).
 Status CheckRowIds(const char* op, const int32_t* rows, int64_t n_rows, int64_t limit,
@@ -374,15 +421,6 @@ Status Attention(Backend& backend, const AttentionArgs& args) {
   }
   DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", args.out, "q", args.q));
   const KvView& kv = args.kv;
-  if (kv.capacity <= 0) return Bad(kOp, "kv.capacity", "must be positive");
-  if (kv.used < 0 || kv.used > kv.capacity) {
-    return Bad(kOp, "kv.used",
-               std::to_string(kv.used) +
-                   " is outside [0, capacity = " + std::to_string(kv.capacity) + "]");
-  }
-  if (kv.k == nullptr) return Bad(kOp, "kv.k", "is null");
-  if (kv.v == nullptr) return Bad(kOp, "kv.v", "is null");
-  if (kv.slot_pos == nullptr) return Bad(kOp, "kv.slot_pos", "is null");
   if (tokens > 0 && args.q_pos == nullptr) return Bad(kOp, "q_pos", "is null");
   for (int64_t t = 0; t < tokens; ++t) {
     if (args.q_pos[t] < 0) {
@@ -390,11 +428,7 @@ Status Attention(Backend& backend, const AttentionArgs& args) {
                  "holds " + std::to_string(args.q_pos[t]) + " at " + std::to_string(t));
     }
   }
-  TensorView cache{nullptr, kv.dtype, Shape{cache_heads * kv.capacity, args.head_dim}};
-  cache.data = kv.k;
-  DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", args.out, "kv.k", cache));
-  cache.data = kv.v;
-  DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", args.out, "kv.v", cache));
+  DEJA_RETURN_IF_ERROR(CheckKvLayout(backend, kOp, kv, args.head_dim, cache_heads, &args.out));
   DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kAttention, kv.dtype,
                                     reinterpret_cast<const void*>(backend.ops().attention)));
   if (tokens == 0) return Status::Ok();
@@ -460,6 +494,101 @@ Status TopK(Backend& backend, TensorView x, int32_t k, float* values, int32_t* i
                                     reinterpret_cast<const void*>(backend.ops().top_k)));
   if (x.rows() == 0) return Status::Ok();
   return backend.ops().top_k(backend, x, k, values, indices);
+}
+
+Status KvWrite(Backend& backend, const KvView& kv, int32_t heads, int32_t head_dim,
+               const int32_t* slots, const int32_t* positions, int32_t n, TensorView k,
+               TensorView v) {
+  constexpr const char* kOp = "kv_write";
+  DEJA_RETURN_IF_ERROR(CheckDevices(backend, kOp, {{"k", k}, {"v", v}}));
+  DEJA_RETURN_IF_ERROR(CheckDevice(backend, backend.device(), kOp, "kv", kv.k, kv.device));
+  if (heads <= 0) return Bad(kOp, "heads", "must be positive");
+  if (head_dim <= 0) return Bad(kOp, "head_dim", "must be positive");
+  if (n < 0) return Bad(kOp, "n", "must not be negative");
+  DEJA_RETURN_IF_ERROR(CheckKvLayout(backend, kOp, kv, head_dim, heads, nullptr));
+  DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "k", k));
+  DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "v", v));
+  const int64_t width = static_cast<int64_t>(heads) * head_dim;
+  for (const NamedView& a : {NamedView{"k", k}, NamedView{"v", v}}) {
+    if (a.view.rows() != n || a.view.cols() != width) {
+      return Bad(kOp, a.name, "has shape " + a.view.shape.ToString() + ", want " + Dims(n, width));
+    }
+  }
+  if (n == 0) return Status::Ok();
+  if (slots == nullptr) return Bad(kOp, "slots", "is null");
+  if (positions == nullptr) return Bad(kOp, "positions", "is null");
+  for (int64_t i = 0; i < static_cast<int64_t>(heads) * n; ++i) {
+    if (slots[i] < 0 || slots[i] >= kv.used) {
+      return Bad(kOp, "slots",
+                 "holds " + std::to_string(slots[i]) + " at " + std::to_string(i) +
+                     ", outside [0, used = " + std::to_string(kv.used) + ")");
+    }
+  }
+  // Each head's slots distinct: two tokens in one slot would leave which one stays undefined.
+  std::vector<bool> taken(static_cast<size_t>(kv.used));
+  for (int32_t h = 0; h < heads; ++h) {
+    std::fill(taken.begin(), taken.end(), false);
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t slot = slots[static_cast<int64_t>(h) * n + i];
+      if (taken[slot]) {
+        return Bad(kOp, "slots",
+                   "holds " + std::to_string(slot) + " twice for head " + std::to_string(h));
+      }
+      taken[slot] = true;
+    }
+  }
+  for (int32_t i = 0; i < n; ++i) {
+    if (positions[i] < 0) {
+      return Bad(kOp, "positions",
+                 "holds " + std::to_string(positions[i]) + " at " + std::to_string(i));
+    }
+  }
+  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kKvWrite, kv.dtype,
+                                    reinterpret_cast<const void*>(backend.ops().kv_write)));
+  return backend.ops().kv_write(backend, kv, heads, head_dim, slots, positions, n, k, v);
+}
+
+Status KvEvict(Backend& backend, const KvView& kv, int32_t heads, const KvEvictArgs& args,
+               int32_t* victims) {
+  constexpr const char* kOp = "kv_evict";
+  DEJA_RETURN_IF_ERROR(CheckDevice(backend, backend.device(), kOp, "kv", kv.k, kv.device));
+  if (heads <= 0) return Bad(kOp, "heads", "must be positive");
+  DEJA_RETURN_IF_ERROR(CheckKvLayout(backend, kOp, kv, 1, heads, nullptr));
+  if (args.excess < 1) return Bad(kOp, "excess", "must be at least 1");
+  if (args.length < 0 || args.oldest_recent > args.length) {
+    return Bad(
+        kOp, "oldest_recent",
+        std::to_string(args.oldest_recent) + " is past the length " + std::to_string(args.length));
+  }
+  if (args.rank != KvRank::kPosition && kv.score == nullptr) {
+    return Bad(kOp, "kv.score", "is null, but the rank reads scores");
+  }
+  if (victims == nullptr) return Bad(kOp, "victims", "is null");
+  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kKvEvict, kv.dtype,
+                                    reinterpret_cast<const void*>(backend.ops().kv_evict)));
+  return backend.ops().kv_evict(backend, kv, heads, args, victims);
+}
+
+Status Convert(Backend& backend, TensorView src, TensorView dst) {
+  constexpr const char* kOp = "convert";
+  DEJA_RETURN_IF_ERROR(CheckDevices(backend, kOp, {{"src", src}, {"dst", dst}}));
+  DEJA_RETURN_IF_ERROR(CheckView(kOp, "src", src, 1, 4));
+  DEJA_RETURN_IF_ERROR(CheckView(kOp, "dst", dst, 1, 4));
+  if (!IsFloat(src.dtype)) return Bad(kOp, "src", std::string("is ") + DTypeName(src.dtype));
+  if (!IsFloat(dst.dtype)) return Bad(kOp, "dst", std::string("is ") + DTypeName(dst.dtype));
+  if (src.layout != Layout::kRowMajor || dst.layout != Layout::kRowMajor) {
+    return Bad(kOp, "src", "must be row-major, as dst");
+  }
+  if (src.numel() != dst.numel()) {
+    return Bad(
+        kOp, "dst",
+        "has " + std::to_string(dst.numel()) + " elements, src " + std::to_string(src.numel()));
+  }
+  DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "dst", dst, "src", src));
+  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kConvert, dst.dtype,
+                                    reinterpret_cast<const void*>(backend.ops().convert)));
+  if (src.numel() == 0) return Status::Ok();
+  return backend.ops().convert(backend, src, dst);
 }
 
 }  // namespace deja::kernels

@@ -64,4 +64,18 @@ Status GatherLinear(Backend& backend, TensorView x, TensorView w, TensorView bia
 Status GatherLinearT(Backend& backend, TensorView x, TensorView wt, const int32_t* rows,
                      int64_t n_rows, bool accumulate, TensorView out);
 
+// Writes n tokens' keys and values into a cache (KvWriteFn in op_table.h): slots [heads, n] in
+// [0, kv.used), positions [n] >= 0, host arrays; k, v f32 [n, heads * head_dim].
+Status KvWrite(Backend& backend, const KvView& kv, int32_t heads, int32_t head_dim,
+               const int32_t* slots, const int32_t* positions, int32_t n, TensorView k,
+               TensorView v);
+
+// Frees each head's `args.excess` lowest-ranked candidate slots (KvEvictFn in op_table.h);
+// victims [heads, excess] int32 in the backend's memory.
+Status KvEvict(Backend& backend, const KvView& kv, int32_t heads, const KvEvictArgs& args,
+               int32_t* victims);
+
+// dst = src between float dtypes (round to nearest even), equal element counts.
+Status Convert(Backend& backend, TensorView src, TensorView dst);
+
 }  // namespace deja::kernels

@@ -15,6 +15,7 @@
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/reference/reference_ops.h"
 
 namespace deja::kernels {
 namespace cpu {
@@ -151,6 +152,10 @@ class CpuBackend final : public Backend {
     table_.top_k = CpuTopK;
     table_.gather_linear = CpuGatherLinear;
     table_.gather_linear_t = CpuGatherLinearT;
+    // Host caches write through worker/kv/kv_cache.cc; these serve callers of the ops.
+    table_.kv_write = ref::KvWrite;
+    table_.kv_evict = ref::KvEvict;
+    table_.convert = ref::Convert;
   }
   BackendKind kind() const override { return BackendKind::kCpu; }
   std::string name() const override {

@@ -1,6 +1,6 @@
 // The CUDA backend: MakeCudaBackend (Unavailable with the runtime's reason when there is no
 // usable device) and the backend object owning the per-device context, its op table and its
-// memory (cudaMalloc'd tensors, copies on its stream).
+// memory (cudaMalloc'd tensors, pinned host staging memory, copies and memsets on its stream).
 #include "kernels/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -19,6 +19,7 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
 // A failing free (a dead context) leaves nothing to recover; the memory goes with the context.
 void FreeDevice(void* data) { cudaFree(data); }
+void FreePinned(void* data) { cudaFreeHost(data); }
 
 class CudaBackendImpl final : public CudaBackend {
  public:
@@ -34,16 +35,16 @@ class CudaBackendImpl final : public CudaBackend {
     table_.top_k = CudaTopK;
     table_.gather_linear = CudaGatherLinear;
     table_.gather_linear_t = CudaGatherLinearT;
+    table_.kv_write = CudaKvWrite;
+    table_.kv_evict = CudaKvEvict;
+    table_.convert = CudaConvert;
   }
 
   BackendKind kind() const override { return BackendKind::kCuda; }
   std::string name() const override { return name_; }
   const OpTable& ops() const override { return table_; }
-  bool Supports(OpId op, DType dtype) const override {
-    // The attention kernel reads an f32 KV cache only (an f16 cache is CPU-only so far).
-    if (op == OpId::kAttention) return dtype == DType::kF32;
-    return SupportedByFullBackend(op, dtype);
-  }
+  bool Supports(OpId op, DType dtype) const override { return SupportedByFullBackend(op, dtype); }
+  bool SupportsPagedKv() const override { return true; }
 
   Device device() const override { return Device::Cuda(ctx_.device); }
 
@@ -69,6 +70,27 @@ class CudaBackendImpl final : public CudaBackend {
   Status Synchronize() override {
     DEJA_RETURN_IF_ERROR(Enter());
     return CudaStatus(cudaStreamSynchronize(ctx_.stream.get()), "cudaStreamSynchronize");
+  }
+
+  Status Memset(void* dst, int value, size_t bytes) override {
+    if (bytes == 0) return Status::Ok();
+    DEJA_RETURN_IF_ERROR(Enter());
+    return CudaStatus(cudaMemsetAsync(dst, value, bytes, ctx_.stream.get()), "cudaMemsetAsync");
+  }
+
+  // Page-locked host memory as f32 elements (rounded up, at least one), as the host default.
+  StatusOr<Tensor> AllocatePinned(size_t bytes) override {
+    DEJA_RETURN_IF_ERROR(Enter());
+    const int64_t elems = std::max<int64_t>(1, static_cast<int64_t>((bytes + 3) / 4));
+    void* data = nullptr;
+    DEJA_CUDA_RETURN_IF_ERROR(cudaMallocHost(&data, static_cast<size_t>(elems) * sizeof(float)),
+                              ("cudaMallocHost of " + std::to_string(bytes) + " bytes").c_str());
+    return Tensor::Adopt(data, DType::kF32, Shape{elems}, Device::Host(), &FreePinned);
+  }
+
+  Status MemoryInfo(size_t* free_bytes, size_t* total_bytes) override {
+    DEJA_RETURN_IF_ERROR(Enter());
+    return CudaStatus(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo");
   }
 
   StatusOr<float> TimeMs(const std::function<Status()>& enqueue) override {
@@ -111,19 +133,13 @@ StatusOr<std::unique_ptr<Backend>> Create(int device) {
   DEJA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "cudaSetDevice");
   cudaDeviceProp prop{};
   DEJA_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
-  int optin = 0;
-  DEJA_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-      "cudaDeviceGetAttribute");
 
   CudaContext ctx;
   ctx.device = device;
   DEJA_ASSIGN_OR_RETURN(ctx.stream, Stream::Create());
   DEJA_ASSIGN_OR_RETURN(ctx.cublas_workspace, DeviceBuffer::Allocate(kCublasWorkspaceBytes));
   DEJA_ASSIGN_OR_RETURN(ctx.cublas, CublasHandle::Create(ctx.stream.get(), ctx.cublas_workspace));
-  DEJA_CUDA_RETURN_IF_ERROR(
-      ConfigureAttention(static_cast<size_t>(optin), &ctx.attention_shared_limit),
-      "configuring the attention kernel");
+  ctx.sm_count = prop.multiProcessorCount;
   LOG(INFO) << "CUDA backend on device " << device << ": " << prop.name << ", sm_" << prop.major
             << prop.minor << ", " << (prop.totalGlobalMem >> 20) << " MiB";
   return std::unique_ptr<Backend>(std::make_unique<CudaBackendImpl>(std::move(ctx), prop.name));

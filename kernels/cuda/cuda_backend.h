@@ -4,8 +4,9 @@
 // Memory and ordering follow kernels/backend.h: Allocate and ToBackend hand out memory on the
 // backend's device (Tensor::device() cuda:<n>, freed by cudaFree); ops take only views in it,
 // except the host index arrays the validating ops read (Embedding ids, Attention q_pos and
-// head_ids, the gathers' rows), which the backend copies to the device on its stream before the
-// kernel that reads them, so the caller may reuse them as soon as the op returns. Ops enqueue on
+// head_ids, the gathers' rows, KvWrite's slots and positions), which the backend copies to the
+// device on its stream before the kernel that reads them, so the caller may reuse them as soon as
+// the op returns. Ops enqueue on
 // the backend's one stream and return; an Ok return means the work was enqueued. Results are
 // visible to the host after Synchronize() or a copy to the host; an asynchronous error surfaces
 // there.

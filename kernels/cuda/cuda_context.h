@@ -20,10 +20,11 @@ struct CudaContext {
   DeviceBuffer cublas_workspace;
   CublasHandle cublas;
   Workspace indices;     // host index arrays (Embedding ids, Attention q_pos and head_ids,
-                         // gather rows) staged on device
+                         // gather rows, KvWrite slots and positions) staged on device
   Workspace narrow_x;    // Linear activations rounded to the f16/bf16 weight dtype
   Workspace linear_out;  // the Linear GEMM result when ReLU must precede the accumulation
-  size_t attention_shared_limit = 0;  // dynamic shared memory bytes per attention block
+  Workspace attention;   // attention's split partials and softmax statistics
+  int sm_count = 1;      // multiprocessors, for attention's split heuristic
 };
 
 // The context of a backend made by MakeCudaBackend; only ever called from its own op table.
@@ -48,5 +49,11 @@ Status CudaGatherLinear(Backend& b, TensorView x, TensorView w, TensorView bias,
                         TensorView out);
 Status CudaGatherLinearT(Backend& b, TensorView x, TensorView wt, const int32_t* rows,
                          int64_t n_rows, bool accumulate, TensorView out);
+Status CudaKvWrite(Backend& b, const KvView& kv, int32_t heads, int32_t head_dim,
+                   const int32_t* slots, const int32_t* positions, int32_t n, TensorView k,
+                   TensorView v);
+Status CudaKvEvict(Backend& b, const KvView& kv, int32_t heads, const KvEvictArgs& args,
+                   int32_t* victims);
+Status CudaConvert(Backend& b, TensorView src, TensorView dst);
 
 }  // namespace deja::kernels::cuda

@@ -1,6 +1,6 @@
 // The CUDA op table entries other than Linear: argument plumbing from validated views to the
-// kernel launchers, staging of host index arrays and the few CUDA-specific limits (grid sizes,
-// attention shared memory), reported as Status.
+// kernel launchers, staging of host index arrays, attention's scratch and the few CUDA-specific
+// limits (grid sizes, attention's head size), reported as Status.
 #include <algorithm>
 #include <climits>
 #include <string>
@@ -14,6 +14,16 @@ namespace {
 
 // Makes the backend's device current for this thread (a no-op when it already is).
 Status Enter(CudaContext& ctx) { return CudaStatus(cudaSetDevice(ctx.device), "cudaSetDevice"); }
+
+// A view's slot layout for the kernels (blocks stays a device pointer).
+KvSlots SlotsOf(const KvView& kv) {
+  KvSlots s;
+  s.blocks = kv.blocks;
+  s.capacity = kv.capacity;
+  s.block_slots = kv.block_slots;
+  s.block_stride = kv.block_stride;
+  return s;
+}
 
 // Row-wise kernels launch one block per row.
 Status CheckRows(const char* op, int64_t rows) {
@@ -61,16 +71,13 @@ Status CudaAttention(Backend& b, const AttentionArgs& args) {
   CudaContext& ctx = ContextOf(b);
   DEJA_RETURN_IF_ERROR(Enter(ctx));
   const int64_t tokens = args.q.rows();
-  if (tokens * args.heads > INT_MAX) {
+  if (tokens * args.heads > INT_MAX || args.heads > 65535) {
     return Unimplemented("attention: tokens * heads = " + std::to_string(tokens * args.heads) +
-                         " exceeds the CUDA grid limit");
+                         " (heads " + std::to_string(args.heads) + ") exceeds the CUDA grid limit");
   }
-  const size_t shared = AttentionSharedBytes(args.head_dim, args.kv.used);
-  if (shared > ctx.attention_shared_limit) {
-    return ResourceExhausted("attention: head_dim " + std::to_string(args.head_dim) + " and " +
-                             std::to_string(args.kv.used) + " used slots need " +
-                             std::to_string(shared) + " bytes of shared memory per block; " +
-                             "this device allows " + std::to_string(ctx.attention_shared_limit));
+  if (args.head_dim > kAttentionMaxHeadDim) {
+    return Unimplemented("attention: head_dim " + std::to_string(args.head_dim) +
+                         " exceeds the CUDA kernel's " + std::to_string(kAttentionMaxHeadDim));
   }
   // q_pos and head_ids share one staging copy (the indices workspace holds one array at a time).
   const int64_t n_heads_ids = args.head_ids != nullptr ? args.heads : 0;
@@ -83,18 +90,87 @@ Status CudaAttention(Backend& b, const AttentionArgs& args) {
   a.q = args.q.as<float>();
   a.q_pos = dev_ids;
   a.head_ids = n_heads_ids > 0 ? dev_ids + tokens : nullptr;
-  a.k = static_cast<float*>(args.kv.k);  // f32: CudaBackend::Supports
-  a.v = static_cast<float*>(args.kv.v);
+  a.k = args.kv.k;
+  a.v = args.kv.v;
+  a.kv_dtype = args.kv.dtype;  // f32 or f16: CudaBackend::Supports
   a.slot_pos = args.kv.slot_pos;
   a.score = args.kv.score;
+  a.slots = SlotsOf(args.kv);
   a.out = args.out.as<float>();
   a.scale = args.scale;
   a.tokens = static_cast<int32_t>(tokens);
   a.heads = args.heads;
   a.head_dim = args.head_dim;
-  a.capacity = args.kv.capacity;
   a.used = args.kv.used;
-  return CudaStatus(LaunchAttention(a, ctx.stream.get()), "attention kernel");
+  const AttentionPlan plan = PlanAttention(a, ctx.sm_count);
+  DEJA_ASSIGN_OR_RETURN(void* scratch,
+                        ctx.attention.Get(AttentionScratchBytes(a, plan), ctx.stream.get()));
+  return CudaStatus(LaunchAttention(a, plan, scratch, ctx.stream.get()), "attention kernels");
+}
+
+Status CudaKvWrite(Backend& b, const KvView& kv, int32_t heads, int32_t head_dim,
+                   const int32_t* slots, const int32_t* positions, int32_t n, TensorView k,
+                   TensorView v) {
+  CudaContext& ctx = ContextOf(b);
+  DEJA_RETURN_IF_ERROR(Enter(ctx));
+  // slots [heads, n] then positions [n], in one staging copy.
+  const int64_t n_slots = static_cast<int64_t>(heads) * n;
+  std::vector<int32_t> host_ids(static_cast<size_t>(n_slots + n));
+  std::copy_n(slots, n_slots, host_ids.begin());
+  std::copy_n(positions, n, host_ids.begin() + n_slots);
+  DEJA_ASSIGN_OR_RETURN(int32_t * dev_ids,
+                        StageIndices(ctx, host_ids.data(), static_cast<int64_t>(host_ids.size())));
+  KvWriteLaunch a;
+  a.slots = SlotsOf(kv);
+  a.k = kv.k;
+  a.v = kv.v;
+  a.dtype = kv.dtype;
+  a.slot_pos = const_cast<int32_t*>(kv.slot_pos);  // const in KvView for attention's sake
+  a.score = kv.score;
+  a.dst_slots = dev_ids;
+  a.positions = dev_ids + n_slots;
+  a.src_k = k.as<float>();
+  a.src_v = v.as<float>();
+  a.heads = heads;
+  a.head_dim = head_dim;
+  a.n = n;
+  return CudaStatus(LaunchKvWrite(a, ctx.stream.get()), "kv_write kernel");
+}
+
+Status CudaKvEvict(Backend& b, const KvView& kv, int32_t heads, const KvEvictArgs& args,
+                   int32_t* victims) {
+  CudaContext& ctx = ContextOf(b);
+  DEJA_RETURN_IF_ERROR(Enter(ctx));
+  KvEvictLaunch a;
+  a.slots = SlotsOf(kv);
+  a.slot_pos = const_cast<int32_t*>(kv.slot_pos);
+  a.score = kv.score;
+  a.heads = heads;
+  a.used = kv.used;
+  switch (args.rank) {
+    case KvRank::kScore:
+      a.rank = EvictRank::kScore;
+      break;
+    case KvRank::kMeanScore:
+      a.rank = EvictRank::kMeanScore;
+      break;
+    case KvRank::kPosition:
+      a.rank = EvictRank::kPosition;
+      break;
+  }
+  a.excess = args.excess;
+  a.oldest_recent = args.oldest_recent;
+  a.length = args.length;
+  a.victims = victims;
+  return CudaStatus(LaunchKvEvict(a, ctx.stream.get()), "kv_evict kernel");
+}
+
+Status CudaConvert(Backend& b, TensorView src, TensorView dst) {
+  CudaContext& ctx = ContextOf(b);
+  DEJA_RETURN_IF_ERROR(Enter(ctx));
+  return CudaStatus(
+      LaunchConvert(src.data, src.dtype, dst.data, dst.dtype, src.numel(), ctx.stream.get()),
+      "convert kernel");
 }
 
 Status CudaGatherLinear(Backend& b, TensorView x, TensorView w, TensorView bias,

@@ -1,5 +1,6 @@
-// Device helpers shared by the .cu files: widening a weight element to f32 and warp/block
-// reductions. Internal to kernels/cuda/.
+// Device helpers shared by the .cu files: widening a weight element to f32, rounding f32 to a
+// narrow float as the host does, KV slot addressing and warp/block reductions. Internal to
+// kernels/cuda/.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,6 +9,7 @@
 #include <cstdint>
 
 #include "common/dtype.h"
+#include "kernels/cuda/launch.h"
 
 namespace deja::kernels::cuda {
 
@@ -24,6 +26,43 @@ __device__ __forceinline__ float LoadF(const void* p, DType dtype, int64_t i) {
     default:
       return static_cast<const float*>(p)[i];
   }
+}
+
+// f32 to f16 / bf16 bits, round to nearest even, bit for bit as common/dtype.h FloatToHalf and
+// FloatToBF16 (the runtime's own conversions canonicalise NaNs differently).
+__device__ __forceinline__ uint16_t FloatToHalfBits(float f) {
+  const uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>(((u >> 16) & 0x8000u) | 0x7e00u);
+  }
+  return __half_as_ushort(__float2half_rn(f));
+}
+__device__ __forceinline__ uint16_t FloatToBF16Bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// Element i of a float buffer in `dtype` set to v (rounded as above).
+__device__ __forceinline__ void StoreF(void* p, DType dtype, int64_t i, float v) {
+  switch (dtype) {
+    case DType::kF16:
+      static_cast<uint16_t*>(p)[i] = FloatToHalfBits(v);
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(p)[i] = FloatToBF16Bits(v);
+      break;
+    default:
+      static_cast<float*>(p)[i] = v;
+  }
+}
+
+// Slot s of cache head h, in slots (KvSlotIndex in kernels/op_table.h).
+__device__ __forceinline__ int64_t SlotIndex(const KvSlots& kv, int64_t h, int64_t s) {
+  if (kv.blocks == nullptr) return h * kv.capacity + s;
+  return static_cast<int64_t>(kv.blocks[s / kv.block_slots]) * kv.block_stride +
+         h * kv.block_slots + s % kv.block_slots;
 }
 
 __device__ __forceinline__ float WarpSum(float v) {

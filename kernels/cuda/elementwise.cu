@@ -1,6 +1,6 @@
 // Element-wise CUDA kernels: embedding gather, residual add with bias, the Linear bias/ReLU/
-// accumulate epilogue and the f32 -> f16/bf16 activation conversion. Grid-stride loops over
-// the flattened [rows, cols] index space.
+// accumulate epilogue, the f32 -> f16/bf16 activation conversion and the Convert op. Grid-stride
+// loops over the flattened [rows, cols] index space.
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
 
@@ -51,6 +51,14 @@ __global__ void ToBF16Kernel(const float* x, int64_t n, __nv_bfloat16* out) {
   for (int64_t e = GlobalIndex(); e < n; e += GridStride()) out[e] = __float2bfloat16_rn(x[e]);
 }
 
+// Widening is exact and the narrowing rounds as the host does (device_util.cuh StoreF).
+__global__ void ConvertKernel(const void* src, DType src_dtype, void* dst, DType dst_dtype,
+                              int64_t n) {
+  for (int64_t e = GlobalIndex(); e < n; e += GridStride()) {
+    StoreF(dst, dst_dtype, e, LoadF(src, src_dtype, e));
+  }
+}
+
 }  // namespace
 
 cudaError_t LaunchEmbedding(const void* table, DType dtype, const int32_t* ids, int64_t n,
@@ -83,6 +91,12 @@ cudaError_t LaunchConvertF32(const float* x, int64_t n, DType dtype, void* out,
   } else {
     ToHalfKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(x, n, static_cast<__half*>(out));
   }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchConvert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
+                          cudaStream_t stream) {
+  ConvertKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(src, src_dtype, dst, dst_dtype, n);
   return cudaGetLastError();
 }
 

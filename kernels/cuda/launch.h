@@ -28,6 +28,10 @@ cudaError_t LaunchBiasAct(const float* src, const void* bias, DType bias_dtype, 
 // out[i] = x[i] rounded to nearest-even in `dtype` (kF16 or kBF16).
 cudaError_t LaunchConvertF32(const float* x, int64_t n, DType dtype, void* out,
                              cudaStream_t stream);
+// dst[i] = src[i] between f32, f16 and bf16, rounded to nearest even as the host does
+// (common/dtype.h FloatToHalf / FloatToBF16, NaNs included).
+cudaError_t LaunchConvert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
+                          cudaStream_t stream);
 
 // rowwise.cu: one thread block per row, f32 reductions.
 
@@ -53,28 +57,80 @@ cudaError_t LaunchGatherLinearT(const float* x, int64_t m_rows, const void* wt, 
                                 int64_t n_dim, const int32_t* rows, int64_t n_rows, bool accumulate,
                                 float* out, cudaStream_t stream);
 
-// attention.cu: one thread block per (token, head).
+// Where slot s of cache head h is, in slots: the formula of KvSlotIndex (kernels/op_table.h).
+// blocks is a device array (paged) or null (contiguous [head][capacity]).
+struct KvSlots {
+  const int32_t* blocks = nullptr;
+  int32_t capacity = 0;
+  int32_t block_slots = 0;
+  int64_t block_stride = 0;
+};
+
+// attention.cu: flash-decoding over the slots, split along the slots when (token, head) pairs
+// alone would not fill the device.
+
+// The largest head_dim the attention kernels keep in registers (32 floats per lane).
+constexpr int32_t kAttentionMaxHeadDim = 1024;
 
 struct AttentionLaunch {
   const float* q = nullptr;        // [tokens, heads * head_dim]
   const int32_t* q_pos = nullptr;  // [tokens], device
-  const float* k = nullptr;        // [cache heads, capacity, head_dim]
-  const float* v = nullptr;
-  const int32_t* slot_pos = nullptr;  // [cache heads, capacity]
-  float* score = nullptr;             // [cache heads, capacity] or null
-  float* out = nullptr;               // [tokens, heads * head_dim]
+  const void* k = nullptr;         // kv_dtype rows of head_dim, at KvSlots indices
+  const void* v = nullptr;
+  DType kv_dtype = DType::kF32;  // kF32 or kF16
+  const int32_t* slot_pos = nullptr;
+  float* score = nullptr;  // or null
+  KvSlots slots;
+  float* out = nullptr;  // [tokens, heads * head_dim]
   // Head-sparse: head h of q/out reads cache head head_ids[h] (device, [heads]); null: head h.
   const int32_t* head_ids = nullptr;
   float scale = 1.f;
-  int32_t tokens = 0, heads = 0, head_dim = 0, capacity = 0, used = 0;
+  int32_t tokens = 0, heads = 0, head_dim = 0, used = 0;
 };
 
-// Dynamic shared memory one block needs: the query and one probability per used slot.
-size_t AttentionSharedBytes(int32_t head_dim, int32_t used);
-// Lets the attention kernel use all the dynamic shared memory the device allows per block
-// (`optin_bytes`, cudaDevAttrMaxSharedMemoryPerBlockOptin, less the kernel's static shared
-// memory) and reports that limit. Call once per device before the first launch.
-cudaError_t ConfigureAttention(size_t optin_bytes, size_t* max_dynamic_bytes);
-cudaError_t LaunchAttention(const AttentionLaunch& a, cudaStream_t stream);
+// How a launch splits the slots: `splits` ranges of `split_slots` slots per (token, head).
+struct AttentionPlan {
+  int32_t splits = 1;
+  int32_t split_slots = 0;
+};
+
+// Device scratch of one launch (AttentionScratchBytes of it, carved by LaunchAttention).
+AttentionPlan PlanAttention(const AttentionLaunch& a, int sm_count);
+size_t AttentionScratchBytes(const AttentionLaunch& a, const AttentionPlan& plan);
+// Enqueues the split kernel, the combine kernel when split, and the H2O score kernel when
+// a.score is set. `scratch` is 256-byte aligned device memory of AttentionScratchBytes.
+cudaError_t LaunchAttention(const AttentionLaunch& a, const AttentionPlan& plan, void* scratch,
+                            cudaStream_t stream);
+
+// kv_cache.cu: the KV-cache writes (semantics of KvWriteFn / KvEvictFn in kernels/op_table.h).
+
+struct KvWriteLaunch {
+  KvSlots slots;
+  void* k = nullptr;  // the cache, `dtype` (kF32 or kF16)
+  void* v = nullptr;
+  DType dtype = DType::kF32;
+  int32_t* slot_pos = nullptr;
+  float* score = nullptr;              // or null
+  const int32_t* dst_slots = nullptr;  // [heads, n], device
+  const int32_t* positions = nullptr;  // [n], device
+  const float* src_k = nullptr;        // [n, heads * head_dim]
+  const float* src_v = nullptr;
+  int32_t heads = 0, head_dim = 0, n = 0;
+};
+cudaError_t LaunchKvWrite(const KvWriteLaunch& a, cudaStream_t stream);
+
+// KvRank, without the op table's header (which needs C++20) in the .cu files.
+enum class EvictRank : int32_t { kScore, kMeanScore, kPosition };
+
+struct KvEvictLaunch {
+  KvSlots slots;
+  int32_t* slot_pos = nullptr;
+  float* score = nullptr;  // null only with kPosition
+  int32_t heads = 0, used = 0;
+  EvictRank rank = EvictRank::kScore;
+  int32_t excess = 0, oldest_recent = 0, length = 0;
+  int32_t* victims = nullptr;  // [heads, excess]
+};
+cudaError_t LaunchKvEvict(const KvEvictLaunch& a, cudaStream_t stream);
 
 }  // namespace deja::kernels::cuda

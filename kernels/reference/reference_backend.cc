@@ -7,8 +7,10 @@
 #include <numeric>
 #include <vector>
 
+#include "common/vec_math.h"
 #include "kernels/backend.h"
 #include "kernels/op_table.h"
+#include "kernels/reference/reference_ops.h"
 
 namespace deja::kernels {
 namespace {
@@ -87,16 +89,16 @@ Status RefAttention(Backend&, const AttentionArgs& a) {
       const float* q = a.q.as<float>() + t * width + h * d;
       float* out = a.out.as<float>() + t * width + h * d;
       const int64_t cache_head = a.head_ids != nullptr ? a.head_ids[h] : h;
-      const int64_t base = cache_head * kv.capacity;
       double max_score = -std::numeric_limits<double>::infinity();
       std::vector<bool> visible(kv.used, false);
       for (int64_t s = 0; s < kv.used; ++s) {
-        int32_t pos = kv.slot_pos[base + s];
+        const int64_t at = KvSlotIndex(kv, cache_head, s);
+        int32_t pos = kv.slot_pos[at];
         if (pos < 0 || pos > a.q_pos[t]) continue;
         visible[s] = true;
         double dot = 0;
         for (int64_t i = 0; i < d; ++i)
-          dot += static_cast<double>(q[i]) * LoadAsFloat(kv.k, kv.dtype, (base + s) * d + i);
+          dot += static_cast<double>(q[i]) * LoadAsFloat(kv.k, kv.dtype, at * d + i);
         dot *= a.scale;
         p[s] = dot;
         max_score = std::max(max_score, dot);
@@ -111,9 +113,9 @@ Status RefAttention(Backend&, const AttentionArgs& a) {
       for (int64_t s = 0; s < kv.used; ++s) {
         if (!visible[s]) continue;
         double prob = p[s] / sum;
-        for (int64_t i = 0; i < d; ++i)
-          acc[i] += prob * LoadAsFloat(kv.v, kv.dtype, (base + s) * d + i);
-        if (kv.score != nullptr) kv.score[base + s] += static_cast<float>(prob);
+        const int64_t at = KvSlotIndex(kv, cache_head, s);
+        for (int64_t i = 0; i < d; ++i) acc[i] += prob * LoadAsFloat(kv.v, kv.dtype, at * d + i);
+        if (kv.score != nullptr) kv.score[at] += static_cast<float>(prob);
       }
       for (int64_t i = 0; i < d; ++i) out[i] = static_cast<float>(acc[i]);
     }
@@ -206,6 +208,81 @@ Status RefTopK(Backend&, TensorView x, int32_t k, float* values, int32_t* indice
   return Status::Ok();
 }
 
+}  // namespace
+
+namespace ref {
+
+Status KvWrite(Backend&, const KvView& kv, int32_t heads, int32_t head_dim, const int32_t* slots,
+               const int32_t* positions, int32_t n, TensorView k, TensorView v) {
+  const int64_t width = static_cast<int64_t>(heads) * head_dim;
+  const size_t es = DTypeSize(kv.dtype);
+  for (int32_t h = 0; h < heads; ++h) {
+    for (int32_t i = 0; i < n; ++i) {
+      const int64_t at = KvSlotIndex(kv, h, slots[static_cast<int64_t>(h) * n + i]);
+      const int64_t src = i * width + static_cast<int64_t>(h) * head_dim;
+      ConvertFromF32(k.as<float>() + src, head_dim, kv.dtype,
+                     static_cast<char*>(kv.k) + at * head_dim * es);
+      ConvertFromF32(v.as<float>() + src, head_dim, kv.dtype,
+                     static_cast<char*>(kv.v) + at * head_dim * es);
+      const_cast<int32_t*>(kv.slot_pos)[at] = positions[i];
+      if (kv.score != nullptr) kv.score[at] = 0.f;
+    }
+  }
+  return Status::Ok();
+}
+
+Status KvEvict(Backend&, const KvView& kv, int32_t heads, const KvEvictArgs& a, int32_t* victims) {
+  struct Cand {
+    double rank;
+    int32_t pos, slot;
+  };
+  std::vector<Cand> cand;
+  for (int32_t h = 0; h < heads; ++h) {
+    cand.clear();
+    for (int32_t s = 0; s < kv.used; ++s) {
+      const int64_t at = KvSlotIndex(kv, h, s);
+      const int32_t pos = kv.slot_pos[at];
+      if (pos < 0 || pos >= a.oldest_recent) continue;
+      double rank = pos;
+      if (a.rank == KvRank::kScore) rank = kv.score[at];
+      if (a.rank == KvRank::kMeanScore) {
+        rank = kv.score[at] / static_cast<float>(a.length - pos);  // in float, as the policy
+      }
+      cand.push_back({rank, pos, s});
+    }
+    std::sort(cand.begin(), cand.end(), [](const Cand& x, const Cand& y) {
+      return x.rank < y.rank || (x.rank == y.rank && x.pos < y.pos);
+    });
+    for (int32_t j = 0; j < a.excess; ++j) {
+      int32_t slot = -1;
+      if (j < static_cast<int32_t>(cand.size())) {
+        slot = cand[j].slot;
+        const int64_t at = KvSlotIndex(kv, h, slot);
+        const_cast<int32_t*>(kv.slot_pos)[at] = -1;
+        if (kv.score != nullptr) kv.score[at] = 0.f;
+      }
+      victims[static_cast<int64_t>(h) * a.excess + j] = slot;
+    }
+  }
+  return Status::Ok();
+}
+
+Status Convert(Backend&, TensorView src, TensorView dst) {
+  const int64_t n = src.numel();
+  std::vector<float> tmp(static_cast<size_t>(std::min<int64_t>(n, 1 << 16)));
+  for (int64_t i0 = 0; i0 < n; i0 += static_cast<int64_t>(tmp.size())) {
+    const int64_t m = std::min<int64_t>(static_cast<int64_t>(tmp.size()), n - i0);
+    for (int64_t i = 0; i < m; ++i) tmp[i] = At(src, i0 + i);
+    ConvertFromF32(tmp.data(), m, dst.dtype,
+                   static_cast<char*>(dst.data) + static_cast<size_t>(i0) * DTypeSize(dst.dtype));
+  }
+  return Status::Ok();
+}
+
+}  // namespace ref
+
+namespace {
+
 class ReferenceBackend final : public Backend {
  public:
   ReferenceBackend() {
@@ -218,6 +295,9 @@ class ReferenceBackend final : public Backend {
     table_.top_k = RefTopK;
     table_.gather_linear = RefGatherLinear;
     table_.gather_linear_t = RefGatherLinearT;
+    table_.kv_write = ref::KvWrite;
+    table_.kv_evict = ref::KvEvict;
+    table_.convert = ref::Convert;
   }
   BackendKind kind() const override { return BackendKind::kReference; }
   std::string name() const override { return "reference"; }
@@ -229,6 +309,7 @@ class ReferenceBackend final : public Backend {
   bool SupportsTiled(OpId op) const override {
     return op == OpId::kLinear || op == OpId::kEmbedding;
   }
+  bool SupportsPagedKv() const override { return true; }
 
  private:
   OpTable table_;

@@ -157,6 +157,38 @@ TEST(CliTest, BadFlagsNameTheFlag) {
                      "/nonexistent.txt");
 }
 
+// --device on every command that loads a model: a bad value names the flag; where no GPU is
+// usable (this CI machine), `--device cuda` fails at start with the CUDA reason, never a crash
+// and never a silent CPU run; where one is, it runs.
+TEST(CliTest, DeviceFlag) {
+  ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi --device gpu"),
+                     "--device must be cpu, cuda or cuda:N, not 'gpu'");
+  ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --device cuda:x"), "--device");
+  ExpectCleanFailure(RunDeja("generate --model " + Mini() +
+                             " --prompt hi --device cuda "
+                             "--kv-memory-fraction 1.5"),
+                     "--kv-memory-fraction must be in (0, 1)");
+  const CliRun probe = RunDeja("generate --model " + Mini() +
+                               " --prompt hi --max-new-tokens 2 --device cuda --json");
+  ASSERT_FALSE(probe.signaled) << probe.out;
+  if (probe.exit_code == 0) GTEST_SKIP() << "a GPU is usable here: the refusals do not apply";
+  for (const std::string cmd :
+       {"generate --model " + Mini() + " --prompt hi --device cuda",
+        "ppl --model " + Mini() + " --text " + test_util::SourceDir() +
+            "/tests/data/heldout/tinyshakespeare.txt --device cuda",
+        "bench decode --model " + Mini() + " --device cuda:0",
+        "bench kv --model " + Mini() + " --device cuda",
+        "serve --model " + Mini() + " --device cuda --port 0",
+        "worker --model " + Mini() +
+            " --device cuda --rank 0 --world 1 --coordinator 127.0.0.1:1"}) {
+    const CliRun r = RunDeja(cmd);
+    EXPECT_FALSE(r.signaled) << cmd << "\n" << r.out;
+    EXPECT_NE(r.exit_code, 0) << cmd << "\n" << r.out;
+    EXPECT_NE(r.out.find("is not usable"), std::string::npos) << cmd << "\n" << r.out;
+    EXPECT_NE(r.out.find("cuda"), std::string::npos) << cmd << "\n" << r.out;
+  }
+}
+
 // `deja bench decode` end to end on a small run: every figure the issue names is in the JSON
 // and positive (the 1.3B numbers come from docs/performance.md runs, not from this test); the
 // floor's bandwidth is the probe beside batch 1 (one per step); bad counts are refused by name.

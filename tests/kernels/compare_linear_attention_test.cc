@@ -1,7 +1,8 @@
 // Linear and attention of every backend under test against the reference, on fresh seeded random
 // inputs over a grid of shapes (tiny, odd and model-sized; every epilogue; both CPU Linear code
 // paths; slot-mapped caches with holes, unread slots beyond `used` and H2O score accumulation,
-// in f32 and f16). Also the CPU's SIMD targets one by one, and CUDA's attention limit.
+// in f32 and f16). Also the CPU's SIMD targets one by one. Paged caches and long contexts:
+// compare_paged_attention_test.cc.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,7 +22,6 @@ namespace {
 using testing::AllBackends;
 using testing::AttentionOn;
 using testing::AttentionTensors;
-using testing::BackendNamed;
 using testing::BackendTest;
 using testing::Close;
 using testing::ComparedBackends;
@@ -245,10 +245,10 @@ void CheckAttention(Backend& b, const AttentionCase& c, uint32_t seed, DType kv)
   EXPECT_TRUE(Close(got_score.as<float>(), want_score.as<float>(), cache)) << "scores";
 }
 
-// head_dim 1, 3, 17, 33, 64, 80, 128 and 256 cover CUDA's slot-group split of the output sum
-// (head_dim below the block size), the single group and the strided wide case; from 8 tokens the
-// CPU backend takes its GEMM path (a block and a half of queries, an odd head size, more queries
-// than slots, none occupied).
+// head_dim 1, 3, 17, 33, 64, 80, 128 and 256 cover CUDA's lane groups of every width, with one
+// element or 16 bytes per load (kernels/cuda/attention.cu); from 8 tokens the CPU backend takes
+// its GEMM path (a block and a half of queries, an odd head size, more queries than slots, none
+// occupied).
 const AttentionCase kAttentionCases[] = {
     {1, 1, 1, 1, 1, false},      {1, 1, 1, 1, 1, true},         {2, 3, 5, 5, 1, true},
     {4, 64, 40, 33, 1, true},    {3, 17, 20, 13, 5, true},      {3, 17, 20, 13, 5, false},
@@ -313,30 +313,6 @@ TEST_P(AttentionScores, AreAccumulatedProbabilities) {
 }
 
 DEJA_INSTANTIATE_BACKEND_TEST(AttentionScores, AllBackends());
-
-TEST(CudaAttention, TooManySlotsForSharedMemoryIsAnError) {
-  // The CUDA kernel keeps one probability per used slot in shared memory; a cache beyond the
-  // device's limit must be refused with a Status, not launched.
-  testing::BackendUnderTest& cuda = BackendNamed("cuda");
-  if (cuda.backend == nullptr) GTEST_SKIP() << "no cuda backend: " << cuda.reason;
-  Backend& b = *cuda.backend;
-  const int32_t heads = 1, d = 64, cap = 1 << 18;
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor q, b.Allocate(DType::kF32, Shape{1, d}));
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor out, b.Allocate(DType::kF32, Shape{1, d}));
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor kv, b.Allocate(DType::kF32, Shape{cap, d}));
-  DEJA_ASSERT_OK_AND_ASSIGN(Tensor slots, b.Allocate(DType::kI32, Shape{cap}));
-  int32_t q_pos = 0;
-  AttentionArgs a;
-  a.q = q.view();
-  a.q_pos = &q_pos;
-  a.kv = {kv.data(), kv.data(), slots.as<int32_t>(), cap, cap, nullptr};
-  a.kv.device = b.device();
-  a.heads = heads;
-  a.head_dim = d;
-  a.out = out.view();
-  Status s = Attention(b, a);
-  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
-}
 
 }  // namespace
 }  // namespace deja::kernels

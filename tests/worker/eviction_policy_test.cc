@@ -175,7 +175,7 @@ TEST(SequenceKvTest, H2OMatchesOracleOnRandomScoreTraces) {
     const int32_t n = step == 0 ? 8 : 1;  // a prefill chunk, then decode
     ASSERT_TRUE(kv.AppendPositions(n).ok());
     for (int32_t l = 0; l < g.layers; ++l) {
-      kv.WriteLayer(l, n, k.data(), k.data());
+      ASSERT_TRUE(kv.WriteLayer(l, n, k.data(), k.data()).ok());
       kernels::KvView view = kv.View(l);
       ASSERT_NE(view.score, nullptr);
       for (int32_t h = 0; h < g.heads; ++h) {
@@ -204,7 +204,7 @@ TEST(SequenceKvTest, H2OMatchesOracleOnRandomScoreTraces) {
           o.erase(victim);
         }
       }
-      kv.EvictLayer(l);
+      ASSERT_TRUE(kv.EvictLayer(l).ok());
       view = kv.View(l);
       for (int32_t h = 0; h < g.heads; ++h) {
         std::set<int32_t> got, want;
@@ -237,8 +237,8 @@ TEST(SequenceKvTest, ResizeKeepsContentsAndShrinksMemory) {
       k[i] = static_cast<float>(i);
       v[i] = -static_cast<float>(i);
     }
-    kv->WriteLayer(0, 10, k.data(), v.data());
-    kv->EvictLayer(0);
+    ASSERT_TRUE(kv->WriteLayer(0, 10, k.data(), v.data()).ok());
+    ASSERT_TRUE(kv->EvictLayer(0).ok());
     EXPECT_EQ(kv->cached_slots(), 8);
     ASSERT_TRUE(kv->Resize(5).ok());
     EXPECT_EQ(kv->bytes(), g.SlotBytes() * 5);
@@ -274,7 +274,7 @@ TEST(SequenceKvTest, FreedCachesAreReusedEmptyAndBounded) {
   ASSERT_TRUE(first->AppendPositions(6).ok());
   std::vector<float> k(6 * 3 * 4, 1.5f), v(6 * 3 * 4, -2.f);
   for (int32_t l = 0; l < 2; ++l) {
-    first->WriteLayer(l, 6, k.data(), v.data());
+    ASSERT_TRUE(first->WriteLayer(l, 6, k.data(), v.data()).ok());
     kernels::KvView view = first->View(l);
     for (int32_t i = 0; i < 3 * 10; ++i) view.score[i] = 0.25f;  // as attention would
   }
@@ -324,7 +324,7 @@ TEST(SequenceKvTest, F16CacheHalvesKvBytesAndRounds) {
     k[i] = 1.0f + std::ldexp(1.0f, -11) * (i % 4);  // ties and off-ties around 1 + 2^-10 steps
     v[i] = 3.14159f * (i - 10);
   }
-  kv->WriteLayer(0, 1, k.data(), v.data());
+  ASSERT_TRUE(kv->WriteLayer(0, 1, k.data(), v.data()).ok());
   kernels::KvView view = kv->View(0);
   for (int i = 0; i < 20; ++i) {
     EXPECT_EQ(LoadAsFloat(view.k, DType::kF16, i), HalfToFloat(FloatToHalf(k[i]))) << i;

@@ -276,5 +276,77 @@ TEST(SamplerTest, ValidateNamesTheField) {
   EXPECT_TRUE(sampling::SamplingParams{}.Validate().ok());
 }
 
+// A row's top candidates (log_softmax then the k best, ties to the lower id), as a device returns
+// them (model::StepResult::top_*).
+void TopCandidates(const std::vector<float>& row, int32_t k, std::vector<float>* lp,
+                   std::vector<int32_t>* ids) {
+  double mx = *std::max_element(row.begin(), row.end()), sum = 0;
+  for (float x : row) sum += std::exp(x - mx);
+  const double lse = mx + std::log(sum);
+  std::vector<int32_t> order(row.size());
+  for (size_t i = 0; i < row.size(); ++i) order[i] = static_cast<int32_t>(i);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+    return row[a] > row[b] || (row[a] == row[b] && a < b);
+  });
+  lp->clear();
+  ids->assign(order.begin(), order.begin() + k);
+  for (int32_t id : *ids) lp->push_back(static_cast<float>(row[id] - lse));
+}
+
+// From a device's top candidates the sampler chooses what it chooses from the whole row: greedy,
+// and top-k sampling with top-p (the same RNG draws), on fresh random rows with ties.
+TEST(SamplerTest, ChoosingFromTopCandidatesEqualsTheWholeRow) {
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> n(0.f, 3.f);
+  constexpr int32_t kVocab = 5000, kK = 64;
+  std::vector<sampling::SamplingParams> modes(3);
+  modes[0].top_n = 5;
+  modes[1].do_sample = true;
+  modes[1].top_k = 40;
+  modes[1].temperature = 0.7f;
+  modes[1].seed = 11;
+  modes[2] = modes[1];
+  modes[2].top_p = 0.6f;
+  modes[2].top_n = 3;
+  for (const auto& params : modes) {
+    sampling::Sampler whole(params), top(params);
+    ASSERT_TRUE(top.CanChooseFromTop(kK));
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<float> row(kVocab);
+      for (float& x : row) x = std::round(n(rng) * 4.f) / 4.f;  // coarse values: many ties
+      std::vector<float> lp;
+      std::vector<int32_t> ids;
+      TopCandidates(row, kK, &lp, &ids);
+      auto a = whole.Choose(row.data(), kVocab, {});
+      auto b = top.ChooseFromTop(lp.data(), ids.data(), kK);
+      ASSERT_TRUE(a.ok() && b.ok());
+      ASSERT_EQ(a->id, b->id) << "trial " << trial;
+      EXPECT_NEAR(a->logprob, b->logprob, 1e-5);
+      ASSERT_EQ(a->top.size(), b->top.size());
+      for (size_t i = 0; i < a->top.size(); ++i) {
+        EXPECT_EQ(a->top[i].first, b->top[i].first);
+        EXPECT_NEAR(a->top[i].second, b->top[i].second, 1e-5);
+      }
+    }
+  }
+}
+
+TEST(SamplerTest, TopCandidatesAreRefusedWhereTheyDoNotDecide) {
+  sampling::SamplingParams p;
+  p.repetition_penalty = 1.2f;
+  EXPECT_FALSE(sampling::Sampler(p).CanChooseFromTop(64));
+  p = {};
+  p.do_sample = true;  // top_k off: the whole vocabulary
+  EXPECT_FALSE(sampling::Sampler(p).CanChooseFromTop(64));
+  p.top_k = 65;
+  EXPECT_FALSE(sampling::Sampler(p).CanChooseFromTop(64));
+  p.top_k = 64;
+  EXPECT_TRUE(sampling::Sampler(p).CanChooseFromTop(64));
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const int32_t id = 3;
+  EXPECT_EQ(sampling::Sampler({}).ChooseFromTop(&nan, &id, 1).status().code(),
+            StatusCode::kInternal);
+}
+
 }  // namespace
 }  // namespace deja::worker

@@ -52,6 +52,10 @@ class EvictionPolicy {
   virtual int32_t budget() const = 0;
   // Whether attention must accumulate scores for this policy.
   virtual bool needs_scores() const = 0;
+  // The most recent tokens a head always keeps (the window; 0 for full).
+  virtual int32_t recent() const { return 0; }
+  // h2o's mean-score ranking (CachePolicyConfig::h2o_mean_score).
+  virtual bool mean_score() const { return false; }
   // Appends to `evict` the slots to free so that at most budget() remain.
   virtual void Plan(const HeadSlots& head, std::vector<int32_t>* evict) const = 0;
 };

@@ -8,6 +8,7 @@
 #include <new>
 
 #include "common/vec_math.h"
+#include "kernels/ops.h"
 
 namespace deja::worker::kv {
 namespace {
@@ -90,6 +91,7 @@ void SetKvTensorPoolLimit(size_t bytes) { KvTensorPool::Get().SetLimit(bytes); }
 size_t KvTensorPoolBytes() { return KvTensorPool::Get().bytes(); }
 
 SequenceKv::~SequenceKv() {
+  if (pool_ != nullptr) pool_->Give(blocks_);
   GiveAll(&k_);
   GiveAll(&v_);
   GiveAll(&score_);
@@ -100,7 +102,8 @@ SequenceKv::SequenceKv(const KvGeometry& g, int32_t capacity,
     : geometry_(g), capacity_(capacity), policy_(std::move(policy)) {}
 
 StatusOr<std::unique_ptr<SequenceKv>> SequenceKv::Create(const KvGeometry& g, int32_t capacity,
-                                                         std::unique_ptr<EvictionPolicy> policy) {
+                                                         std::unique_ptr<EvictionPolicy> policy,
+                                                         std::shared_ptr<KvBlockPool> pool) {
   if (g.layers <= 0 || g.heads <= 0 || g.head_dim <= 0 || capacity <= 0) {
     return InvalidArgument("kv cache geometry and capacity must be positive");
   }
@@ -110,7 +113,15 @@ StatusOr<std::unique_ptr<SequenceKv>> SequenceKv::Create(const KvGeometry& g, in
   }
   if (policy == nullptr) return InvalidArgument("kv cache needs an eviction policy");
   std::unique_ptr<SequenceKv> kv(new SequenceKv(g, capacity, std::move(policy)));
-  DEJA_RETURN_IF_ERROR(kv->Allocate());
+  if (pool != nullptr) {
+    kv->pool_ = std::move(pool);
+    const int32_t bs = kv->pool_->block_slots();
+    DEJA_ASSIGN_OR_RETURN(kv->blocks_dev_,
+                          kv->pool_->backend().Allocate(DType::kI32, {(capacity + bs - 1) / bs}));
+    kv->layer_excess_.assign(g.layers, 0);
+  } else {
+    DEJA_RETURN_IF_ERROR(kv->Allocate());
+  }
   const size_t heads = static_cast<size_t>(g.layers) * g.heads;
   kv->slot_pos_.assign(heads * capacity, -1);
   kv->used_.assign(g.layers, 0);
@@ -150,14 +161,21 @@ int64_t SequenceKv::cached_slots() const {
   return n;
 }
 
+size_t SequenceKv::held_bytes() const {
+  if (pool_ == nullptr) return bytes();
+  return blocks_.size() * static_cast<size_t>(pool_->block_bytes());
+}
+
+// From the occupancy: on a device the free lists wait for the last victims (FetchVictims).
 int32_t SequenceKv::free_slots() const {
-  size_t n = static_cast<size_t>(capacity_);
-  for (const auto& f : free_) n = std::min(n, f.size());
-  return static_cast<int32_t>(n);
+  int32_t most = 0;
+  for (int32_t o : occupied_) most = std::max(most, o);
+  return capacity_ - most;
 }
 
 Status SequenceKv::AppendPositions(int32_t n) {
   if (n < 0) return InvalidArgument("cannot append a negative number of tokens");
+  if (pool_ != nullptr) DEJA_RETURN_IF_ERROR(FetchVictims());
   for (const auto& f : free_) {
     if (static_cast<int32_t>(f.size()) < n) {
       return OutOfRange("appending " + std::to_string(n) + " tokens to a sequence of " +
@@ -168,7 +186,7 @@ Status SequenceKv::AppendPositions(int32_t n) {
   const int32_t heads = geometry_.heads;
   new_slots_.resize(static_cast<size_t>(geometry_.layers) * heads * n);
   for (int32_t l = 0; l < geometry_.layers; ++l) {
-    float* score = score_[l].as<float>();
+    float* score = pool_ == nullptr ? score_[l].as<float>() : nullptr;  // device: KvWrite zeroes
     for (int32_t h = 0; h < heads; ++h) {
       const size_t hi = HeadIndex(l, h);
       auto& f = free_[hi];
@@ -177,7 +195,7 @@ Status SequenceKv::AppendPositions(int32_t n) {
         int32_t slot = f.back();
         f.pop_back();
         table[slot] = length_ + i;
-        score[static_cast<size_t>(h) * capacity_ + slot] = 0.f;
+        if (score != nullptr) score[static_cast<size_t>(h) * capacity_ + slot] = 0.f;
         new_slots_[hi * n + i] = slot;
         used_[l] = std::max(used_[l], slot + 1);
       }
@@ -186,10 +204,80 @@ Status SequenceKv::AppendPositions(int32_t n) {
   }
   last_n_ = n;
   length_ += n;
+  if (pool_ == nullptr) return Status::Ok();
+  int32_t used = 0;
+  for (int32_t u : used_) used = std::max(used, u);
+  DEJA_RETURN_IF_ERROR(EnsureBlocks(used));
+  // Room for this step's victims: the same number for every head of every layer.
+  int32_t most = 0;
+  for (int32_t o : occupied_) most = std::max(most, o);
+  const int32_t excess = policy_->budget() > 0 ? most - policy_->budget() : 0;
+  if (excess > victim_cap_) {
+    victim_cap_ = excess;
+    DEJA_ASSIGN_OR_RETURN(victims_dev_, pool_->backend().Allocate(
+                                            DType::kI32, {static_cast<int64_t>(geometry_.layers) *
+                                                          geometry_.heads * victim_cap_}));
+  }
   return Status::Ok();
 }
 
-void SequenceKv::WriteLayer(int32_t layer, int32_t n, const float* k, const float* v) {
+Status SequenceKv::EnsureBlocks(int32_t slots) {
+  const int32_t bs = pool_->block_slots();
+  const size_t need = static_cast<size_t>((slots + bs - 1) / bs);
+  const size_t have = blocks_.size();
+  if (need <= have) return Status::Ok();
+  DEJA_RETURN_IF_ERROR(pool_->Take(static_cast<int32_t>(need - have), &blocks_));
+  return pool_->backend().CopyHostToDevice(blocks_dev_.as<int32_t>() + have, blocks_.data() + have,
+                                           (need - have) * sizeof(int32_t));
+}
+
+Status SequenceKv::FetchVictims() {
+  if (std::all_of(layer_excess_.begin(), layer_excess_.end(), [](int32_t e) { return e == 0; })) {
+    return Status::Ok();
+  }
+  const int32_t heads = geometry_.heads;
+  victims_.resize(static_cast<size_t>(geometry_.layers) * heads * victim_cap_);
+  DEJA_RETURN_IF_ERROR(pool_->backend().CopyDeviceToHost(victims_.data(), victims_dev_.data(),
+                                                         victims_.size() * sizeof(int32_t)));
+  for (int32_t l = 0; l < geometry_.layers; ++l) {
+    const int32_t e = layer_excess_[l];
+    const int32_t* vl = victims_.data() + static_cast<size_t>(l) * heads * victim_cap_;
+    for (int32_t h = 0; h < heads && e > 0; ++h) {
+      const size_t hi = HeadIndex(l, h);
+      for (int32_t j = 0; j < e; ++j) {
+        const int32_t s = vl[h * e + j];
+        if (s >= 0) {
+          slot_pos_[hi * capacity_ + s] = -1;
+          free_[hi].push_back(s);
+        } else {  // fewer candidates than counted: the slot stayed
+          ++occupied_[hi];
+          --evictions_;
+        }
+      }
+    }
+    layer_excess_[l] = 0;
+  }
+  return Status::Ok();
+}
+
+Status SequenceKv::WriteLayer(int32_t layer, int32_t n, const float* k, const float* v) {
+  if (pool_ != nullptr) {
+    if (n != last_n_) {
+      return InvalidArgument("WriteLayer of " + std::to_string(n) + " tokens after appending " +
+                             std::to_string(last_n_));
+    }
+    positions_.resize(n);
+    for (int32_t i = 0; i < n; ++i) positions_[i] = length_ - n + i;
+    const int64_t width = static_cast<int64_t>(geometry_.heads) * geometry_.head_dim;
+    const Device dev = pool_->backend().device();
+    TensorView kv{const_cast<float*>(k), DType::kF32, Shape{n, width}};
+    kv.device = dev;
+    TensorView vv{const_cast<float*>(v), DType::kF32, Shape{n, width}};
+    vv.device = dev;
+    return kernels::KvWrite(pool_->backend(), View(layer), geometry_.heads, geometry_.head_dim,
+                            new_slots_.data() + HeadIndex(layer, 0) * n, positions_.data(), n, kv,
+                            vv);
+  }
   const int32_t hd = geometry_.head_dim;
   const int64_t row = static_cast<int64_t>(geometry_.heads) * hd;
   const DType dt = geometry_.kv_dtype;
@@ -204,9 +292,18 @@ void SequenceKv::WriteLayer(int32_t layer, int32_t n, const float* k, const floa
       ConvertFromF32(v + i * row + h * hd, hd, dt, vc + dst * es);
     }
   }
+  return Status::Ok();
 }
 
 kernels::KvView SequenceKv::View(int32_t layer) {
+  if (pool_ != nullptr) {
+    kernels::KvView view = pool_->LayerView(layer);
+    view.blocks = blocks_dev_.as<int32_t>();
+    view.capacity = capacity_;
+    view.used = used_[layer];
+    if (!policy_->needs_scores()) view.score = nullptr;
+    return view;
+  }
   kernels::KvView view;
   view.k = k_[layer].data();
   view.v = v_[layer].data();
@@ -218,8 +315,27 @@ kernels::KvView SequenceKv::View(int32_t layer) {
   return view;
 }
 
-void SequenceKv::EvictLayer(int32_t layer) {
-  if (policy_->budget() == 0) return;
+Status SequenceKv::EvictLayer(int32_t layer) {
+  if (policy_->budget() == 0) return Status::Ok();
+  if (pool_ != nullptr) {
+    const int32_t excess = occupied_[HeadIndex(layer, 0)] - policy_->budget();
+    if (excess <= 0) return Status::Ok();
+    kernels::KvEvictArgs args;
+    args.rank = policy_->kind() == CachePolicyKind::kWindow ? kernels::KvRank::kPosition
+                : policy_->mean_score()                     ? kernels::KvRank::kMeanScore
+                                                            : kernels::KvRank::kScore;
+    args.excess = excess;
+    args.oldest_recent = std::max(0, length_ - policy_->recent());
+    args.length = length_;
+    int32_t* victims =
+        victims_dev_.as<int32_t>() + static_cast<int64_t>(layer) * geometry_.heads * victim_cap_;
+    DEJA_RETURN_IF_ERROR(
+        kernels::KvEvict(pool_->backend(), View(layer), geometry_.heads, args, victims));
+    for (int32_t h = 0; h < geometry_.heads; ++h) occupied_[HeadIndex(layer, h)] -= excess;
+    evictions_ += static_cast<int64_t>(excess) * geometry_.heads;
+    layer_excess_[layer] = excess;
+    return Status::Ok();
+  }
   float* score = score_[layer].as<float>();
   for (int32_t h = 0; h < geometry_.heads; ++h) {
     const size_t hi = HeadIndex(layer, h);
@@ -241,6 +357,7 @@ void SequenceKv::EvictLayer(int32_t layer) {
     occupied_[hi] -= static_cast<int32_t>(plan_.size());
     evictions_ += static_cast<int64_t>(plan_.size());
   }
+  return Status::Ok();
 }
 
 Status SequenceKv::Resize(int32_t capacity) {
@@ -251,6 +368,7 @@ Status SequenceKv::Resize(int32_t capacity) {
                         " tokens per head to " + std::to_string(capacity) + " slots");
     }
   }
+  if (pool_ != nullptr) return Status::Ok();  // keeps its slots; holds only the blocks used
   const KvGeometry g = geometry_;
   std::vector<Tensor> old_k = std::move(k_), old_v = std::move(v_), old_score = std::move(score_);
   std::vector<int32_t> old_pos = std::move(slot_pos_);

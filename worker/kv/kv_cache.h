@@ -3,6 +3,14 @@
 // table and an accumulated attention score per slot. Slots are reused in place (a free list per
 // head), never compacted during a step. The eviction policy plans which slots go; this class
 // applies the plan. With the full policy, slot == position.
+//
+// On a device (a KvBlockPool given to Create) the slot bookkeeping stays on the host and the data
+// stays on the device: K, V, scores and the slot -> position table live in the pool's blocks,
+// taken as the sequence's slots grow; WriteLayer and EvictLayer run the backend's KvWrite and
+// KvEvict ops. The device picks each head's eviction victims (a lowest-(score, position)
+// kernel); their slot numbers (not K, V or scores) reach the host's free lists at the next
+// AppendPositions, after the step's results were read. Eviction counts are the same for every
+// head, so occupancy is known at once.
 #pragma once
 
 #include <cstdint>
@@ -11,8 +19,10 @@
 
 #include "common/status.h"
 #include "common/tensor.h"
+#include "kernels/backend.h"
 #include "kernels/op_table.h"
 #include "worker/kv/eviction_policy.h"
+#include "worker/kv/kv_pool.h"
 
 namespace deja::worker::kv {
 
@@ -42,14 +52,19 @@ class SequenceKv {
   // largest chunk appended in one step otherwise. ResourceExhausted when it cannot be allocated.
   static StatusOr<std::unique_ptr<SequenceKv>> Create(
       const KvGeometry& geometry, int32_t capacity,
-      std::unique_ptr<EvictionPolicy> policy = MakeFullPolicy());
+      std::unique_ptr<EvictionPolicy> policy = MakeFullPolicy(),
+      std::shared_ptr<KvBlockPool> pool = nullptr);
 
   const KvGeometry& geometry() const { return geometry_; }
   const EvictionPolicy& policy() const { return *policy_; }
   int32_t capacity() const { return capacity_; }
   // Tokens appended so far (the next token's position).
   int32_t length() const { return length_; }
+  // The most this cache can hold (admission reserves it).
   size_t bytes() const { return geometry_.SlotBytes() * capacity_; }
+  // What it holds now: bytes() on the host; its pool blocks on a device.
+  size_t held_bytes() const;
+  bool on_device() const { return pool_ != nullptr; }
   // Occupied slots summed over layers and heads, and evictions so far.
   int64_t cached_slots() const;
   int64_t evictions() const { return evictions_; }
@@ -61,16 +76,22 @@ class SequenceKv {
   int32_t free_slots() const;
   // Writes the keys/values of the last-appended `n` tokens of one layer, rounded to the cache's
   // dtype. k and v are f32 [n, heads * head_dim] (the projection's layout).
-  void WriteLayer(int32_t layer, int32_t n, const float* k, const float* v);
+  // On a device, k and v are in its memory (contiguous rows).
+  Status WriteLayer(int32_t layer, int32_t n, const float* k, const float* v);
   // The attention view of one layer (scores only when the policy uses them).
   kernels::KvView View(int32_t layer);
   // Applies the policy to every head of `layer` (after that layer's attention of the step).
-  void EvictLayer(int32_t layer);
+  Status EvictLayer(int32_t layer);
   // Moves occupied slots to the front and reallocates to `capacity` slots (after a prefill, a
-  // bounded policy needs only budget + 1). OutOfRange when a head holds more than that.
+  // bounded policy needs only budget + 1). OutOfRange when a head holds more than that. On a
+  // device the cache keeps its slots (it holds only the blocks it has used).
   Status Resize(int32_t capacity);
 
  private:
+  // Device mode: the victims of the last evictions into the host's free lists; blocks covering
+  // slots [0, slots).
+  Status FetchVictims();
+  Status EnsureBlocks(int32_t slots);
   SequenceKv(const KvGeometry& g, int32_t capacity, std::unique_ptr<EvictionPolicy> policy);
   Status Allocate();
   size_t HeadIndex(int32_t layer, int32_t head) const {
@@ -91,6 +112,16 @@ class SequenceKv {
   std::vector<int32_t> new_slots_;          // [layers, heads, n] of the last append
   int32_t last_n_ = 0;
   std::vector<int32_t> plan_;  // scratch for eviction plans
+
+  // Device mode.
+  std::shared_ptr<KvBlockPool> pool_;
+  std::vector<int32_t> blocks_;  // the sequence's blocks, slot s in blocks_[s / block_slots]
+  Tensor blocks_dev_;            // the same table on the device
+  Tensor victims_dev_;           // [layers, heads, victim_cap_] of the last evictions
+  int32_t victim_cap_ = 0;
+  std::vector<int32_t> layer_excess_;  // per layer: victims per head waiting for FetchVictims
+  std::vector<int32_t> victims_;       // host copy
+  std::vector<int32_t> positions_;     // scratch: the positions WriteLayer writes
 };
 
 }  // namespace deja::worker::kv

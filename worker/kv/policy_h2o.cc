@@ -21,6 +21,8 @@ class H2OPolicy final : public EvictionPolicy {
   CachePolicyKind kind() const override { return CachePolicyKind::kH2O; }
   int32_t budget() const override { return heavy_ + recent_; }
   bool needs_scores() const override { return true; }
+  int32_t recent() const override { return recent_; }
+  bool mean_score() const override { return mean_score_; }
 
   void Plan(const HeadSlots& head, std::vector<int32_t>* evict) const override {
     if (head.occupied <= budget()) return;

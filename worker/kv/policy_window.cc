@@ -10,6 +10,7 @@ class WindowPolicy final : public EvictionPolicy {
   CachePolicyKind kind() const override { return CachePolicyKind::kWindow; }
   int32_t budget() const override { return recent_; }
   bool needs_scores() const override { return false; }
+  int32_t recent() const override { return recent_; }
   void Plan(const HeadSlots& head, std::vector<int32_t>* evict) const override {
     if (head.occupied <= recent_) return;
     const int32_t oldest_kept = head.length - recent_;

@@ -45,13 +45,15 @@ StatusOr<GenerationResult> Generate(
   if (options.max_new_tokens == 0) return result;
 
   sampling::Sampler sampler(options.sampling);
+  // On a device the logits stay there when the top candidates decide the choice.
+  const bool full_logits = !sampler.CanChooseFromTop(kDeviceTopCandidates);
   std::vector<int32_t> history = prompt;
   StepResult step;
   const int32_t vocab = static_cast<int32_t>(model.config().vocab_size);
   auto t0 = std::chrono::steady_clock::now();
   for (size_t done = 0; done < prompt.size();) {
     int32_t n = static_cast<int32_t>(std::min<size_t>(options.prefill_chunk, prompt.size() - done));
-    SequenceStep s{kv.get(), prompt.data() + done, n, false, options.sparse};
+    SequenceStep s{kv.get(), prompt.data() + done, n, false, options.sparse, full_logits};
     DEJA_RETURN_IF_ERROR(model.Forward({s}, &step));
     done += n;
   }
@@ -64,8 +66,11 @@ StatusOr<GenerationResult> Generate(
   result.kv_bytes = kv->bytes();
   const int32_t eos = static_cast<int32_t>(model.config().eos_token_id);
   for (int32_t i = 0; i < options.max_new_tokens; ++i) {
-    DEJA_ASSIGN_OR_RETURN(sampling::TokenChoice c,
-                          sampler.Choose(step.logits.as<float>(), vocab, history));
+    DEJA_ASSIGN_OR_RETURN(
+        sampling::TokenChoice c,
+        step.top_k > 0 && !full_logits
+            ? sampler.ChooseFromTop(step.top_logprobs.data(), step.top_ids.data(), step.top_k)
+            : sampler.Choose(step.logits.as<float>(), vocab, history));
     history.push_back(c.id);
     if (on_token) on_token(c);
     result.tokens.push_back(c);
@@ -74,7 +79,7 @@ StatusOr<GenerationResult> Generate(
       break;
     }
     if (i + 1 == options.max_new_tokens) break;
-    SequenceStep s{kv.get(), &history.back(), 1, false, options.sparse};
+    SequenceStep s{kv.get(), &history.back(), 1, false, options.sparse, full_logits};
     DEJA_RETURN_IF_ERROR(model.Forward({s}, &step));
   }
   result.decode_seconds = Seconds(t1, std::chrono::steady_clock::now());

@@ -26,7 +26,14 @@ struct SequenceStep {
   int32_t n = 0;            // new tokens (>= 1)
   bool all_logits = false;  // logits for every new token, else only for the last one
   bool sparse = false;      // Deja Vu sparsity for this sequence (when predictors are set)
+  // Whether the caller reads this sequence's rows of StepResult::logits. On a device backend,
+  // false leaves them on the device: only StepResult's top candidates of its rows come back
+  // (host backends always fill the logits and no candidates).
+  bool full_logits = true;
 };
+
+// Candidates a device backend returns per logits row (StepResult::top_*).
+inline constexpr int32_t kDeviceTopCandidates = 64;
 
 // Sees the intermediate tensors of a forward pass (`deja collect` records predictor training
 // rows with it). Called on the forward thread; the views are valid only during the call. Rows
@@ -45,6 +52,12 @@ class LayerObserver {
 struct StepResult {
   Tensor logits;                 // f32 [rows, vocab] (rank 0 after the vocab gather)
   std::vector<int32_t> row_seq;  // batch index of each logits row
+  // Device backends: per logits row, the top_k most likely tokens under log_softmax of the row
+  // (ids and log-probs, best first, ties to the lower id), computed on the device: [rows, top_k].
+  // top_k is 0 on host backends (read `logits`).
+  int32_t top_k = 0;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
   // Deja Vu: the fraction of this rank's attention heads and MLP neurons the step computed,
   // averaged over layers (1 when the step ran dense).
   float active_head_fraction = 1.0f;
@@ -89,6 +102,14 @@ struct LoadOptions {
   // How every sequence's KV cache stores K and V: f32, or f16 (half the bytes per cached token,
   // so twice the sequences in the same memory; attention widens in registers). `--kv-dtype`.
   DType kv_dtype = DType::kF32;
+  // Device backends: the KV pool's size, `--kv-memory-mb` when > 0, else this fraction of the
+  // device memory free after the weights (`--kv-memory-fraction`), in blocks of kv_block_slots
+  // slots per (layer, head) (worker/kv/kv_pool.h).
+  int64_t kv_memory_bytes = 0;
+  float kv_memory_fraction = 0.8f;
+  int32_t kv_block_slots = 32;
+  // Device backends: the pinned buffer weights stream through (worker/model/weight_upload.h).
+  size_t staging_bytes = size_t{64} << 20;
 };
 
 class Model {

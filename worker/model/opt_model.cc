@@ -7,6 +7,7 @@
 #include "common/thread_pool.h"
 #include "kernels/ops.h"
 #include "worker/dejavu/sparse_runtime.h"
+#include "worker/model/weight_upload.h"
 
 namespace deja::worker::model {
 namespace {
@@ -44,10 +45,14 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
                            DTypeName(options.kv_dtype) + " KV cache");
   }
   m->kv_dtype_ = options.kv_dtype;
-  if (options.weight_dtype.has_value()) {
+  m->on_device_ = !backend->device().is_host();
+  if (m->on_device_) {
+    DEJA_RETURN_IF_ERROR(m->LoadToDevice(options));
+  } else if (options.weight_dtype.has_value()) {
     DEJA_RETURN_IF_ERROR(ConvertMatrices(&m->w_, *options.weight_dtype));
   }
-  if (backend->PrefersTiled(m->w_.layers.empty() ? DType::kF32 : m->w_.layers[0].fc1.w.dtype)) {
+  if (!m->on_device_ &&
+      backend->PrefersTiled(m->w_.layers.empty() ? DType::kF32 : m->w_.layers[0].fc1.w.dtype)) {
     TileMatrices(&m->w_);
   }
 
@@ -61,12 +66,14 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
       LinearBytes(m->w_.lm_head) + LinearBytes(m->w_.project_in) + LinearBytes(m->w_.project_out);
   m->weight_bytes_ = bytes;
   // Page the rank's weights in now, so the first request does not pay for the page faults.
-  for (const OptLayerWeights& l : m->w_.layers) {
-    for (const LinearWeights* lw : {&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2}) {
-      Checkpoint::Prefetch(lw->w);
+  if (!m->on_device_) {
+    for (const OptLayerWeights& l : m->w_.layers) {
+      for (const LinearWeights* lw : {&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2}) {
+        Checkpoint::Prefetch(lw->w);
+      }
     }
+    Checkpoint::Prefetch(m->w_.lm_head.w);
   }
-  Checkpoint::Prefetch(m->w_.lm_head.w);
   LOG(INFO) << "loaded " << dir << " rank " << shard.rank << "/" << shard.world << ": "
             << m->config_.num_hidden_layers << " layers, " << bytes / (1 << 20) << " MiB of "
             << DTypeName(m->weight_dtype()) << " weights on this rank";
@@ -75,7 +82,58 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
 
 OptModel::~OptModel() = default;
 
+// The device path: weights streamed to the device, then a KV block pool from what memory is left.
+Status OptModel::LoadToDevice(const LoadOptions& options) {
+  kernels::Backend& be = *backend_;
+  if (comm_->world_size() > 1) {
+    return Unimplemented("tensor parallelism on " + be.device().ToString() +
+                         " needs a device communicator; run one rank per device with --tp 1");
+  }
+  if (options.weight_dtype.has_value() && *options.weight_dtype != DType::kBF16) {
+    return InvalidArgument(std::string("weights can be converted to bf16 only, not ") +
+                           DTypeName(*options.weight_dtype));
+  }
+  UploadOptions up;
+  up.matrix_dtype = options.weight_dtype;
+  up.staging_bytes = options.staging_bytes;
+  DEJA_RETURN_IF_ERROR(UploadWeights(&w_, *ckpt_, be, up, nullptr));
+  ckpt_.reset();  // every tensor is on the device now: unmap the files
+
+  const kv::KvGeometry g = kv_geometry();
+  const int64_t block_bytes = kv::KvBlockPool::BlockBytes(g, options.kv_block_slots);
+  int64_t bytes = options.kv_memory_bytes;
+  if (bytes <= 0) {
+    if (!(options.kv_memory_fraction > 0.f && options.kv_memory_fraction < 1.f)) {
+      return InvalidArgument("kv memory fraction must be in (0, 1), not " +
+                             std::to_string(options.kv_memory_fraction));
+    }
+    size_t free_bytes = 0, total_bytes = 0;
+    DEJA_RETURN_IF_ERROR(be.MemoryInfo(&free_bytes, &total_bytes));
+    bytes = static_cast<int64_t>(static_cast<double>(free_bytes) * options.kv_memory_fraction);
+  }
+  const int64_t blocks = bytes / block_bytes;
+  if (blocks < 1) {
+    return ResourceExhausted("a KV pool of " + std::to_string(bytes >> 20) +
+                             " MiB holds no block of " + std::to_string(block_bytes) + " bytes");
+  }
+  DEJA_ASSIGN_OR_RETURN(kv_pool_,
+                        kv::KvBlockPool::Create(backend_, g, options.kv_block_slots, blocks));
+  LOG(INFO) << "KV pool on " << be.device().ToString() << ": " << blocks << " blocks of "
+            << options.kv_block_slots << " slots, " << (blocks * block_bytes >> 20) << " MiB ("
+            << blocks * options.kv_block_slots << " tokens per head)";
+  return Status::Ok();
+}
+
+StatusOr<Tensor> OptModel::Alloc(DType dtype, Shape shape) const {
+  if (!on_device_) return Tensor::Empty(dtype, shape);
+  return backend_->Allocate(dtype, shape);
+}
+
 Status OptModel::EnableSparsity(const SparsityOptions& options) {
+  if (on_device_) {
+    return Unimplemented("Deja Vu sparsity runs on the CPU backend only, not on " +
+                         backend_->device().ToString());
+  }
   UntileMatrices(&w_);
   DEJA_ASSIGN_OR_RETURN(sparse_, dejavu::SparseRuntime::Create(options, config_, w_, *backend_,
                                                                comm_->rank(), comm_->world_size()));
@@ -108,29 +166,30 @@ StatusOr<std::unique_ptr<kv::SequenceKv>> OptModel::NewSequence(int32_t max_toke
                         kv::MakeEvictionPolicy(policy, prompt_tokens));
   int32_t capacity = max_tokens;
   if (p->budget() > 0) capacity = std::min(max_tokens, p->budget() + std::max(1, max_chunk));
-  return kv::SequenceKv::Create(kv_geometry(), capacity, std::move(p));
+  return kv::SequenceKv::Create(kv_geometry(), capacity, std::move(p), kv_pool_);
 }
 
-void OptModel::EnsureWorkspace(int64_t rows) {
-  if (rows <= ws_rows_) return;
+Status OptModel::EnsureWorkspace(int64_t rows) {
+  if (rows <= ws_rows_) return Status::Ok();
   const int64_t d = config_.hidden_size, p = config_.word_embed_proj_dim;
   const int64_t local = w_.local_heads * config_.head_dim();
-  h_ = Tensor::Empty(DType::kF32, {rows, d});
-  a_ = Tensor::Empty(DType::kF32, {rows, d});
-  o_ = Tensor::Empty(DType::kF32, {rows, d});
-  q_ = Tensor::Empty(DType::kF32, {rows, local});
-  k_ = Tensor::Empty(DType::kF32, {rows, local});
-  v_ = Tensor::Empty(DType::kF32, {rows, local});
-  ctx_ = Tensor::Empty(DType::kF32, {rows, local});
+  DEJA_ASSIGN_OR_RETURN(h_, Alloc(DType::kF32, {rows, d}));
+  DEJA_ASSIGN_OR_RETURN(a_, Alloc(DType::kF32, {rows, d}));
+  DEJA_ASSIGN_OR_RETURN(o_, Alloc(DType::kF32, {rows, d}));
+  DEJA_ASSIGN_OR_RETURN(q_, Alloc(DType::kF32, {rows, local}));
+  DEJA_ASSIGN_OR_RETURN(k_, Alloc(DType::kF32, {rows, local}));
+  DEJA_ASSIGN_OR_RETURN(v_, Alloc(DType::kF32, {rows, local}));
+  DEJA_ASSIGN_OR_RETURN(ctx_, Alloc(DType::kF32, {rows, local}));
   const bool stacked = std::any_of(w_.layers.begin(), w_.layers.end(), [](const auto& l) {
     return l.qkv.w.data != nullptr;  // q, k and v stacked (tiled weights)
   });
   if (stacked) {
-    qkv_ = Tensor::Empty(DType::kF32, {rows, 3 * local});
+    DEJA_ASSIGN_OR_RETURN(qkv_, Alloc(DType::kF32, {rows, 3 * local}));
   }
-  u_ = Tensor::Empty(DType::kF32, {rows, w_.local_ffn});
-  emb_ = Tensor::Empty(DType::kF32, {rows, std::max(p, d)});
+  DEJA_ASSIGN_OR_RETURN(u_, Alloc(DType::kF32, {rows, w_.local_ffn}));
+  DEJA_ASSIGN_OR_RETURN(emb_, Alloc(DType::kF32, {rows, std::max(p, d)}));
   ws_rows_ = rows;
+  return Status::Ok();
 }
 
 Status OptModel::Forward(const std::vector<SequenceStep>& batch, StepResult* result) {
@@ -154,7 +213,10 @@ Status OptModel::Forward(const std::vector<SequenceStep>& batch, StepResult* res
     rows += s.n;
   }
   if (rows == 0) return InvalidArgument("empty step");
-  EnsureWorkspace(rows);
+  if (on_device_ && observer_ != nullptr) {
+    return FailedPrecondition("layer observers (deja collect) read host memory; run on the CPU");
+  }
+  DEJA_RETURN_IF_ERROR(EnsureWorkspace(rows));
   ids_.clear();
   tok_pos_.clear();
   pos_rows_.clear();
@@ -308,10 +370,12 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
     const SequenceStep& s = batch[i];
     const int64_t row = seq_row_[i];
     // Strided rows (the stacked Linear's) only in decode steps: one row per sequence.
-    s.kv->WriteLayer(l, s.n, k_rows + row * kv_stride, v_rows + row * kv_stride);
+    DEJA_RETURN_IF_ERROR(
+        s.kv->WriteLayer(l, s.n, k_rows + row * kv_stride, v_rows + row * kv_stride));
     kernels::AttentionArgs args;
     args.q =
         TensorView{const_cast<float*>(q_rows) + row * q_stride, DType::kF32, Shape{s.n, width}};
+    args.q.device = q.device;
     args.scale = 1.0f / std::sqrt(static_cast<float>(hd));
     args.q_pos = tok_pos_.data() + row;
     args.kv = s.kv->View(l);
@@ -323,8 +387,7 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
       args.cache_heads = heads;
     }
     DEJA_RETURN_IF_ERROR(kernels::Attention(be, args));
-    s.kv->EvictLayer(l);
-    return Status::Ok();
+    return s.kv->EvictLayer(l);
   };
   if (all_decode && batch.size() > 1 && be.pool() != nullptr) {
     // A decode step on a backend whose ops run on host threads (it has a pool): one pool job over
@@ -391,20 +454,30 @@ Status OptModel::MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in,
 Status OptModel::Logits(const std::vector<SequenceStep>& batch, int64_t rows, StepResult* result) {
   const int64_t d = config_.hidden_size, p = config_.word_embed_proj_dim;
   kernels::Backend& be = *backend_;
-  // Gather the rows that need logits into a_ (contiguous).
+  // Gather the rows that need logits into a_ (contiguous): on the host by copies, on a device by
+  // an embedding lookup with h_ as the table.
   result->row_seq.clear();
+  logit_rows_.clear();
   int64_t out_rows = 0, row = 0;
-  const float* hs = h_.as<float>();
-  float* dst = a_.as<float>();
   for (size_t b = 0; b < batch.size(); ++b) {
     const SequenceStep& s = batch[b];
     int32_t first = s.all_logits ? 0 : s.n - 1;
     for (int32_t i = first; i < s.n; ++i) {
-      std::memcpy(dst + out_rows * d, hs + (row + i) * d, d * sizeof(float));
+      logit_rows_.push_back(static_cast<int32_t>(row + i));
       result->row_seq.push_back(static_cast<int32_t>(b));
       ++out_rows;
     }
     row += s.n;
+  }
+  if (on_device_) {
+    DEJA_RETURN_IF_ERROR(kernels::Embedding(be, Rows(h_, row, d), logit_rows_.data(), out_rows,
+                                            false, Rows(a_, out_rows, d)));
+  } else {
+    const float* hs = h_.as<float>();
+    float* dst = a_.as<float>();
+    for (int64_t r = 0; r < out_rows; ++r) {
+      std::memcpy(dst + r * d, hs + static_cast<int64_t>(logit_rows_[r]) * d, d * sizeof(float));
+    }
   }
   TensorView x = Rows(a_, out_rows, d);
   if (w_.final_ln.present()) {
@@ -422,6 +495,8 @@ Status OptModel::Logits(const std::vector<SequenceStep>& batch, int64_t rows, St
       result->logits.shape()[1] != vocab) {
     result->logits = Tensor::Empty(DType::kF32, {out_rows, vocab});
   }
+  result->top_k = 0;
+  if (on_device_) return DeviceLogits(batch, x, out_rows, result);
   if (comm_->world_size() == 1) {
     TensorView out = Rows(result->logits, out_rows, vocab);
     return kernels::Linear(be, x, w_.lm_head.w, {}, kernels::Activation::kNone, false, out);
@@ -453,6 +528,47 @@ Status OptModel::Logits(const std::vector<SequenceStep>& batch, int64_t rows, St
     }
   }
   return Status::Ok();
+}
+
+// One rank on a device (LoadToDevice): the logits stay on the device. Rows of sequences that want
+// them are copied to the host; every row's top candidates (log_softmax, then top-k, on the
+// device) come back for token selection.
+Status OptModel::DeviceLogits(const std::vector<SequenceStep>& batch, const TensorView& x,
+                              int64_t out_rows, StepResult* result) {
+  kernels::Backend& be = *backend_;
+  const int64_t vocab = config_.vocab_size;
+  constexpr int32_t k = kDeviceTopCandidates;
+  if (logits_dev_.empty() || logits_dev_.shape()[0] < out_rows) {
+    const int64_t rows = std::max(out_rows, ws_rows_);
+    DEJA_ASSIGN_OR_RETURN(logits_dev_, Alloc(DType::kF32, {rows, vocab}));
+    DEJA_ASSIGN_OR_RETURN(top_dev_, Alloc(DType::kF32, {rows, 2 * k}));
+  }
+  TensorView out = Rows(logits_dev_, out_rows, vocab);
+  DEJA_RETURN_IF_ERROR(
+      kernels::Linear(be, x, w_.lm_head.w, {}, kernels::Activation::kNone, false, out));
+  // The rows of sequences that read logits, in runs of consecutive rows.
+  int64_t r = 0;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    int64_t n = 0;
+    while (r + n < out_rows && result->row_seq[r + n] == static_cast<int32_t>(b)) ++n;
+    if (batch[b].full_logits && n > 0) {
+      const size_t bytes = static_cast<size_t>(n * vocab) * sizeof(float);
+      DEJA_RETURN_IF_ERROR(be.CopyDeviceToHost(result->logits.as<float>() + r * vocab,
+                                               out.as<float>() + r * vocab, bytes));
+    }
+    r += n;
+  }
+  const int32_t kk = static_cast<int32_t>(std::min<int64_t>(k, vocab));
+  DEJA_RETURN_IF_ERROR(kernels::LogSoftmax(be, out, out));
+  float* values = top_dev_.as<float>();
+  int32_t* ids = reinterpret_cast<int32_t*>(values + out_rows * kk);
+  DEJA_RETURN_IF_ERROR(kernels::TopK(be, out, kk, values, ids));
+  result->top_k = kk;
+  result->top_logprobs.resize(static_cast<size_t>(out_rows * kk));
+  result->top_ids.resize(static_cast<size_t>(out_rows * kk));
+  DEJA_RETURN_IF_ERROR(be.CopyDeviceToHost(result->top_logprobs.data(), values,
+                                           result->top_logprobs.size() * sizeof(float)));
+  return be.CopyDeviceToHost(result->top_ids.data(), ids, result->top_ids.size() * sizeof(int32_t));
 }
 
 }  // namespace deja::worker::model

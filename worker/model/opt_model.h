@@ -16,6 +16,7 @@
 #include "kernels/backend.h"
 #include "worker/comm/communicator.h"
 #include "worker/kv/kv_cache.h"
+#include "worker/kv/kv_pool.h"
 #include "worker/model/model.h"
 #include "worker/model/opt_weights.h"
 
@@ -54,10 +55,15 @@ class OptModel final : public Model {
   OptModel() = default;
   Status Layer(int32_t l, const std::vector<SequenceStep>& batch, int64_t rows);
   Status Logits(const std::vector<SequenceStep>& batch, int64_t rows, StepResult* result);
+  Status DeviceLogits(const std::vector<SequenceStep>& batch, const TensorView& x, int64_t out_rows,
+                      StepResult* result);
   Status AttentionBlock(int32_t l, const std::vector<SequenceStep>& batch, int64_t rows,
                         const TensorView& attn_in, const dejavu::BlockPlan* heads);
   Status MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in, const dejavu::BlockPlan* plan);
-  void EnsureWorkspace(int64_t rows);
+  Status EnsureWorkspace(int64_t rows);
+  // Host memory on host backends, the device's otherwise.
+  StatusOr<Tensor> Alloc(DType dtype, Shape shape) const;
+  Status LoadToDevice(const LoadOptions& options);
 
   OptConfig config_;
   std::unique_ptr<Checkpoint> ckpt_;
@@ -67,6 +73,12 @@ class OptModel final : public Model {
   int64_t weight_bytes_ = 0;
   DType kv_dtype_ = DType::kF32;
   LayerObserver* observer_ = nullptr;
+  // Device backends: weights, workspace, KV (a block pool) and logits live in device memory; the
+  // host reads back only the logits rows.
+  bool on_device_ = false;
+  std::shared_ptr<kv::KvBlockPool> kv_pool_;
+  Tensor logits_dev_, top_dev_;  // top_dev_: [rows, 2 * kDeviceTopCandidates] values, then ids
+  std::vector<int32_t> logit_rows_;
   std::unique_ptr<dejavu::SparseRuntime> sparse_;
   bool step_sparse_ = false;  // this step has sparse rows (sparse_ plans the blocks)
   std::unique_ptr<dejavu::BlockPlan> heads_plan_, mlp_plan_;

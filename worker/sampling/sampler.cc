@@ -163,4 +163,61 @@ StatusOr<TokenChoice> Sampler::Choose(const float* logits, int32_t vocab,
   return choice;
 }
 
+bool Sampler::CanChooseFromTop(int32_t k) const {
+  if (params_.repetition_penalty != 1.0f || params_.top_n > k) return false;
+  return !params_.do_sample || (params_.top_k > 0 && params_.top_k <= k);
+}
+
+StatusOr<TokenChoice> Sampler::ChooseFromTop(const float* logprobs, const int32_t* ids, int32_t k) {
+  if (k <= 0) return InvalidArgument("no candidates to choose from");
+  if (!std::isfinite(logprobs[0])) {
+    return Internal("the logits row's best log-probability is " + std::to_string(logprobs[0]) +
+                    " (a NaN or no finite logit in the row)");
+  }
+  TokenChoice choice;
+  int32_t at = 0;  // index into the candidates
+  if (params_.do_sample) {
+    // As Choose: (logit - max) / T over the top_k candidates; log-probs differ from logits by
+    // the row's log-sum-exp, which the shift by the max removes.
+    const int32_t keep_k = std::min(params_.top_k, k);
+    const float t = params_.temperature;
+    probs_.resize(keep_k);
+    double total = 0.0;
+    for (int32_t i = 0; i < keep_k; ++i) {
+      const float l = (logprobs[i] - logprobs[0]) / t;
+      probs_[i] = std::exp(static_cast<double>(l));
+      total += probs_[i];
+    }
+    int32_t keep = keep_k;
+    if (params_.top_p < 1.0f) {
+      double cum = 0.0;
+      int32_t n = 0;
+      while (n < keep) {
+        cum += probs_[n] / total;
+        ++n;
+        if (cum >= params_.top_p) break;
+      }
+      keep = n;
+      total = 0.0;
+      for (int32_t i = 0; i < keep; ++i) total += probs_[i];
+    }
+    std::uniform_real_distribution<double> uni(0.0, total);
+    double r = uni(rng_), acc = 0.0;
+    at = keep - 1;
+    for (int32_t i = 0; i < keep; ++i) {
+      acc += probs_[i];
+      if (r < acc) {
+        at = i;
+        break;
+      }
+    }
+  }
+  choice.id = ids[at];
+  choice.logprob = logprobs[at];
+  for (int32_t i = 0; i < std::min(params_.top_n, k); ++i) {
+    choice.top.emplace_back(ids[i], logprobs[i]);
+  }
+  return choice;
+}
+
 }  // namespace deja::worker::sampling

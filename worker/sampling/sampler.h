@@ -49,6 +49,15 @@ class Sampler {
   StatusOr<TokenChoice> Choose(const float* logits, int32_t vocab,
                                const std::vector<int32_t>& history);
 
+  // Whether the `k` most likely tokens of a row decide this sampler's choice and report: greedy
+  // or top-k sampling with top_k <= k, no repetition penalty, top_n <= k.
+  bool CanChooseFromTop(int32_t k) const;
+  // The same choice as Choose from a row's k best (log-prob, id) pairs under log_softmax of the
+  // row, best first, ties to the lower id (a device's top candidates, model::StepResult); the
+  // same RNG draws. INTERNAL when the best log-prob is not finite (the row held a NaN or no
+  // finite logit).
+  StatusOr<TokenChoice> ChooseFromTop(const float* logprobs, const int32_t* ids, int32_t k);
+
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;

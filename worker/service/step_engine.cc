@@ -245,8 +245,13 @@ Status StepEngine::Run(const deja::v1::StepRequest& req, deja::v1::StepResponse*
     uint32_t sparse_sequences = 0;
     for (size_t i : run) {
       const Planned& p = plan[i];
+      // On a device the logits stay there unless all of them are wanted or the sampler needs
+      // the whole row (the top candidates decide greedy and small top-k choices).
+      const bool full = p.work->want_all_logits() ||
+                        (p.work->sample() && p.seq->sampler != nullptr &&
+                         !p.seq->sampler->CanChooseFromTop(model::kDeviceTopCandidates));
       batch.push_back({p.seq->kv.get(), p.work->tokens().data(), p.work->tokens_size(),
-                       p.work->want_all_logits(), p.seq->sparse});
+                       p.work->want_all_logits(), p.seq->sparse, full});
       sparse_sequences += p.seq->sparse ? 1 : 0;
     }
     const comm::CollectiveStats before = Stats(model_->comm());
@@ -322,8 +327,12 @@ void StepEngine::Sample(const std::vector<Planned>& plan, const std::vector<size
       }
     }
     if (p.work->sample() && row > first) {
+      const int32_t k = step_.top_k;
       StatusOr<sampling::TokenChoice> chosen =
-          p.seq->sampler->Choose(logits + (row - 1) * vocab_, vocab_, p.seq->history);
+          k > 0 && p.seq->sampler->CanChooseFromTop(k)
+              ? p.seq->sampler->ChooseFromTop(step_.top_logprobs.data() + (row - 1) * k,
+                                              step_.top_ids.data() + (row - 1) * k, k)
+              : p.seq->sampler->Choose(logits + (row - 1) * vocab_, vocab_, p.seq->history);
       if (!chosen.ok()) {
         // This sequence's numerics failed; the others' rows are their own.
         r->set_error_code(static_cast<int32_t>(chosen.status().code()));

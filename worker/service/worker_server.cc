@@ -219,7 +219,16 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
     LOG(INFO) << "rank " << options_.rank << ": Gloo group of " << options_.world_size
               << " built (epoch " << epoch << ")";
   }
-  backend_ = kernels::MakeCpuBackend(options_.threads);
+  if (options_.device.is_host()) {
+    backend_ = kernels::MakeCpuBackend(options_.threads);
+  } else {
+    StatusOr<std::unique_ptr<kernels::Backend>> b = kernels::MakeCudaBackend(options_.device.index);
+    if (!b.ok()) {
+      return FailedPrecondition("--device " + options_.device.ToString() +
+                                " is not usable: " + b.status().ToString());
+    }
+    backend_ = std::move(*b);
+  }
   DEJA_ASSIGN_OR_RETURN(
       model_, model::LoadModel(options_.model_dir, backend_.get(), std::move(comm), options_.load));
   if (options_.sparsity_requested()) {

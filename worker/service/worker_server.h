@@ -39,6 +39,7 @@ struct WorkerOptions {
   // when listening on every interface).
   std::string advertise;
   int threads = 0;  // CPU threads, 0 = one per core
+  Device device = Device::Host();  // --device: the CPU, or a GPU (weights, KV pool, compute)
   uint64_t kv_memory_bytes = 1ull << 30;
   std::chrono::milliseconds connect_timeout{60000};     // reaching the coordinator
   std::chrono::milliseconds collective_timeout{30000};  // Gloo rendezvous and collectives

@@ -1,0 +1,126 @@
+// The KV-cache writes on the device: KvWrite (new tokens' keys and values into their slots) and
+// KvEvict (each head's lowest-ranked old slots freed), on contiguous and paged caches alike
+// (slots addressed as KvSlotIndex in kernels/op_table.h).
+#include <cstdint>
+
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/launch.h"
+
+namespace deja::kernels::cuda {
+namespace {
+
+constexpr int kWriteThreads = 256;
+// KvEvict: one block per head; candidates are compared a tile of this many at a time.
+constexpr int kEvictThreads = 256;
+
+// Grid-stride over (head, token, dim): consecutive threads write consecutive elements of a row.
+// The dim-0 thread of each (head, token) also sets the slot's position and clears its score.
+__global__ void KvWriteKernel(KvWriteLaunch a) {
+  const int64_t d = a.head_dim, n = a.n;
+  const int64_t total = static_cast<int64_t>(a.heads) * n * d;
+  const int64_t width = static_cast<int64_t>(a.heads) * d;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = e % d, r = e / d;
+    const int64_t i = r % n, h = r / n;
+    const int64_t at = SlotIndex(a.slots, h, a.dst_slots[h * n + i]);
+    const int64_t src = i * width + h * d + c;
+    StoreF(a.k, a.dtype, at * d + c, a.src_k[src]);
+    StoreF(a.v, a.dtype, at * d + c, a.src_v[src]);
+    if (c == 0) {
+      a.slot_pos[at] = a.positions[i];
+      if (a.score != nullptr) a.score[at] = 0.f;
+    }
+  }
+}
+
+// A candidate's rank key: lower goes first, ties by the lower position (positions are distinct
+// within a head, so the order is total). kMeanScore divides in f32, as the host policy does.
+__device__ __forceinline__ float RankKey(const KvEvictLaunch& a, int64_t at, int32_t pos) {
+  switch (a.rank) {
+    case EvictRank::kScore:
+      return a.score[at];
+    case EvictRank::kMeanScore:
+      return a.score[at] / static_cast<float>(a.length - pos);
+    default:
+      return 0.f;  // kPosition: the tie-break alone
+  }
+}
+
+__device__ __forceinline__ bool Lower(float key, int32_t pos, float other_key, int32_t other_pos) {
+  return key < other_key || (key == other_key && pos < other_pos);
+}
+
+// One block per head. A candidate's rank is the number of candidates below it; those with rank
+// < excess are the victims, written to victims[h * excess + rank]. Each thread owns one slot of a
+// chunk of blockDim slots and counts the candidates below it, a tile of blockDim slots at a time
+// through shared memory (O(used^2 / blockDim) comparisons, O(used^2 / blockDim) reads, all from
+// L2 after the first chunk); a thread stops counting at `excess`, and a tile loop ends when no
+// thread of the block still counts, so small excesses (decode's 1) cost about one pass per chunk.
+// Slots are freed only after all counting, since freeing changes the candidate set.
+__global__ void __launch_bounds__(kEvictThreads) KvEvictKernel(KvEvictLaunch a) {
+  __shared__ float tile_key[kEvictThreads];
+  __shared__ int32_t tile_pos[kEvictThreads];  // -1: not a candidate
+  const int32_t h = static_cast<int32_t>(blockIdx.x);
+  int32_t* victims = a.victims + static_cast<int64_t>(h) * a.excess;
+  for (int32_t j = threadIdx.x; j < a.excess; j += blockDim.x) victims[j] = -1;
+  __syncthreads();  // the -1s land before any victim is written
+
+  for (int32_t chunk = 0; chunk < a.used; chunk += blockDim.x) {
+    const int32_t s = chunk + static_cast<int32_t>(threadIdx.x);
+    int32_t pos = -1;
+    float key = 0.f;
+    if (s < a.used) {
+      const int64_t at = SlotIndex(a.slots, h, s);
+      pos = a.slot_pos[at];
+      if (pos >= a.oldest_recent) pos = -1;
+      if (pos >= 0) key = RankKey(a, at, pos);
+    }
+    int32_t below = 0;
+    for (int32_t base = 0; base < a.used; base += blockDim.x) {
+      if (!__syncthreads_or(pos >= 0 && below < a.excess)) break;  // also guards the tile reuse
+      const int32_t o = base + static_cast<int32_t>(threadIdx.x);
+      int32_t o_pos = -1;
+      float o_key = 0.f;
+      if (o < a.used) {
+        const int64_t at = SlotIndex(a.slots, h, o);
+        o_pos = a.slot_pos[at];
+        if (o_pos >= a.oldest_recent) o_pos = -1;
+        if (o_pos >= 0) o_key = RankKey(a, at, o_pos);
+      }
+      tile_key[threadIdx.x] = o_key;
+      tile_pos[threadIdx.x] = o_pos;
+      __syncthreads();
+      if (pos >= 0 && below < a.excess) {
+        const int32_t n = min(static_cast<int32_t>(blockDim.x), a.used - base);
+        for (int32_t j = 0; j < n; ++j) {
+          if (tile_pos[j] >= 0 && Lower(tile_key[j], tile_pos[j], key, pos)) ++below;
+        }
+      }
+    }
+    if (pos >= 0 && below < a.excess) victims[below] = s;
+  }
+  __syncthreads();  // every victim is chosen (and written) before any slot is freed
+  for (int32_t j = threadIdx.x; j < a.excess; j += blockDim.x) {
+    const int32_t s = victims[j];
+    if (s < 0) continue;
+    const int64_t at = SlotIndex(a.slots, h, s);
+    a.slot_pos[at] = -1;
+    if (a.score != nullptr) a.score[at] = 0.f;
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchKvWrite(const KvWriteLaunch& a, cudaStream_t stream) {
+  const int64_t total = static_cast<int64_t>(a.heads) * a.n * a.head_dim;
+  KvWriteKernel<<<GridFor(total, kWriteThreads), kWriteThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchKvEvict(const KvEvictLaunch& a, cudaStream_t stream) {
+  KvEvictKernel<<<static_cast<unsigned>(a.heads), kEvictThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace deja::kernels::cuda

@@ -1,0 +1,212 @@
+#include "tests/common/sim_device.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "kernels/op_table.h"
+
+namespace deja::test_util {
+namespace {
+
+using kernels::Backend;
+using kernels::OpTable;
+
+// All simulated device memory: one reserved range of address space (no access until opened),
+// handed out first-fit in whole pages, so opening and closing it is one mprotect each. Shared by
+// every simulated backend of the process, never destroyed.
+class Arena {
+ public:
+  static constexpr size_t kBytes = size_t{4} << 30;
+
+  Arena() {
+    page_ = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    base_ = static_cast<char*>(
+        ::mmap(nullptr, kBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+    if (base_ == MAP_FAILED) base_ = nullptr;
+    if (base_ != nullptr) free_[0] = kBytes;
+  }
+  // nullptr when it does not fit.
+  void* Take(size_t bytes) {
+    const size_t len = (std::max<size_t>(bytes, 1) + page_ - 1) / page_ * page_;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second < len) continue;
+      const size_t off = it->first, rest = it->second - len;
+      free_.erase(it);
+      if (rest > 0) free_[off + len] = rest;
+      used_[off] = len;
+      if (open_depth_ > 0) ::mprotect(base_ + off, len, PROT_READ | PROT_WRITE);
+      return base_ + off;
+    }
+    return nullptr;
+  }
+  void Give(void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = used_.find(static_cast<char*>(p) - base_);
+    if (it == used_.end()) return;
+    size_t off = it->first, len = it->second;
+    used_.erase(it);
+    ::madvise(base_ + off, len, MADV_DONTNEED);  // the next user sees no old data either
+    auto next = free_.lower_bound(off);          // merge with the neighbours
+    if (next != free_.end() && next->first == off + len) {
+      len += next->second;
+      free_.erase(next);
+    }
+    auto prev = free_.lower_bound(off);
+    if (prev != free_.begin()) {
+      --prev;
+      if (prev->first + prev->second == off) {
+        off = prev->first;
+        len += prev->second;
+        free_.erase(prev);
+      }
+    }
+    free_[off] = len;
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (open_depth_++ == 0) Protect(PROT_READ | PROT_WRITE);
+  }
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--open_depth_ == 0) Protect(PROT_NONE);
+  }
+
+ private:
+  // Only the span that holds allocations.
+  void Protect(int prot) {
+    if (used_.empty()) return;
+    const size_t end = used_.rbegin()->first + used_.rbegin()->second;
+    ::mprotect(base_, end, prot);
+  }
+
+  std::mutex mu_;
+  size_t page_ = 4096;
+  char* base_ = nullptr;
+  std::map<size_t, size_t> free_, used_;  // offset -> length
+  int open_depth_ = 0;
+};
+
+Arena& TheArena() {
+  static Arena* a = new Arena;
+  return *a;
+}
+
+// Opens device memory for one scope (an op or a copy).
+struct Opened {
+  Opened() { TheArena().Open(); }
+  ~Opened() { TheArena().Close(); }
+};
+
+void FreeRegion(void* p) { TheArena().Give(p); }
+
+// The backends whose ops do the work: the CPU backend's for the dense ops (fast; they get the CPU
+// backend itself, with its thread pool), the reference for the ones that read paged KV views and
+// for conversions. Shared by every simulated backend of the process, never destroyed.
+enum class Inner { kCpu, kReference };
+Backend& InnerBackend(Inner which) {
+  static Backend* cpu = kernels::MakeCpuBackend(2).release();
+  static Backend* ref = kernels::MakeReferenceBackend().release();
+  return which == Inner::kCpu ? *cpu : *ref;
+}
+
+// One trampoline per op: the inner backend's function with device memory opened around it.
+template <typename Fn, Fn OpTable::*Member, Inner Which>
+struct Wrap;
+template <typename R, typename... A, R (*OpTable::*Member)(Backend&, A...), Inner Which>
+struct Wrap<R (*)(Backend&, A...), Member, Which> {
+  static R Call(Backend&, A... args) {
+    Opened open;
+    Backend& inner = InnerBackend(Which);
+    return (inner.ops().*Member)(inner, args...);
+  }
+};
+
+class SimDeviceBackend final : public Backend {
+ public:
+  explicit SimDeviceBackend(size_t memory) : memory_(memory) {
+    Install<decltype(OpTable::embedding), &OpTable::embedding, Inner::kCpu>();
+    Install<decltype(OpTable::layer_norm), &OpTable::layer_norm, Inner::kCpu>();
+    Install<decltype(OpTable::linear), &OpTable::linear, Inner::kCpu>();
+    Install<decltype(OpTable::attention), &OpTable::attention, Inner::kReference>();
+    Install<decltype(OpTable::add), &OpTable::add, Inner::kCpu>();
+    Install<decltype(OpTable::log_softmax), &OpTable::log_softmax, Inner::kCpu>();
+    Install<decltype(OpTable::top_k), &OpTable::top_k, Inner::kCpu>();
+    Install<decltype(OpTable::gather_linear), &OpTable::gather_linear, Inner::kCpu>();
+    Install<decltype(OpTable::gather_linear_t), &OpTable::gather_linear_t, Inner::kCpu>();
+    Install<decltype(OpTable::kv_write), &OpTable::kv_write, Inner::kReference>();
+    Install<decltype(OpTable::kv_evict), &OpTable::kv_evict, Inner::kReference>();
+    Install<decltype(OpTable::convert), &OpTable::convert, Inner::kReference>();
+  }
+  kernels::BackendKind kind() const override { return kernels::BackendKind::kReference; }
+  std::string name() const override { return "sim"; }
+  Device device() const override { return Device{DeviceKind::kSim, 0}; }
+  const OpTable& ops() const override { return table_; }
+  bool Supports(kernels::OpId op, DType dtype) const override {
+    return kernels::SupportedByFullBackend(op, dtype);
+  }
+  bool SupportsPagedKv() const override { return true; }
+
+  StatusOr<Tensor> Allocate(DType dtype, Shape shape) override {
+    const size_t bytes = static_cast<size_t>(shape.numel()) * DTypeSize(dtype);
+    void* p = TheArena().Take(bytes);
+    if (p == nullptr) {
+      return ResourceExhausted("sim device: no room for " + std::to_string(bytes) + " bytes");
+    }
+    {
+      Opened open;  // fresh device memory is garbage, never zeros: poison it
+      std::memset(p, 0xa5, bytes);
+    }
+    return Tensor::Adopt(p, dtype, shape, device(), &FreeRegion);
+  }
+  Status CopyHostToDevice(void* dst, const void* src, size_t bytes) override {
+    Opened open;
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status CopyDeviceToHost(void* dst, const void* src, size_t bytes) override {
+    Opened open;
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status Memset(void* dst, int value, size_t bytes) override {
+    Opened open;
+    if (bytes > 0) std::memset(dst, value, bytes);
+    return Status::Ok();
+  }
+  Status Synchronize() override { return Status::Ok(); }
+  Status MemoryInfo(size_t* free_bytes, size_t* total_bytes) override {
+    *free_bytes = memory_;
+    *total_bytes = memory_;
+    return Status::Ok();
+  }
+
+ private:
+  template <typename Fn, Fn OpTable::*Member, Inner Which>
+  void Install() {
+    table_.*Member = &Wrap<Fn, Member, Which>::Call;
+  }
+
+  size_t memory_;
+  OpTable table_;
+};
+
+}  // namespace
+
+std::unique_ptr<kernels::Backend> MakeSimDeviceBackend(size_t memory_bytes) {
+  return std::make_unique<SimDeviceBackend>(memory_bytes);
+}
+
+StatusOr<std::unique_ptr<kernels::Backend>> MakeTestBackend(const std::string& device) {
+  if (device == "cpu") return kernels::MakeCpuBackend(2);
+  if (device == "sim") return MakeSimDeviceBackend();
+  if (device == "cuda") return kernels::MakeCudaBackend(0);
+  return InvalidArgument("unknown test device " + device);
+}
+
+}  // namespace deja::test_util

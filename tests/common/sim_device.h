@@ -1,0 +1,29 @@
+// A simulated device for tests on machines without a GPU: a Backend whose memory is host memory
+// that the host may not touch. Allocate maps fresh pages with no access (PROT_NONE), filled with
+// garbage; the backend's ops (the CPU backend's dense ops, the reference's paged-KV ops and
+// conversions) and its copies open every region for their duration and close them again. Code that
+// reads or writes device memory outside the backend, as a device path must never do, dies with
+// SIGSEGV at the offending access. It lets the model's device path (weights streamed in, workspace,
+// paged KV, device-side eviction, logits read back) run and be checked against the CPU here, with
+// the reference ops standing in for the CUDA ones. One thread at a time.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "kernels/backend.h"
+
+namespace deja::test_util {
+
+// `memory_bytes` is what MemoryInfo reports as free and total.
+std::unique_ptr<kernels::Backend> MakeSimDeviceBackend(size_t memory_bytes = size_t{16} << 20);
+
+// The devices a device-parameterised model test runs on: "cpu" (2 threads), "sim" and "cuda"
+// (cuda:0; Unavailable with the CUDA reason where there is none: the test skips with it). Tests
+// whose parameter names contain "cuda" carry the ctest label gpu (tests/CMakeLists.txt).
+inline std::vector<std::string> TestDevices() { return {"cpu", "sim", "cuda"}; }
+StatusOr<std::unique_ptr<kernels::Backend>> MakeTestBackend(const std::string& device);
+
+}  // namespace deja::test_util

@@ -1,0 +1,107 @@
+#include "worker/kv/kv_pool.h"
+
+#include <string>
+
+#include "worker/kv/kv_cache.h"
+
+namespace deja::worker::kv {
+
+int64_t KvBlockPool::BlockBytes(const KvGeometry& g, int32_t block_slots) {
+  return static_cast<int64_t>(g.layers) * g.heads * block_slots *
+         (2 * g.head_dim * static_cast<int64_t>(DTypeSize(g.kv_dtype)) + 8);
+}
+
+StatusOr<std::shared_ptr<KvBlockPool>> KvBlockPool::Create(kernels::Backend* backend,
+                                                           const KvGeometry& g, int32_t block_slots,
+                                                           int64_t blocks) {
+  if (backend == nullptr) return InvalidArgument("kv pool needs a backend");
+  if (g.layers <= 0 || g.heads <= 0 || g.head_dim <= 0) {
+    return InvalidArgument("kv pool geometry must be positive");
+  }
+  if (block_slots <= 0) return InvalidArgument("kv block size must be positive");
+  if (blocks <= 0 || blocks > (int64_t{1} << 31) - 1) {
+    return InvalidArgument("kv pool needs between 1 and 2^31 - 1 blocks, not " +
+                           std::to_string(blocks));
+  }
+  std::shared_ptr<KvBlockPool> p(new KvBlockPool());
+  p->backend_ = backend;
+  p->layers_ = g.layers;
+  p->heads_ = g.heads;
+  p->head_dim_ = g.head_dim;
+  p->kv_dtype_ = g.kv_dtype;
+  p->block_slots_ = block_slots;
+  p->total_ = blocks;
+  p->block_bytes_ = BlockBytes(g, block_slots);
+  p->block_stride_ = static_cast<int64_t>(g.layers) * g.heads * block_slots;
+  const int64_t slots = p->block_stride_ * blocks;
+  auto fail = [&](const Status& st) {
+    return ResourceExhausted("cannot allocate a KV pool of " + std::to_string(blocks) +
+                             " blocks (" + std::to_string(p->block_bytes_ * blocks >> 20) +
+                             " MiB) on " + backend->device().ToString() + ": " + st.ToString());
+  };
+  for (auto [t, dtype, cols] : {std::tuple{&p->k_, g.kv_dtype, int64_t{g.head_dim}},
+                                std::tuple{&p->v_, g.kv_dtype, int64_t{g.head_dim}},
+                                std::tuple{&p->score_, DType::kF32, int64_t{1}},
+                                std::tuple{&p->pos_, DType::kI32, int64_t{1}}}) {
+    StatusOr<Tensor> a = backend->Allocate(dtype, Shape{slots, cols});
+    if (!a.ok()) return fail(a.status());
+    *t = std::move(*a);
+  }
+  p->free_.reserve(static_cast<size_t>(blocks));
+  for (int64_t b = blocks - 1; b >= 0; --b) p->free_.push_back(static_cast<int32_t>(b));
+  return p;
+}
+
+int64_t KvBlockPool::free_blocks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(free_.size());
+}
+
+Status KvBlockPool::Take(int32_t n, std::vector<int32_t>* out) {
+  std::vector<int32_t> taken;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (n > static_cast<int32_t>(free_.size())) {
+      return ResourceExhausted("the KV pool has " + std::to_string(free_.size()) + " of " +
+                               std::to_string(total_) + " blocks free, " + std::to_string(n) +
+                               " needed");
+    }
+    taken.assign(free_.end() - n, free_.end());
+    free_.resize(free_.size() - n);
+  }
+  // Every slot of a fresh block is empty: positions -1 (all bytes 0xff), in stream order after
+  // the work that last read the block.
+  const size_t pos_bytes = static_cast<size_t>(block_stride_) * sizeof(int32_t);
+  for (int32_t b : taken) {
+    Status st = backend_->Memset(pos_.as<int32_t>() + static_cast<int64_t>(b) * block_stride_, 0xff,
+                                 pos_bytes);
+    if (!st.ok()) {
+      Give(taken);
+      return st;
+    }
+  }
+  out->insert(out->end(), taken.begin(), taken.end());
+  return Status::Ok();
+}
+
+void KvBlockPool::Give(const std::vector<int32_t>& blocks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.insert(free_.end(), blocks.begin(), blocks.end());
+}
+
+kernels::KvView KvBlockPool::LayerView(int32_t layer) const {
+  const int64_t offset = static_cast<int64_t>(layer) * heads_ * block_slots_;  // slots
+  const size_t es = DTypeSize(kv_dtype_);
+  kernels::KvView v;
+  v.k = static_cast<char*>(k_.data()) + offset * head_dim_ * es;
+  v.v = static_cast<char*>(v_.data()) + offset * head_dim_ * es;
+  v.slot_pos = pos_.as<int32_t>() + offset;
+  v.score = score_.as<float>() + offset;
+  v.dtype = kv_dtype_;
+  v.device = backend_->device();
+  v.block_slots = block_slots_;
+  v.block_stride = block_stride_;
+  return v;
+}
+
+}  // namespace deja::worker::kv

@@ -1,0 +1,65 @@
+// A device's KV memory (docs/architecture.md#kv-cache): one allocation per part (keys, values,
+// scores, slot positions) cut into blocks of `block_slots` slots for every (layer, head). A
+// sequence on that device takes blocks as its slots grow and gives them back when it ends, so it
+// holds the memory it has used rather than its maximum length. Blocks are laid out
+//   k, v:            [block][layer][head][block_slots][head_dim]  (kv_dtype)
+//   score, slot_pos: [block][layer][head][block_slots]            (f32, int32)
+// so one block table per sequence serves every layer and head (kernels/op_table.h KvSlotIndex).
+// The host keeps only the free list; the parts are touched by the backend's ops alone.
+// Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "common/status.h"
+#include "common/tensor.h"
+#include "kernels/backend.h"
+#include "kernels/op_table.h"
+
+namespace deja::worker::kv {
+
+struct KvGeometry;
+
+class KvBlockPool {
+ public:
+  // Bytes one block costs (all four parts).
+  static int64_t BlockBytes(const KvGeometry& g, int32_t block_slots);
+  // `blocks` blocks on `backend`'s device; ResourceExhausted naming the bytes when they do not
+  // fit.
+  static StatusOr<std::shared_ptr<KvBlockPool>> Create(kernels::Backend* backend,
+                                                       const KvGeometry& g, int32_t block_slots,
+                                                       int64_t blocks);
+
+  kernels::Backend& backend() const { return *backend_; }
+  int32_t block_slots() const { return block_slots_; }
+  int64_t total_blocks() const { return total_; }
+  int64_t free_blocks() const;
+  int64_t block_bytes() const { return block_bytes_; }
+
+  // Appends n blocks to *out, each with every slot empty (position -1); ResourceExhausted when
+  // fewer are free (nothing taken).
+  Status Take(int32_t n, std::vector<int32_t>* out);
+  void Give(const std::vector<int32_t>& blocks);
+
+  // The paged view of one layer (blocks, capacity, used and score are the sequence's to set).
+  kernels::KvView LayerView(int32_t layer) const;
+
+ private:
+  KvBlockPool() = default;
+
+  kernels::Backend* backend_ = nullptr;
+  int32_t layers_ = 0, heads_ = 0, head_dim_ = 0;
+  DType kv_dtype_ = DType::kF32;
+  int32_t block_slots_ = 0;
+  int64_t total_ = 0;
+  int64_t block_bytes_ = 0;
+  int64_t block_stride_ = 0;  // slots per block: layers * heads * block_slots
+  Tensor k_, v_, score_, pos_;
+  mutable std::mutex mu_;
+  std::vector<int32_t> free_;  // next at the back
+};
+
+}  // namespace deja::worker::kv

@@ -1,0 +1,159 @@
+#include "worker/model/weight_upload.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include "kernels/ops.h"
+
+namespace deja::worker::model {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Every weight view of `w` with whether it is a matrix (converted by matrix_dtype). The lm head
+// is listed only when it is not tied to the embedding table.
+std::vector<std::pair<TensorView*, bool>> Views(OptWeights* w, bool* tied) {
+  const char* table = static_cast<const char*>(w->embed_tokens.data);
+  const char* head = static_cast<const char*>(w->lm_head.w.data);
+  *tied = table != nullptr && head >= table && head < table + w->embed_tokens.bytes() &&
+          w->lm_head.w.dtype == w->embed_tokens.dtype;
+  std::vector<std::pair<TensorView*, bool>> v;
+  auto linear = [&](LinearWeights* l) {
+    v.push_back({&l->w, true});
+    v.push_back({&l->bias, false});
+  };
+  v.push_back({&w->embed_tokens, true});
+  v.push_back({&w->embed_positions, true});
+  linear(&w->project_in);
+  linear(&w->project_out);
+  v.push_back({&w->final_ln.gamma, false});
+  v.push_back({&w->final_ln.beta, false});
+  for (OptLayerWeights& l : w->layers) {
+    for (NormWeights* n : {&l.attn_ln, &l.ffn_ln}) {
+      v.push_back({&n->gamma, false});
+      v.push_back({&n->beta, false});
+    }
+    for (LinearWeights* lw : {&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2}) linear(lw);
+  }
+  if (!*tied)
+    linear(&w->lm_head);
+  else
+    v.push_back({&w->lm_head.bias, false});
+  return v;
+}
+
+DType Target(const TensorView& v, bool matrix, std::optional<DType> matrix_dtype) {
+  return matrix && matrix_dtype.has_value() ? *matrix_dtype : v.dtype;
+}
+
+std::string Mib(int64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+
+}  // namespace
+
+int64_t DeviceWeightBytes(const OptWeights& w, std::optional<DType> matrix_dtype) {
+  bool tied = false;
+  int64_t bytes = 0;
+  for (auto [v, matrix] : Views(const_cast<OptWeights*>(&w), &tied)) {
+    if (v->data == nullptr) continue;
+    bytes += v->numel() * static_cast<int64_t>(DTypeSize(Target(*v, matrix, matrix_dtype)));
+  }
+  return bytes;
+}
+
+Status UploadWeights(OptWeights* w, const Checkpoint& ckpt, kernels::Backend& be,
+                     const UploadOptions& options, UploadStats* stats) {
+  if (w->layers.empty() || w->embed_tokens.data == nullptr) {
+    return InvalidArgument("no weights to upload");
+  }
+  for (const OptLayerWeights& l : w->layers) {
+    if (l.qkv.w.data != nullptr || l.q.w.layout != Layout::kRowMajor) {
+      return InvalidArgument("tiled weights cannot be uploaded; load them row-major");
+    }
+  }
+  const int64_t need = DeviceWeightBytes(*w, options.matrix_dtype);
+  size_t free_bytes = 0, total_bytes = 0;
+  Status mem = be.MemoryInfo(&free_bytes, &total_bytes);
+  if (mem.ok() && static_cast<int64_t>(free_bytes) < need) {
+    return ResourceExhausted("the weights need " + Mib(need) + " of " + be.device().ToString() +
+                             " memory, " + Mib(static_cast<int64_t>(free_bytes)) + " of " +
+                             Mib(static_cast<int64_t>(total_bytes)) + " are free");
+  }
+  const size_t staging = std::max<size_t>(options.staging_bytes, size_t{1} << 20);
+  DEJA_ASSIGN_OR_RETURN(Tensor pinned, be.AllocatePinned(staging));
+  Tensor dev_stage;  // the source dtype on the device, before Convert
+  bool tied = false;
+  const auto views = Views(w, &tied);
+  const int64_t vocab_begin = w->vocab_begin, vocab_end = w->vocab_end;
+  std::vector<Tensor> storage;
+  UploadStats st;
+  const auto start = Clock::now();
+  auto last_log = start;
+  int64_t total_host = 0;
+  for (auto [v, matrix] : views) total_host += v->data != nullptr ? v->bytes() : 0;
+
+  for (auto [v, matrix] : views) {
+    if (v->data == nullptr) continue;
+    const TensorView src = *v;
+    const DType to = Target(src, matrix, options.matrix_dtype);
+    DEJA_ASSIGN_OR_RETURN(Tensor dst, be.Allocate(to, src.shape));
+    const size_t src_es = DTypeSize(src.dtype), dst_es = DTypeSize(to);
+    const int64_t n = src.numel();
+    const int64_t chunk = static_cast<int64_t>(staging / src_es);
+    if (to != src.dtype && dev_stage.empty()) {
+      DEJA_ASSIGN_OR_RETURN(dev_stage,
+                            be.Allocate(DType::kF32, {static_cast<int64_t>(staging / 4)}));
+    }
+    for (int64_t i0 = 0; i0 < n; i0 += chunk) {
+      const int64_t m = std::min(chunk, n - i0);
+      const size_t len = static_cast<size_t>(m) * src_es;
+      std::memcpy(pinned.data(), static_cast<const char*>(src.data) + i0 * src_es, len);
+      char* out = static_cast<char*>(dst.data()) + i0 * dst_es;
+      if (to == src.dtype) {
+        DEJA_RETURN_IF_ERROR(be.CopyHostToDevice(out, pinned.data(), len));
+        continue;
+      }
+      DEJA_RETURN_IF_ERROR(be.CopyHostToDevice(dev_stage.data(), pinned.data(), len));
+      TensorView from{dev_stage.data(), src.dtype, Shape{m}};
+      from.device = be.device();
+      TensorView into{out, to, Shape{m}};
+      into.device = be.device();
+      DEJA_RETURN_IF_ERROR(kernels::Convert(be, from, into));
+    }
+    ckpt.Release(src);
+    *v = dst.view();
+    v->shape = src.shape;
+    storage.push_back(std::move(dst));
+    ++st.tensors;
+    st.host_bytes += static_cast<int64_t>(src.bytes());
+    st.device_bytes += static_cast<int64_t>(storage.back().bytes());
+    const auto now = Clock::now();
+    if (std::chrono::duration<double>(now - last_log).count() >= options.log_every_seconds) {
+      const double s = std::chrono::duration<double>(now - start).count();
+      LOG(INFO) << "loading to " << be.device().ToString() << ": " << Mib(st.host_bytes) << " of "
+                << Mib(total_host) << ", " << st.tensors << " tensors, " << st.host_bytes / s / 1e9
+                << " GB/s";
+      last_log = now;
+    }
+  }
+  DEJA_RETURN_IF_ERROR(be.Synchronize());
+  if (tied) w->lm_head.w = w->embed_tokens.RowSlice(vocab_begin, vocab_end);
+  // The host copies (sliced or converted matrices) are no longer referenced.
+  for (OptLayerWeights& l : w->layers) {
+    for (LinearWeights* lw : {&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2}) lw->owned = Tensor();
+  }
+  for (LinearWeights* lw : {&w->project_in, &w->project_out, &w->lm_head}) lw->owned = Tensor();
+  w->converted = std::move(storage);
+  st.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  LOG(INFO) << "loaded " << Mib(st.host_bytes) << " (" << st.tensors << " tensors) to "
+            << be.device().ToString() << " in " << st.seconds << " s, "
+            << st.host_bytes / std::max(st.seconds, 1e-9) / 1e9 << " GB/s; " << Mib(st.device_bytes)
+            << " on the device";
+  if (stats != nullptr) *stats = st;
+  return Status::Ok();
+}
+
+}  // namespace deja::worker::model
