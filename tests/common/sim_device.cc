@@ -159,8 +159,10 @@ class SimDeviceBackend final : public Backend {
       return ResourceExhausted("sim device: no room for " + std::to_string(bytes) + " bytes");
     }
     {
-      Opened open;  // fresh device memory is garbage, never zeros: poison it
-      std::memset(p, 0xa5, bytes);
+      // Fresh device memory is garbage, never zeros: floats read as NaN, int32 (positions, block
+      // tables) as 0, a valid-looking slot position or block, so a missing initialisation shows.
+      Opened open;
+      std::memset(p, dtype == DType::kI32 ? 0 : 0xff, bytes);
     }
     return Tensor::Adopt(p, dtype, shape, device(), &FreeRegion);
   }

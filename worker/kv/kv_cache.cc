@@ -161,6 +161,12 @@ int64_t SequenceKv::cached_slots() const {
   return n;
 }
 
+size_t SequenceKv::bytes() const {
+  if (pool_ == nullptr) return geometry_.SlotBytes() * capacity_;
+  const size_t bs = static_cast<size_t>(pool_->block_slots());
+  return (static_cast<size_t>(capacity_) + bs - 1) / bs * static_cast<size_t>(pool_->block_bytes());
+}
+
 size_t SequenceKv::held_bytes() const {
   if (pool_ == nullptr) return bytes();
   return blocks_.size() * static_cast<size_t>(pool_->block_bytes());

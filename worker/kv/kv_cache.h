@@ -60,8 +60,8 @@ class SequenceKv {
   int32_t capacity() const { return capacity_; }
   // Tokens appended so far (the next token's position).
   int32_t length() const { return length_; }
-  // The most this cache can hold (admission reserves it).
-  size_t bytes() const { return geometry_.SlotBytes() * capacity_; }
+  // The most this cache can hold (admission reserves it); on a device, in whole pool blocks.
+  size_t bytes() const;
   // What it holds now: bytes() on the host; its pool blocks on a device.
   size_t held_bytes() const;
   bool on_device() const { return pool_ != nullptr; }

@@ -123,6 +123,9 @@ class Model {
   virtual int64_t weight_bytes() const = 0;
   virtual DType weight_dtype() const = 0;
   virtual comm::Communicator& comm() = 0;
+  // Bytes of the device KV block pool the caches draw from (worker/kv/kv_pool.h); 0 on host
+  // backends, whose caches are allocated per sequence.
+  virtual int64_t kv_pool_bytes() const { return 0; }
   // Not owned; nullptr detaches. The observer must outlive the forward passes it watches.
   virtual void set_observer(LayerObserver* observer) = 0;
 

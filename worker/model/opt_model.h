@@ -40,6 +40,9 @@ class OptModel final : public Model {
   int64_t weight_bytes() const override { return weight_bytes_; }
   DType weight_dtype() const override { return w_.lm_head.w.dtype; }
   comm::Communicator& comm() override { return *comm_; }
+  int64_t kv_pool_bytes() const override {
+    return kv_pool_ ? kv_pool_->total_blocks() * kv_pool_->block_bytes() : 0;
+  }
   void set_observer(LayerObserver* observer) override { observer_ = observer; }
 
   StatusOr<std::unique_ptr<kv::SequenceKv>> NewSequence(int32_t max_tokens) const override;

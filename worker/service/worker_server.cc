@@ -242,9 +242,14 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
                                         : "predictors " + so.predictors)
               << "), default " << (options_.sparsity_default ? "on" : "off");
   }
-  DEJA_ASSIGN_OR_RETURN(engine_, StepEngine::Create(model_.get(), options_.kv_memory_bytes));
+  // On a device the KV block pool is the budget (--kv-memory-mb, or the fraction of free memory
+  // asked for, in whole blocks).
+  const uint64_t kv_budget = model_->kv_pool_bytes() > 0
+                                 ? static_cast<uint64_t>(model_->kv_pool_bytes())
+                                 : options_.kv_memory_bytes;
+  DEJA_ASSIGN_OR_RETURN(engine_, StepEngine::Create(model_.get(), kv_budget));
   // Freed sequences' caches are kept for the next ones up to the budget the admission allows.
-  kv::SetKvTensorPoolLimit(options_.kv_memory_bytes);
+  kv::SetKvTensorPoolLimit(kv_budget);
   service_->loaded.store(true);
   LOG(INFO) << "rank " << options_.rank << ": shard of " << options_.model_dir << " loaded ("
             << model_->weight_bytes() << " weight bytes)";
@@ -252,7 +257,7 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
   service_->warmed_up.store(true);
   LOG(INFO) << "rank " << options_.rank << ": warmed up, ready after "
             << std::chrono::duration<double>(Clock::now() - t0).count() << " s; KV budget "
-            << options_.kv_memory_bytes << " bytes, " << engine_->kv_bytes_per_token()
+            << kv_budget << " bytes, " << engine_->kv_bytes_per_token()
             << " bytes per cached position";
   return Status::Ok();
 }
