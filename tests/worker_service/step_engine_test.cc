@@ -10,6 +10,7 @@
 
 #include "kernels/backend.h"
 #include "tests/comm/tp_util.h"
+#include "tests/common/sim_device.h"
 #include "tests/worker_service/step_util.h"
 #include "worker/model/generation.h"
 
@@ -23,19 +24,35 @@ using test_util::NextChunk;
 
 constexpr int32_t kNewTokens = 8;
 
-class StepEngineTest : public ::testing::Test {
+// Parameter: the device (tests/common/sim_device.h). On devices the step's tokens are chosen
+// from the device's top candidates unless a sequence needs whole rows.
+class StepEngineTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    backend_ = kernels::MakeCpuBackend(1);
-    auto m = model::LoadModel(test_util::ModelDir(test_util::TpModelName()), backend_.get());
+    auto b = GetParam() == "cpu"
+                 ? StatusOr<std::unique_ptr<kernels::Backend>>(kernels::MakeCpuBackend(1))
+                 : test_util::MakeTestBackend(GetParam());
+    if (!b.ok()) GTEST_SKIP() << GetParam() << ": " << b.status().ToString();
+    backend_ = std::move(*b);
+    model::LoadOptions options;
+    options.kv_memory_bytes = 64ll << 20;  // a device's KV pool: the engine's budget
+    auto m = model::LoadModel(test_util::ModelDir(test_util::TpModelName()), backend_.get(),
+                              nullptr, options);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     model_ = std::move(*m);
-    auto engine = StepEngine::Create(model_.get(), 64ull << 20);
+    const int64_t pool = model_->kv_pool_bytes();
+    auto engine = StepEngine::Create(model_.get(), pool > 0 ? pool : 64ull << 20);
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     engine_ = std::move(*engine);
     ASSERT_TRUE(engine_->WarmUp().ok());
     prompts_ = test_util::TpPrompts(test_util::LoadGolden(test_util::TpModelName()));
     ASSERT_GE(prompts_.size(), 2u);
+  }
+
+  // What a sequence of `positions` reserves: whole 32-slot pool blocks on a device.
+  uint64_t Reserved(uint64_t positions) const {
+    if (GetParam() != "cpu") positions = (positions + 31) / 32 * 32;
+    return engine_->kv_bytes_per_token() * positions;
   }
 
   StepResponse Run(const StepRequest& req) {
@@ -72,7 +89,7 @@ class StepEngineTest : public ::testing::Test {
   std::vector<std::vector<int32_t>> prompts_;
 };
 
-TEST_F(StepEngineTest, PrefillAndDecodeMatchGenerate) {
+TEST_P(StepEngineTest, PrefillAndDecodeMatchGenerate) {
   const uint64_t baseline = engine_->Usage().free_bytes();
   const std::vector<int32_t>& p = prompts_.back();
   StepRequest req;
@@ -84,8 +101,7 @@ TEST_F(StepEngineTest, PrefillAndDecodeMatchGenerate) {
   EXPECT_EQ(resp.results(0).top(0).id(), resp.results(0).token_id());
   EXPECT_LE(resp.results(0).logprob(), 0.f);
   EXPECT_EQ(resp.kv().sequences(), 1u);
-  EXPECT_EQ(baseline - resp.kv().free_bytes(),
-            engine_->kv_bytes_per_token() * (p.size() + kNewTokens));
+  EXPECT_EQ(baseline - resp.kv().free_bytes(), Reserved(p.size() + kNewTokens));
   auto got = Decode(resp, {7}, {static_cast<uint32_t>(p.size())});
   EXPECT_EQ(got[0], test_util::ReferenceGreedy(*model_, p, kNewTokens));
 
@@ -102,7 +118,7 @@ TEST_F(StepEngineTest, PrefillAndDecodeMatchGenerate) {
 
 // Budgets that reach the sequence's length, sent straight to a worker (even ones that overflow
 // 32 bits when added), keep every token: the full cache's reservation and greedy tokens.
-TEST_F(StepEngineTest, BudgetsReachingTheLengthActAsTheFullCache) {
+TEST_P(StepEngineTest, BudgetsReachingTheLengthActAsTheFullCache) {
   const uint64_t baseline = engine_->Usage().free_bytes();
   const std::vector<int32_t>& p = prompts_.back();
   StepRequest req;
@@ -114,15 +130,14 @@ TEST_F(StepEngineTest, BudgetsReachingTheLengthActAsTheFullCache) {
   *req.add_sequences() = first;
   StepResponse resp = Run(req);
   ASSERT_EQ(resp.error_code(), 0) << resp.error_message();
-  EXPECT_EQ(baseline - resp.kv().free_bytes(),
-            engine_->kv_bytes_per_token() * (p.size() + kNewTokens));
+  EXPECT_EQ(baseline - resp.kv().free_bytes(), Reserved(p.size() + kNewTokens));
   auto got = Decode(resp, {11}, {static_cast<uint32_t>(p.size())});
   EXPECT_EQ(got[0], test_util::ReferenceGreedy(*model_, p, kNewTokens));
 }
 
 // An H2O sequence through the step protocol gives what model::Generate gives under the same
 // budget; after its prompt its reservation shrinks to budget + 1 slots; release frees it all.
-TEST_F(StepEngineTest, H2OSequenceMatchesGenerateAndShrinksAfterPrefill) {
+TEST_P(StepEngineTest, H2OSequenceMatchesGenerateAndShrinksAfterPrefill) {
   const uint64_t baseline = engine_->Usage().free_bytes();
   const std::vector<int32_t>& p = prompts_.back();
   const uint32_t heavy = 3, recent = 2;
@@ -135,8 +150,10 @@ TEST_F(StepEngineTest, H2OSequenceMatchesGenerateAndShrinksAfterPrefill) {
   *req.add_sequences() = first;
   StepResponse resp = Run(req);
   ASSERT_EQ(resp.error_code(), 0) << resp.error_message();
-  EXPECT_EQ(baseline - resp.kv().free_bytes(),
-            engine_->kv_bytes_per_token() * (heavy + recent + 1));
+  if (GetParam() == "cpu") {  // a device cache keeps budget + chunk slots, in whole blocks
+    EXPECT_EQ(baseline - resp.kv().free_bytes(),
+              engine_->kv_bytes_per_token() * (heavy + recent + 1));
+  }
   auto got = Decode(resp, {9}, {static_cast<uint32_t>(p.size())});
   const uint64_t heads = model_->config().num_hidden_layers * model_->config().num_attention_heads;
   EXPECT_EQ(engine_->Usage().cached_tokens(), heads * (heavy + recent));
@@ -159,7 +176,7 @@ TEST_F(StepEngineTest, H2OSequenceMatchesGenerateAndShrinksAfterPrefill) {
   EXPECT_EQ(Run(release).kv().free_bytes(), baseline);
 }
 
-TEST_F(StepEngineTest, ChunkedPrefillAndBatchedSequencesMatchGenerate) {
+TEST_P(StepEngineTest, ChunkedPrefillAndBatchedSequencesMatchGenerate) {
   const std::vector<int32_t>& a = prompts_.back();
   const std::vector<int32_t>& b = prompts_[prompts_.size() - 2];
   ASSERT_GT(a.size(), 3u);
@@ -180,7 +197,7 @@ TEST_F(StepEngineTest, ChunkedPrefillAndBatchedSequencesMatchGenerate) {
   EXPECT_EQ(got[1], test_util::ReferenceGreedy(*model_, b, kNewTokens));
 }
 
-TEST_F(StepEngineTest, BadSequencesAreRefusedAloneAndChangeNothing) {
+TEST_P(StepEngineTest, BadSequencesAreRefusedAloneAndChangeNothing) {
   const std::vector<int32_t>& p = prompts_.back();
   StepRequest ok;
   ok.set_step_id(1);
@@ -250,11 +267,11 @@ TEST_F(StepEngineTest, BadSequencesAreRefusedAloneAndChangeNothing) {
 
 // A step whose sequences pass the KV budget together creates those that fit, in order, and
 // refuses the rest; a sequence repeated in a step runs once and its repeat is refused.
-TEST_F(StepEngineTest, BudgetAndRepeatsAreRefusedPerSequence) {
+TEST_P(StepEngineTest, BudgetAndRepeatsAreRefusedPerSequence) {
   const std::vector<int32_t>& p = prompts_.back();
   const deja::v1::KvUsage before = engine_->Usage();
   const uint32_t room = static_cast<uint32_t>(model_->config().max_position_embeddings - p.size());
-  const uint64_t each = engine_->kv_bytes_per_token() * (p.size() + room);
+  const uint64_t each = Reserved(p.size() + room);
   const uint64_t fit = before.free_bytes() / each;
   ASSERT_GE(fit, 1u);
   StepRequest req;
@@ -277,7 +294,7 @@ TEST_F(StepEngineTest, BudgetAndRepeatsAreRefusedPerSequence) {
 
 // One bad sequence among good ones, at every step of their generation: each good sequence gives
 // exactly the tokens it gives alone, and the bad one is refused each time.
-TEST_F(StepEngineTest, AFailingSequenceLeavesTheOthersTokensUnchanged) {
+TEST_P(StepEngineTest, AFailingSequenceLeavesTheOthersTokensUnchanged) {
   ASSERT_GE(prompts_.size(), 3u);
   const int32_t vocab = static_cast<int32_t>(model_->config().vocab_size);
   std::vector<uint64_t> ids = {21, 22, 23};
@@ -324,7 +341,10 @@ TEST_F(StepEngineTest, AFailingSequenceLeavesTheOthersTokensUnchanged) {
 // A window cache keeps budget + 1 slots once its prompt is in; a later chunk of more tokens than
 // are free is refused for that sequence, which stays as it was. It used to pass the checks and
 // fail the forward pass, which is fatal to the worker (found by fuzz_step).
-TEST_F(StepEngineTest, ChunkPastABoundedCacheAfterItsPromptIsRefused) {
+TEST_P(StepEngineTest, ChunkPastABoundedCacheAfterItsPromptIsRefused) {
+  if (GetParam() != "cpu") {
+    GTEST_SKIP() << "a device cache keeps budget + chunk slots after its prompt: the chunk fits";
+  }
   const std::vector<int32_t> p(prompts_.back().begin(), prompts_.back().begin() + 3);
   StepRequest first;
   first.set_step_id(1);
@@ -357,7 +377,7 @@ TEST_F(StepEngineTest, ChunkPastABoundedCacheAfterItsPromptIsRefused) {
   EXPECT_GE(r.results(0).token_id(), 0);
 }
 
-TEST_F(StepEngineTest, AllLogprobsAreLogSoftmaxRows) {
+TEST_P(StepEngineTest, AllLogprobsAreLogSoftmaxRows) {
   const std::vector<int32_t> p = {2, 10, 11, 12};
   StepRequest req;
   req.set_step_id(1);
@@ -373,6 +393,9 @@ TEST_F(StepEngineTest, AllLogprobsAreLogSoftmaxRows) {
   EXPECT_NEAR(r.results(0).all_logprobs(3 * vocab + r.results(0).token_id()),
               r.results(0).logprob(), 1e-5);
 }
+
+INSTANTIATE_TEST_SUITE_P(Devices, StepEngineTest, ::testing::ValuesIn(test_util::TestDevices()),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace deja::worker::service

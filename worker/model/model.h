@@ -126,6 +126,11 @@ class Model {
   // Bytes of the device KV block pool the caches draw from (worker/kv/kv_pool.h); 0 on host
   // backends, whose caches are allocated per sequence.
   virtual int64_t kv_pool_bytes() const { return 0; }
+  // What a cache of `capacity` slots per head reserves (SequenceKv::bytes of one from
+  // NewSequence): exact on the host, whole pool blocks on a device.
+  virtual uint64_t KvReserveBytes(int32_t capacity) const {
+    return kv_geometry().SlotBytes() * static_cast<uint64_t>(capacity);
+  }
   // Not owned; nullptr detaches. The observer must outlive the forward passes it watches.
   virtual void set_observer(LayerObserver* observer) = 0;
 

@@ -40,6 +40,11 @@ class OptModel final : public Model {
   int64_t weight_bytes() const override { return weight_bytes_; }
   DType weight_dtype() const override { return w_.lm_head.w.dtype; }
   comm::Communicator& comm() override { return *comm_; }
+  uint64_t KvReserveBytes(int32_t capacity) const override {
+    if (!kv_pool_) return Model::KvReserveBytes(capacity);
+    const int64_t bs = kv_pool_->block_slots();
+    return static_cast<uint64_t>((capacity + bs - 1) / bs * kv_pool_->block_bytes());
+  }
   int64_t kv_pool_bytes() const override {
     return kv_pool_ ? kv_pool_->total_blocks() * kv_pool_->block_bytes() : 0;
   }

@@ -43,9 +43,10 @@ comm::CollectiveStats Stats(const comm::Communicator& c) {
 
 StatusOr<std::unique_ptr<StepEngine>> StepEngine::Create(model::Model* model,
                                                          uint64_t kv_budget_bytes) {
-  // A cache's size is linear in its capacity, with no fixed part.
-  DEJA_ASSIGN_OR_RETURN(std::unique_ptr<kv::SequenceKv> one, model->NewSequence(1));
-  return std::unique_ptr<StepEngine>(new StepEngine(model, kv_budget_bytes, one->bytes()));
+  // A cache's size is linear in its capacity, with no fixed part (on a device, in whole pool
+  // blocks: Model::KvReserveBytes).
+  return std::unique_ptr<StepEngine>(
+      new StepEngine(model, kv_budget_bytes, model->kv_geometry().SlotBytes()));
 }
 
 StepEngine::StepEngine(model::Model* model, uint64_t kv_budget_bytes, uint64_t bytes_per_token)
@@ -131,7 +132,7 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
   sp.top_n = static_cast<int32_t>(c.top_n());
   if (Status v = sp.Validate(); !v.ok())
     return InvalidArgument(Seq(id) + "config.sampling." + v.message());
-  const uint64_t bytes = bytes_per_token_ * static_cast<uint64_t>(capacity);
+  const uint64_t bytes = model_->KvReserveBytes(static_cast<int32_t>(capacity));
   if (reserved_bytes_ + *new_bytes + bytes > budget_) {
     return ResourceExhausted(Seq(id) + "needs " + std::to_string(bytes) + " KV bytes, " +
                              std::to_string(budget_ - reserved_bytes_ - *new_bytes) +
