@@ -37,6 +37,32 @@ void TopN(const float* x, int32_t size, int32_t n, std::vector<int32_t>* out) {
   }
 }
 
+// An index into probs[0, keep) (unnormalised, best first, summing to `total`) drawn from the
+// smallest prefix whose mass reaches top_p (at least one entry; all of them when top_p is 1).
+int32_t DrawNucleus(const std::vector<double>& probs, int32_t keep, double total, float top_p,
+                    std::mt19937_64& rng) {
+  if (top_p < 1.0f) {
+    double cum = 0.0;
+    int32_t n = 0;
+    while (n < keep) {
+      cum += probs[n] / total;
+      ++n;
+      if (cum >= top_p) break;
+    }
+    keep = n;
+    total = 0.0;
+    for (int32_t i = 0; i < keep; ++i) total += probs[i];
+  }
+  std::uniform_real_distribution<double> uni(0.0, total);
+  const double r = uni(rng);
+  double acc = 0.0;
+  for (int32_t i = 0; i < keep; ++i) {
+    acc += probs[i];
+    if (r < acc) return i;
+  }
+  return keep - 1;
+}
+
 int32_t ArgMax(const float* x, int32_t n) {
   int32_t best = 0;
   for (int32_t i = 1; i < n; ++i)
@@ -131,28 +157,7 @@ StatusOr<TokenChoice> Sampler::Choose(const float* logits, int32_t vocab,
       probs[i] = std::exp(static_cast<double>(work_[order_[i]]) - mx);
       total += probs[i];
     }
-    if (params_.top_p < 1.0f) {  // smallest prefix whose mass reaches top_p (at least one)
-      double cum = 0.0;
-      int32_t n = 0;
-      while (n < keep) {
-        cum += probs[n] / total;
-        ++n;
-        if (cum >= params_.top_p) break;
-      }
-      keep = n;
-      total = 0.0;
-      for (int32_t i = 0; i < keep; ++i) total += probs[i];
-    }
-    std::uniform_real_distribution<double> uni(0.0, total);
-    double r = uni(rng_), acc = 0.0;
-    choice.id = order_[keep - 1];
-    for (int32_t i = 0; i < keep; ++i) {
-      acc += probs[i];
-      if (r < acc) {
-        choice.id = order_[i];
-        break;
-      }
-    }
+    choice.id = order_[DrawNucleus(probs, keep, total, params_.top_p, rng_)];
   }
   choice.logprob = logits[choice.id] - lse;
   if (params_.top_n > 0) {
@@ -188,29 +193,7 @@ StatusOr<TokenChoice> Sampler::ChooseFromTop(const float* logprobs, const int32_
       probs_[i] = std::exp(static_cast<double>(l));
       total += probs_[i];
     }
-    int32_t keep = keep_k;
-    if (params_.top_p < 1.0f) {
-      double cum = 0.0;
-      int32_t n = 0;
-      while (n < keep) {
-        cum += probs_[n] / total;
-        ++n;
-        if (cum >= params_.top_p) break;
-      }
-      keep = n;
-      total = 0.0;
-      for (int32_t i = 0; i < keep; ++i) total += probs_[i];
-    }
-    std::uniform_real_distribution<double> uni(0.0, total);
-    double r = uni(rng_), acc = 0.0;
-    at = keep - 1;
-    for (int32_t i = 0; i < keep; ++i) {
-      acc += probs_[i];
-      if (r < acc) {
-        at = i;
-        break;
-      }
-    }
+    at = DrawNucleus(probs_, keep_k, total, params_.top_p, rng_);
   }
   choice.id = ids[at];
   choice.logprob = logprobs[at];
