@@ -27,7 +27,11 @@ class H2OTest : public ::testing::TestWithParam<std::string> {
     auto b = test_util::MakeTestBackend(GetParam());
     if (!b.ok()) GTEST_SKIP() << GetParam() << ": " << b.status().ToString();
     backend_ = std::move(*b);
-    auto m = model::LoadModel(ModelDir("opt-mini"), backend_.get());
+    model::LoadOptions options;
+    // A GPU's KV pool: 256 MiB, not 80% of its memory per test (the simulated device's 16 MiB
+    // are small enough).
+    if (GetParam() == "cuda") options.kv_memory_bytes = 256ll << 20;
+    auto m = model::LoadModel(ModelDir("opt-mini"), backend_.get(), nullptr, options);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     model_ = std::move(*m);
   }

@@ -32,7 +32,11 @@ class OptGoldenTest : public ::testing::TestWithParam<std::tuple<std::string, st
     auto b = test_util::MakeTestBackend(Device());
     if (!b.ok()) GTEST_SKIP() << Device() << ": " << b.status().ToString();
     backend_ = std::move(*b);
-    auto m = model::LoadModel(ModelDir(Fixture()), backend_.get());
+    model::LoadOptions options;
+    // A GPU's KV pool: 256 MiB, not 80% of its memory per test (the simulated device's 16 MiB
+    // are small enough).
+    if (Device() == "cuda") options.kv_memory_bytes = 256ll << 20;
+    auto m = model::LoadModel(ModelDir(Fixture()), backend_.get(), nullptr, options);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     model_ = std::move(*m);
     golden_ = LoadGolden(Fixture());
