@@ -139,6 +139,7 @@ StatusOr<std::unique_ptr<Backend>> Create(int device) {
   DEJA_ASSIGN_OR_RETURN(ctx.stream, Stream::Create());
   DEJA_ASSIGN_OR_RETURN(ctx.cublas_workspace, DeviceBuffer::Allocate(kCublasWorkspaceBytes));
   DEJA_ASSIGN_OR_RETURN(ctx.cublas, CublasHandle::Create(ctx.stream.get(), ctx.cublas_workspace));
+  DEJA_ASSIGN_OR_RETURN(ctx.cublas_lt, CublasLtHandle::Create());
   ctx.sm_count = prop.multiProcessorCount;
   LOG(INFO) << "CUDA backend on device " << device << ": " << prop.name << ", sm_" << prop.major
             << prop.minor << ", " << (prop.totalGlobalMem >> 20) << " MiB";

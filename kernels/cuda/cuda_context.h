@@ -1,9 +1,11 @@
-// The per-device state the CUDA op table entries share (stream, cuBLAS handle, scratch) and the
-// entries themselves. Internal to kernels/cuda/.
+// The per-device state the CUDA op table entries share (stream, cuBLAS and cuBLASLt handles,
+// cached cuBLASLt matmul plans, scratch) and the entries themselves. Internal to kernels/cuda/.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <tuple>
 
 #include "common/status.h"
 #include "common/tensor.h"
@@ -12,13 +14,45 @@
 
 namespace deja::kernels::cuda {
 
-// Declaration order is destruction order reversed: the cuBLAS handle goes before its workspace
-// and everything before the stream.
+// What one cuBLASLt Linear GEMM is (linear.cc): the shape, the weight dtype (f16 or bf16), the
+// fused epilogue, whether it accumulates (beta = 1, C = D), and the alignments in bytes (a power
+// of two up to 256) of the weight, activation, output and bias pointers, which the heuristic's
+// choice depends on.
+struct LtMatmulKey {
+  int64_t m = 0, n = 0, k = 0;
+  DType dtype = DType::kF16;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  bool accumulate = false;
+  uint32_t align_w = 0, align_x = 0, align_out = 0, align_bias = 0;
+
+  bool operator<(const LtMatmulKey& o) const {
+    return std::tie(m, n, k, dtype, epilogue, accumulate, align_w, align_x, align_out, align_bias) <
+           std::tie(o.m, o.n, o.k, o.dtype, o.epilogue, o.accumulate, o.align_w, o.align_x,
+                    o.align_out, o.align_bias);
+  }
+};
+
+// The descriptors and the heuristic's algorithm for one LtMatmulKey, made on first use and reused,
+// so a repeated shape does no descriptor work (and CUDA-graph capture creates nothing).
+// `found` false: the heuristic offered no algorithm (cached too, so it is not asked again).
+struct LtMatmulPlan {
+  bool found = false;
+  LtMatmulDesc desc;
+  LtMatrixLayout w_layout, x_layout, out_layout;  // out_layout serves as both C and D
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace_bytes = 0;
+};
+
+// Declaration order is destruction order reversed: the cached cuBLASLt plans and the cuBLAS /
+// cuBLASLt handles go before the workspace they use, and everything before the stream.
 struct CudaContext {
   int device = 0;
   Stream stream;
   DeviceBuffer cublas_workspace;
   CublasHandle cublas;
+  CublasLtHandle cublas_lt;  // uses cublas_workspace too (passed per cublasLtMatmul)
+  // Linear's cuBLASLt plans; bounded by linear.cc (cleared when it reaches its cap).
+  std::map<LtMatmulKey, LtMatmulPlan> lt_plans;
   Workspace indices;     // host index arrays (Embedding ids, Attention q_pos and head_ids,
                          // gather rows, KvWrite slots and positions) staged on device
   Workspace narrow_x;    // Linear activations rounded to the f16/bf16 weight dtype

@@ -1,4 +1,4 @@
-// The RAII handles of cuda_handles.h and the CUDA/cuBLAS error translation.
+// The RAII handles of cuda_handles.h and the CUDA/cuBLAS/cuBLASLt error translation.
 #include "kernels/cuda/cuda_handles.h"
 
 #include <algorithm>
@@ -31,6 +31,15 @@ Status CublasStatus(cublasStatus_t status, const char* what) {
   if (status == CUBLAS_STATUS_SUCCESS) return Status::Ok();
   std::string m =
       std::string(what) + ": " + cublasGetStatusName(status) + ": " + cublasGetStatusString(status);
+  if (status == CUBLAS_STATUS_ALLOC_FAILED) return ResourceExhausted(std::move(m));
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return Unimplemented(std::move(m));
+  return Internal(std::move(m));
+}
+
+Status CublasLtStatus(cublasStatus_t status, const char* what) {
+  if (status == CUBLAS_STATUS_SUCCESS) return Status::Ok();
+  std::string m = std::string(what) + ": " + cublasLtGetStatusName(status) + ": " +
+                  cublasLtGetStatusString(status);
   if (status == CUBLAS_STATUS_ALLOC_FAILED) return ResourceExhausted(std::move(m));
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) return Unimplemented(std::move(m));
   return Internal(std::move(m));
@@ -141,6 +150,27 @@ CublasHandle::CublasHandle(CublasHandle&& other) noexcept
 CublasHandle& CublasHandle::operator=(CublasHandle&& other) noexcept {
   if (this != &other) {
     if (handle_ != nullptr) cublasDestroy(handle_);
+    handle_ = std::exchange(other.handle_, nullptr);
+  }
+  return *this;
+}
+
+StatusOr<CublasLtHandle> CublasLtHandle::Create() {
+  CublasLtHandle h;
+  DEJA_CUBLASLT_RETURN_IF_ERROR(cublasLtCreate(&h.handle_), "cublasLtCreate");
+  return h;
+}
+
+CublasLtHandle::~CublasLtHandle() {
+  if (handle_ != nullptr) cublasLtDestroy(handle_);
+}
+
+CublasLtHandle::CublasLtHandle(CublasLtHandle&& other) noexcept
+    : handle_(std::exchange(other.handle_, nullptr)) {}
+
+CublasLtHandle& CublasLtHandle::operator=(CublasLtHandle&& other) noexcept {
+  if (this != &other) {
+    if (handle_ != nullptr) cublasLtDestroy(handle_);
     handle_ = std::exchange(other.handle_, nullptr);
   }
   return *this;

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -44,14 +46,24 @@ struct LinearCase {
   }
 };
 
-// tiled: the weights go to the backend in Layout::kTiled16 (bf16 only).
-void CheckLinear(Backend& b, const LinearCase& c, uint32_t seed, bool tiled = false) {
-  SCOPED_TRACE(c.Label() + (tiled ? " tiled" : ""));
+// tiled: the weights go to the backend in Layout::kTiled16 (bf16 only). bias_dtype: the bias's
+// dtype when not the weights' (the CUDA backend fuses only an f32 bias into cuBLASLt). Without
+// accumulation the output starts as NaN, so a backend that reads it (a GEMM with beta != 0, an
+// epilogue adding into it) fails.
+void CheckLinear(Backend& b, const LinearCase& c, uint32_t seed, bool tiled = false,
+                 std::optional<DType> bias_dtype = std::nullopt) {
+  const DType bias_dt = bias_dtype.value_or(c.dtype);
+  SCOPED_TRACE(c.Label() + (tiled ? " tiled" : "") +
+               (bias_dt != c.dtype ? std::string(" bias ") + DTypeName(bias_dt) : ""));
   std::mt19937 rng(seed);
   Tensor x = RandomTensor(rng, DType::kF32, {c.m, c.k});
   Tensor w = RandomTensor(rng, c.dtype, {c.n, c.k});
-  Tensor bias = RandomTensor(rng, c.dtype, {c.n});
+  Tensor bias = RandomTensor(rng, bias_dt, {c.n});
   Tensor init = RandomTensor(rng, DType::kF32, {c.m, c.n});
+  if (!c.accumulate) {
+    std::fill(init.as<float>(), init.as<float>() + init.numel(),
+              std::numeric_limits<float>::quiet_NaN());
+  }
   const Activation act = c.relu ? Activation::kRelu : Activation::kNone;
   if (!Runs(b, OpId::kLinear, c.dtype, tiled ? Layout::kTiled16 : Layout::kRowMajor)) return;
 
@@ -106,6 +118,34 @@ TEST_P(CompareLinear, Epilogues) {
     for (DType dt : WeightDTypes())
       for (int v = 0; v < 8; ++v)
         CheckLinear(backend(), {m, 37, 70, dt, (v & 1) != 0, (v & 2) != 0, (v & 4) != 0}, seed++);
+}
+
+TEST_P(CompareLinear, BiasDTypes) {
+  // A bias whose dtype differs from the weights' (kernels/ops.h allows any float dtype): every
+  // (weight, bias) dtype pair with and without ReLU and accumulation. On CUDA an f32 bias on
+  // f16/bf16 weights is cuBLASLt's fused BIAS / RELU_BIAS epilogue (with beta = 1 when
+  // accumulating without ReLU); an f16/bf16 bias goes to the epilogue kernel.
+  const int64_t ms[] = {1, 5, cpu::kLinearSmallMMax + 1, 40};
+  const std::pair<int64_t, int64_t> nks[] = {{37, 70}, {64, 256}};
+  uint32_t seed = 2100;
+  for (int64_t m : ms)
+    for (auto [n, k] : nks)
+      for (DType dt : WeightDTypes())
+        for (DType bias_dt : WeightDTypes())
+          for (int v = 0; v < 4; ++v)
+            CheckLinear(backend(), {m, n, k, dt, true, (v & 1) != 0, (v & 2) != 0}, seed++,
+                        /*tiled=*/false, bias_dt);
+}
+
+TEST_P(CompareLinear, RepeatedShapes) {
+  // The same shapes again, with fresh inputs, in an order that alternates epilogues: the CUDA
+  // backend reuses its cached cuBLASLt plans, whose bias pointer must follow each call's.
+  uint32_t seed = 2150;
+  for (int round = 0; round < 2; ++round)
+    for (DType dt : {DType::kF16, DType::kBF16})
+      for (int v = 0; v < 8; ++v)
+        CheckLinear(backend(), {4, 64, 128, dt, (v & 1) != 0, (v & 2) != 0, (v & 4) != 0}, seed++,
+                    /*tiled=*/false, DType::kF32);
 }
 
 TEST_P(CompareLinear, ModelSized) {

@@ -14,40 +14,47 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Every weight view of `w` with whether it is a matrix (converted by matrix_dtype). The lm head
-// is listed only when it is not tied to the embedding table.
-std::vector<std::pair<TensorView*, bool>> Views(OptWeights* w, bool* tied) {
+// What a view is: a matrix (converted to matrix_dtype when set), a bias (f32 on the device, so
+// the GEMM epilogue can add it: cuBLASLt takes the output's dtype; N floats per layer) or a
+// LayerNorm parameter (as stored).
+enum class Kind { kMatrix, kBias, kNorm };
+
+// Every weight view of `w` with its kind. The lm head is listed only when it is not tied to the
+// embedding table.
+std::vector<std::pair<TensorView*, Kind>> Views(OptWeights* w, bool* tied) {
   const char* table = static_cast<const char*>(w->embed_tokens.data);
   const char* head = static_cast<const char*>(w->lm_head.w.data);
   *tied = table != nullptr && head >= table && head < table + w->embed_tokens.bytes() &&
           w->lm_head.w.dtype == w->embed_tokens.dtype;
-  std::vector<std::pair<TensorView*, bool>> v;
+  std::vector<std::pair<TensorView*, Kind>> v;
   auto linear = [&](LinearWeights* l) {
-    v.push_back({&l->w, true});
-    v.push_back({&l->bias, false});
+    v.push_back({&l->w, Kind::kMatrix});
+    v.push_back({&l->bias, Kind::kBias});
   };
-  v.push_back({&w->embed_tokens, true});
-  v.push_back({&w->embed_positions, true});
+  v.push_back({&w->embed_tokens, Kind::kMatrix});
+  v.push_back({&w->embed_positions, Kind::kMatrix});
   linear(&w->project_in);
   linear(&w->project_out);
-  v.push_back({&w->final_ln.gamma, false});
-  v.push_back({&w->final_ln.beta, false});
+  v.push_back({&w->final_ln.gamma, Kind::kNorm});
+  v.push_back({&w->final_ln.beta, Kind::kNorm});
   for (OptLayerWeights& l : w->layers) {
     for (NormWeights* n : {&l.attn_ln, &l.ffn_ln}) {
-      v.push_back({&n->gamma, false});
-      v.push_back({&n->beta, false});
+      v.push_back({&n->gamma, Kind::kNorm});
+      v.push_back({&n->beta, Kind::kNorm});
     }
     for (LinearWeights* lw : {&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2}) linear(lw);
   }
-  if (!*tied)
+  if (!*tied) {
     linear(&w->lm_head);
-  else
-    v.push_back({&w->lm_head.bias, false});
+  } else {
+    v.push_back({&w->lm_head.bias, Kind::kBias});
+  }
   return v;
 }
 
-DType Target(const TensorView& v, bool matrix, std::optional<DType> matrix_dtype) {
-  return matrix && matrix_dtype.has_value() ? *matrix_dtype : v.dtype;
+DType Target(const TensorView& v, Kind kind, std::optional<DType> matrix_dtype) {
+  if (kind == Kind::kBias) return DType::kF32;
+  return kind == Kind::kMatrix && matrix_dtype.has_value() ? *matrix_dtype : v.dtype;
 }
 
 std::string Mib(int64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
@@ -57,9 +64,9 @@ std::string Mib(int64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
 int64_t DeviceWeightBytes(const OptWeights& w, std::optional<DType> matrix_dtype) {
   bool tied = false;
   int64_t bytes = 0;
-  for (auto [v, matrix] : Views(const_cast<OptWeights*>(&w), &tied)) {
+  for (auto [v, kind] : Views(const_cast<OptWeights*>(&w), &tied)) {
     if (v->data == nullptr) continue;
-    bytes += v->numel() * static_cast<int64_t>(DTypeSize(Target(*v, matrix, matrix_dtype)));
+    bytes += v->numel() * static_cast<int64_t>(DTypeSize(Target(*v, kind, matrix_dtype)));
   }
   return bytes;
 }
@@ -93,12 +100,12 @@ Status UploadWeights(OptWeights* w, const Checkpoint& ckpt, kernels::Backend& be
   const auto start = Clock::now();
   auto last_log = start;
   int64_t total_host = 0;
-  for (auto [v, matrix] : views) total_host += v->data != nullptr ? v->bytes() : 0;
+  for (auto [v, kind] : views) total_host += v->data != nullptr ? v->bytes() : 0;
 
-  for (auto [v, matrix] : views) {
+  for (auto [v, kind] : views) {
     if (v->data == nullptr) continue;
     const TensorView src = *v;
-    const DType to = Target(src, matrix, options.matrix_dtype);
+    const DType to = Target(src, kind, options.matrix_dtype);
     DEJA_ASSIGN_OR_RETURN(Tensor dst, be.Allocate(to, src.shape));
     const size_t src_es = DTypeSize(src.dtype), dst_es = DTypeSize(to);
     const int64_t n = src.numel();

@@ -20,7 +20,8 @@ namespace deja::worker::model {
 
 struct UploadOptions {
   // The matrices' dtype on the device (Linear weights, embeddings, lm head); unset: as stored.
-  // Biases and LayerNorms keep their dtype.
+  // Biases become f32 (the GEMM epilogue adds them in the output's dtype); LayerNorms keep
+  // theirs.
   std::optional<DType> matrix_dtype;
   size_t staging_bytes = size_t{64} << 20;
   // Progress is logged at most this often (and at the end).
