@@ -276,6 +276,12 @@ int RunServe(int argc, char** argv, int first) {
     }
     DEJA_ASSIGN_OR_RETURN(Device device, DeviceFromFlags(args));
     if (!device.is_host()) {
+      if (sparsity.enabled) {
+        return InvalidArgument(
+            "--device " + device.ToString() +
+            ": Deja Vu sparsity runs on "
+            "the CPU backend only for now (drop --predictors/--sparsity-oracle)");
+      }
       if (lo.world_size > 1) {
         return InvalidArgument("--device " + device.ToString() + " serves one GPU per group " +
                                "for now: use --tp 1 (tensor parallelism across GPUs needs NCCL)");

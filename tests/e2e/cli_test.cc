@@ -168,6 +168,9 @@ TEST(CliTest, DeviceFlag) {
                              " --prompt hi --device cuda "
                              "--kv-memory-fraction 1.5"),
                      "--kv-memory-fraction must be in (0, 1)");
+  ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --device cuda --tp 2"), "--tp 1");
+  ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --device cuda --sparsity-oracle 0.5"),
+                     "Deja Vu sparsity runs on the CPU backend only");
   const CliRun probe = RunDeja("generate --model " + Mini() +
                                " --prompt hi --max-new-tokens 2 --device cuda --json");
   ASSERT_FALSE(probe.signaled) << probe.out;
