@@ -5,7 +5,9 @@
 // reads or writes device memory outside the backend, as a device path must never do, dies with
 // SIGSEGV at the offending access. It lets the model's device path (weights streamed in, workspace,
 // paged KV, device-side eviction, logits read back) run and be checked against the CPU here, with
-// the reference ops standing in for the CUDA ones. One thread at a time.
+// the CPU and reference ops standing in for the CUDA ones. All simulated memory is one reserved
+// range, opened and closed by one mprotect each; opening nests, so ops may run on several
+// threads.
 #pragma once
 
 #include <memory>
