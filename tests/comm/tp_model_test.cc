@@ -128,8 +128,8 @@ class TpModelTest : public ::testing::Test {
   int64_t heads_ = 0;
 };
 
-TEST_F(TpModelTest, ThreadsAtTp124Agree) {
-  for (int world : {1, 2, 4}) {
+TEST_F(TpModelTest, ThreadsAtTp1248Agree) {
+  for (int world : {1, 2, 4, 8}) {
     if (heads_ % world != 0) continue;
     ThreadRun run = RunThreads(dir_, world, prompts_);
     for (int r = 0; r < world; ++r) {
@@ -193,8 +193,8 @@ std::vector<std::pair<int, nlohmann::json>> RunProcesses(const std::string& mode
   return results;
 }
 
-TEST_F(TpModelTest, GlooProcessesAtTp124Agree) {
-  for (int world : {1, 2, 4}) {
+TEST_F(TpModelTest, GlooProcessesAtTp1248Agree) {
+  for (int world : {1, 2, 4, 8}) {
     if (heads_ % world != 0) continue;
     auto results = RunProcesses(name_, dir_, world);
     for (int r = 0; r < world; ++r) {
