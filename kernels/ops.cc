@@ -525,16 +525,18 @@ Status KvWrite(Backend& backend, const KvView& kv, int32_t heads, int32_t head_d
     }
   }
   // Each head's slots distinct: two tokens in one slot would leave which one stays undefined.
-  std::vector<bool> taken(static_cast<size_t>(kv.used));
-  for (int32_t h = 0; h < heads; ++h) {
-    std::fill(taken.begin(), taken.end(), false);
-    for (int32_t i = 0; i < n; ++i) {
-      const int32_t slot = slots[static_cast<int64_t>(h) * n + i];
-      if (taken[slot]) {
+  // O(n log n) per head, nothing for a decode step's single token (this runs every layer).
+  if (n > 1) {
+    thread_local std::vector<int32_t> sorted;
+    for (int32_t h = 0; h < heads; ++h) {
+      const int32_t* head_slots = slots + static_cast<int64_t>(h) * n;
+      sorted.assign(head_slots, head_slots + n);
+      std::sort(sorted.begin(), sorted.end());
+      const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+      if (dup != sorted.end()) {
         return Bad(kOp, "slots",
-                   "holds " + std::to_string(slot) + " twice for head " + std::to_string(h));
+                   "holds " + std::to_string(*dup) + " twice for head " + std::to_string(h));
       }
-      taken[slot] = true;
     }
   }
   for (int32_t i = 0; i < n; ++i) {

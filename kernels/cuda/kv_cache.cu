@@ -47,6 +47,20 @@ __device__ __forceinline__ float RankKey(const KvEvictLaunch& a, int64_t at, int
   }
 }
 
+// Slot s of head h as a candidate: its position (-1 when it is none: empty, recent or past
+// `used`) and its rank key.
+__device__ __forceinline__ void LoadCandidate(const KvEvictLaunch& a, int32_t h, int32_t s,
+                                              int32_t* pos, float* key) {
+  *pos = -1;
+  *key = 0.f;
+  if (s >= a.used) return;
+  const int64_t at = SlotIndex(a.slots, h, s);
+  const int32_t p = a.slot_pos[at];
+  if (p < 0 || p >= a.oldest_recent) return;
+  *pos = p;
+  *key = RankKey(a, at, p);
+}
+
 __device__ __forceinline__ bool Lower(float key, int32_t pos, float other_key, int32_t other_pos) {
   return key < other_key || (key == other_key && pos < other_pos);
 }
@@ -68,26 +82,16 @@ __global__ void __launch_bounds__(kEvictThreads) KvEvictKernel(KvEvictLaunch a) 
 
   for (int32_t chunk = 0; chunk < a.used; chunk += blockDim.x) {
     const int32_t s = chunk + static_cast<int32_t>(threadIdx.x);
-    int32_t pos = -1;
-    float key = 0.f;
-    if (s < a.used) {
-      const int64_t at = SlotIndex(a.slots, h, s);
-      pos = a.slot_pos[at];
-      if (pos >= a.oldest_recent) pos = -1;
-      if (pos >= 0) key = RankKey(a, at, pos);
-    }
+    int32_t pos;
+    float key;
+    LoadCandidate(a, h, s, &pos, &key);
     int32_t below = 0;
     for (int32_t base = 0; base < a.used; base += blockDim.x) {
       if (!__syncthreads_or(pos >= 0 && below < a.excess)) break;  // also guards the tile reuse
       const int32_t o = base + static_cast<int32_t>(threadIdx.x);
-      int32_t o_pos = -1;
-      float o_key = 0.f;
-      if (o < a.used) {
-        const int64_t at = SlotIndex(a.slots, h, o);
-        o_pos = a.slot_pos[at];
-        if (o_pos >= a.oldest_recent) o_pos = -1;
-        if (o_pos >= 0) o_key = RankKey(a, at, o_pos);
-      }
+      int32_t o_pos;
+      float o_key;
+      LoadCandidate(a, h, o, &o_pos, &o_key);
       tile_key[threadIdx.x] = o_key;
       tile_pos[threadIdx.x] = o_pos;
       __syncthreads();

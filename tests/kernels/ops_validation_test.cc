@@ -455,5 +455,73 @@ TEST(Backends, OpNamesAreDistinct) {
   EXPECT_EQ(names.count("?"), 0u);
 }
 
+// The KV-cache and conversion ops: every bad argument named, nothing written.
+TEST(KvOpsValidationTest, KvWriteKvEvictAndConvertNameTheirBadArguments) {
+  auto ref = MakeReferenceBackend();
+  auto cpu = MakeCpuBackend(1);
+  constexpr int32_t kHeads = 2, kDim = 4, kCap = 8;
+  std::vector<float> k(kCap * kHeads * kDim, 0.5f), v = k, cache(kHeads * kCap * kDim, 0.f);
+  std::vector<float> vcache = cache, score(kHeads * kCap, 0.f);
+  std::vector<int32_t> pos(kHeads * kCap, -1), blocks = {0};
+  KvView kv;
+  kv.k = cache.data();
+  kv.v = vcache.data();
+  kv.slot_pos = pos.data();
+  kv.score = score.data();
+  kv.capacity = kCap;
+  kv.used = kCap;
+  TensorView kt{k.data(), DType::kF32, Shape{2, kHeads * kDim}};
+  TensorView vt{v.data(), DType::kF32, Shape{2, kHeads * kDim}};
+  std::vector<int32_t> slots = {0, 1, 2, 3}, positions = {0, 1};
+  EXPECT_TRUE(KvWrite(*ref, kv, kHeads, kDim, slots.data(), positions.data(), 2, kt, vt).ok());
+  std::vector<int32_t> twice = {0, 1, 3, 3}, outside = {0, 1, 2, kCap}, negative = {0, -1};
+  EXPECT_TRUE(RejectsArg(KvWrite(*ref, kv, kHeads, kDim, twice.data(), positions.data(), 2, kt, vt),
+                         "slots"));
+  EXPECT_TRUE(RejectsArg(
+      KvWrite(*ref, kv, kHeads, kDim, outside.data(), positions.data(), 2, kt, vt), "slots"));
+  EXPECT_TRUE(RejectsArg(KvWrite(*ref, kv, kHeads, kDim, slots.data(), negative.data(), 2, kt, vt),
+                         "positions"));
+  EXPECT_TRUE(
+      RejectsArg(KvWrite(*ref, kv, kHeads, kDim, slots.data(), positions.data(), 1, kt, vt), "k"));
+  KvView paged = kv;  // the CPU backend reads contiguous caches only
+  paged.blocks = blocks.data();
+  paged.block_slots = kCap;
+  paged.block_stride = kHeads * kCap;
+  EXPECT_TRUE(RejectsArg(
+      KvWrite(*cpu, paged, kHeads, kDim, slots.data(), positions.data(), 2, kt, vt), "kv.blocks"));
+  EXPECT_TRUE(KvWrite(*ref, paged, kHeads, kDim, slots.data(), positions.data(), 2, kt, vt).ok());
+
+  std::vector<int32_t> victims(kHeads * 2, 7);
+  KvEvictArgs args;
+  args.excess = 1;
+  args.oldest_recent = 1;
+  args.length = 2;
+  EXPECT_TRUE(KvEvict(*ref, kv, kHeads, args, victims.data()).ok());
+  // Position 0, the one candidate of each head: slot 0 of head 0, slot 2 of head 1.
+  EXPECT_EQ(victims[0], 0);
+  EXPECT_EQ(victims[1], 2);
+  EXPECT_EQ(pos[0], -1);
+  EXPECT_EQ(pos[kCap + 2], -1);
+  args.excess = 0;
+  EXPECT_TRUE(RejectsArg(KvEvict(*ref, kv, kHeads, args, victims.data()), "excess"));
+  args.excess = 1;
+  args.oldest_recent = 3;
+  EXPECT_TRUE(RejectsArg(KvEvict(*ref, kv, kHeads, args, victims.data()), "oldest_recent"));
+  args.oldest_recent = 1;
+  KvView no_score = kv;
+  no_score.score = nullptr;
+  EXPECT_TRUE(RejectsArg(KvEvict(*ref, no_score, kHeads, args, victims.data()), "kv.score"));
+  EXPECT_TRUE(RejectsArg(KvEvict(*ref, kv, kHeads, args, nullptr), "victims"));
+
+  std::vector<uint16_t> half(8);
+  TensorView src{k.data(), DType::kF32, Shape{8}}, dst{half.data(), DType::kBF16, Shape{8}};
+  EXPECT_TRUE(Convert(*ref, src, dst).ok());
+  EXPECT_EQ(half[0], FloatToBF16(0.5f));
+  TensorView short_dst{half.data(), DType::kF16, Shape{7}};
+  EXPECT_TRUE(RejectsArg(Convert(*ref, src, short_dst), "dst"));
+  TensorView ints{pos.data(), DType::kI32, Shape{8}};
+  EXPECT_TRUE(RejectsArg(Convert(*ref, ints, dst), "src"));
+}
+
 }  // namespace
 }  // namespace deja::kernels
