@@ -15,6 +15,7 @@
 #include "kernels/backend.h"
 #include "tests/comm/process_util.h"
 #include "tests/comm/tp_util.h"
+#include "tests/common/sim_device.h"
 #include "tests/common/temp_dir.h"
 #include "tests/worker/golden_util.h"
 #include "worker/comm/in_process_communicator.h"
@@ -41,7 +42,7 @@ struct ThreadRun {
 
 ThreadRun RunThreads(const std::string& dir, int world,
                      const std::vector<std::vector<int32_t>>& prompts,
-                     const model::LoadOptions& options = {}) {
+                     const model::LoadOptions& options = {}, const std::string& device = "cpu") {
   ThreadRun run;
   run.load.resize(world);
   run.cases.resize(world);
@@ -51,7 +52,15 @@ ThreadRun RunThreads(const std::string& dir, int world,
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
-      auto backend = kernels::MakeCpuBackend(1);
+      std::unique_ptr<kernels::Backend> backend;
+      if (device == "cpu") {
+        backend = kernels::MakeCpuBackend(1);
+      } else {
+        auto b = test_util::MakeTestBackend(device);
+        run.load[r] = b.status();
+        if (!b.ok()) return;
+        backend = std::move(*b);
+      }
       auto model = model::LoadModel(dir, backend.get(), std::move((*group)[r]), options);
       run.load[r] = model.status();
       if (!model.ok()) return;
@@ -114,6 +123,21 @@ class TpModelTest : public ::testing::Test {
     }
   }
 
+  void ExpectDeviceRanksAgree(const std::string& device) {
+    for (int world : {2, 4}) {  // TP 1 on devices: opt_golden_test
+      if (heads_ % world != 0) continue;
+      ThreadRun run = RunThreads(dir_, world, prompts_, {}, device);
+      if (device == "cuda" && run.load[0].code() == StatusCode::kUnavailable) {
+        GTEST_SKIP() << "no usable CUDA device: " << run.load[0].ToString();
+      }
+      for (int r = 0; r < world; ++r) {
+        ASSERT_TRUE(run.load[r].ok()) << device << " rank " << r << ": " << run.load[r].ToString();
+        ExpectMatches(run.cases[r],
+                      device + " TP " + std::to_string(world) + " rank " + std::to_string(r));
+      }
+    }
+  }
+
   // The smallest N > 1 that does not divide the heads.
   int NonDividingWorld() const {
     int n = 3;
@@ -139,6 +163,14 @@ TEST_F(TpModelTest, ThreadsAtTp1248Agree) {
     }
   }
 }
+
+// Ranks on devices (the simulated one here; CUDA where present, over the in-process
+// communicator through host buffers): each rank uploads only its slices (row-parallel columns
+// gathered from the mapping), the all-reduces run on device buffers and the vocab-parallel head
+// merges the ranks' top candidates. Greedy tokens (chosen from the merged candidates) and logits
+// match CPU TP 1; RunTpCases checks the candidates against the gathered logits.
+TEST_F(TpModelTest, DeviceRanksAtTp124Agree_sim) { ExpectDeviceRanksAgree("sim"); }
+TEST_F(TpModelTest, DeviceRanksAtTp124Agree_cuda) { ExpectDeviceRanksAgree("cuda"); }
 
 // bf16 weights (tiled on AVX512-BF16 CPUs, with q/k/v stacked per rank; the tied lm head tiled
 // where the rank's vocab rows start on a tile, row-major where they do not) at TP 2 and 4 give

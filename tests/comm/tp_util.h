@@ -2,6 +2,8 @@
 // golden prompts, the last-position logits of the prefill and a greedy continuation.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -44,6 +46,37 @@ inline std::vector<std::vector<int32_t>> TpPrompts(const nlohmann::json& golden)
   return prompts;
 }
 
+// A device backend's top candidates of the last row (StepResult::top_*; none on the host) against
+// that row's full logits: the ids of the largest logits in order, with their log-softmax within
+// 1e-4 (absolute).
+inline Status CheckTopCandidates(const worker::model::StepResult& step,
+                                 const std::vector<float>& logits) {
+  if (step.top_k == 0) return Status::Ok();
+  const int64_t rows = static_cast<int64_t>(step.top_ids.size()) / step.top_k;
+  const int32_t* ids = step.top_ids.data() + (rows - 1) * step.top_k;
+  const float* lp = step.top_logprobs.data() + (rows - 1) * step.top_k;
+  double max = -INFINITY, sum = 0;
+  for (float z : logits) max = std::max<double>(max, z);
+  for (float z : logits) sum += std::exp(z - max);
+  const double lse = max + std::log(sum);
+  std::vector<int32_t> order(logits.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  for (int32_t j = 0; j < step.top_k; ++j) {
+    if (ids[j] != order[j] && logits[ids[j]] != logits[order[j]]) {
+      return Internal("top candidate " + std::to_string(j) + " is token " + std::to_string(ids[j]) +
+                      ", the logits rank token " + std::to_string(order[j]) + " there");
+    }
+    if (std::abs(lp[j] - (logits[ids[j]] - lse)) > 1e-4) {
+      return Internal("top candidate " + std::to_string(j) + " has log-probability " +
+                      std::to_string(lp[j]) + ", the logits give " +
+                      std::to_string(logits[ids[j]] - lse));
+    }
+  }
+  return Status::Ok();
+}
+
 inline StatusOr<std::vector<TpCase>> RunTpCases(worker::model::Model& model,
                                                 const std::vector<std::vector<int32_t>>& prompts) {
   std::vector<TpCase> out;
@@ -56,6 +89,7 @@ inline StatusOr<std::vector<TpCase>> RunTpCases(worker::model::Model& model,
     DEJA_RETURN_IF_ERROR(
         model.Forward({{kv.get(), ids.data(), static_cast<int32_t>(ids.size()), false}}, &step));
     c.last_logits.assign(step.logits.as<float>(), step.logits.as<float>() + vocab);
+    DEJA_RETURN_IF_ERROR(CheckTopCandidates(step, c.last_logits));
     worker::model::GenerationOptions opt;
     opt.max_new_tokens = kTpNewTokens;
     opt.stop_at_eos = false;

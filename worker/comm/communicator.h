@@ -22,6 +22,9 @@ class Communicator {
   virtual Status AllGather(const float* in, int64_t n, float* out) = 0;
   virtual Status Broadcast(void* data, size_t bytes, int root) = 0;
   virtual Status Barrier() = 0;
+  // Whether the collectives take device memory (NCCL) rather than host memory (Gloo, in-process).
+  // A model on a device wraps a host communicator in MakeStagedCommunicator.
+  virtual bool device_memory() const { return false; }
 };
 
 // World of one: every collective is the identity.

@@ -6,6 +6,7 @@
 
 #include "common/thread_pool.h"
 #include "kernels/ops.h"
+#include "worker/comm/staged_communicator.h"
 #include "worker/dejavu/sparse_runtime.h"
 #include "worker/model/weight_upload.h"
 
@@ -38,14 +39,16 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
   DEJA_ASSIGN_OR_RETURN(m->ckpt_, OpenCheckpoint(dir));
   DEJA_ASSIGN_OR_RETURN(OptTensorNames names, ResolveOptTensorNames(*m->ckpt_, m->config_));
   DEJA_RETURN_IF_ERROR(CheckOptTensorShapes(*m->ckpt_, m->config_, names));
+  m->on_device_ = !backend->device().is_host();
   ShardSpec shard{m->comm_->rank(), m->comm_->world_size()};
+  // On a device, row-parallel slices are copied straight from the mapping to the device.
+  shard.copy_columns = !m->on_device_;
   DEJA_ASSIGN_OR_RETURN(m->w_, LoadOptWeights(*m->ckpt_, m->config_, names, shard));
   if (!backend->Supports(kernels::OpId::kAttention, options.kv_dtype)) {
     return InvalidArgument(std::string("backend ") + backend->name() + " has no attention over a " +
                            DTypeName(options.kv_dtype) + " KV cache");
   }
   m->kv_dtype_ = options.kv_dtype;
-  m->on_device_ = !backend->device().is_host();
   if (m->on_device_) {
     DEJA_RETURN_IF_ERROR(m->LoadToDevice(options));
   } else if (options.weight_dtype.has_value()) {
@@ -85,9 +88,9 @@ OptModel::~OptModel() = default;
 // The device path: weights streamed to the device, then a KV block pool from what memory is left.
 Status OptModel::LoadToDevice(const LoadOptions& options) {
   kernels::Backend& be = *backend_;
-  if (comm_->world_size() > 1) {
-    return Unimplemented("tensor parallelism on " + be.device().ToString() +
-                         " needs a device communicator; run one rank per device with --tp 1");
+  if (!comm_->device_memory()) {
+    // Gloo or in-process: collectives through host buffers (NCCL takes device memory itself).
+    comm_ = comm::MakeStagedCommunicator(backend_, std::move(comm_));
   }
   if (options.weight_dtype.has_value() && *options.weight_dtype != DType::kBF16) {
     return InvalidArgument(std::string("weights can be converted to bf16 only, not ") +
@@ -535,6 +538,7 @@ Status OptModel::Logits(const std::vector<SequenceStep>& batch, int64_t rows, St
 // device) come back for token selection.
 Status OptModel::DeviceLogits(const std::vector<SequenceStep>& batch, const TensorView& x,
                               int64_t out_rows, StepResult* result) {
+  if (comm_->world_size() > 1) return ShardedDeviceLogits(batch, x, out_rows, result);
   kernels::Backend& be = *backend_;
   const int64_t vocab = config_.vocab_size;
   constexpr int32_t k = kDeviceTopCandidates;
@@ -569,6 +573,113 @@ Status OptModel::DeviceLogits(const std::vector<SequenceStep>& batch, const Tens
   DEJA_RETURN_IF_ERROR(be.CopyDeviceToHost(result->top_logprobs.data(), values,
                                            result->top_logprobs.size() * sizeof(float)));
   return be.CopyDeviceToHost(result->top_ids.data(), ids, result->top_ids.size() * sizeof(int32_t));
+}
+
+// A rank of a tensor-parallel group on devices: each rank holds its vocab slice of the logits.
+// Sequences that read the full logits get them gathered (each rank's [rows, local] block padded to
+// the largest slice, laid side by side on the host). Token choice needs only each rank's top
+// candidates and the log of its slice's softmax denominator: those few numbers are gathered, and
+// the global top-k (a subset of the union of the local ones) and its log-probabilities follow
+// exactly on the host.
+Status OptModel::ShardedDeviceLogits(const std::vector<SequenceStep>& batch, const TensorView& x,
+                                     int64_t out_rows, StepResult* result) {
+  kernels::Backend& be = *backend_;
+  const int world = comm_->world_size(), rank = comm_->rank();
+  const int64_t vocab = config_.vocab_size, local = w_.vocab_end - w_.vocab_begin;
+  const int64_t chunk = (vocab + world - 1) / world;
+  const int32_t kk = static_cast<int32_t>(std::min<int64_t>(kDeviceTopCandidates, vocab));
+  const int32_t kl = static_cast<int32_t>(std::min<int64_t>(kk, local));
+  // Per rank and row: kl raw logits, their ids (int32 bits), and the top log-probability and its
+  // id (the log denominator is the top logit minus it).
+  const int64_t cand = out_rows * (2 * static_cast<int64_t>(kl) + 2);
+  const int64_t block = std::max(out_rows * chunk, cand);
+  if (gather_dev_.empty() || gather_dev_.numel() < block * world) {
+    DEJA_ASSIGN_OR_RETURN(gather_dev_,
+                          Alloc(DType::kF32, {std::max<int64_t>(block, ws_rows_ * chunk) * world}));
+  }
+  float* all = gather_dev_.as<float>();
+  float* mine = all + rank * block;
+  TensorView out{mine, DType::kF32, Shape{out_rows, local}};
+  out.device = be.device();
+  DEJA_RETURN_IF_ERROR(
+      kernels::Linear(be, x, w_.lm_head.w, {}, kernels::Activation::kNone, false, out));
+  const bool any_full =
+      std::any_of(batch.begin(), batch.end(), [](const SequenceStep& s) { return s.full_logits; });
+  if (any_full) {
+    // In place: NCCL allows it and the staged communicator copies `in` out first.
+    DEJA_RETURN_IF_ERROR(comm_->AllGather(mine, block, all));
+    host_gather_.resize(static_cast<size_t>(block * world));
+    DEJA_RETURN_IF_ERROR(
+        be.CopyDeviceToHost(host_gather_.data(), all, host_gather_.size() * sizeof(float)));
+    float* logits = result->logits.as<float>();
+    for (int rk = 0; rk < world; ++rk) {
+      int64_t vb, ve;
+      ShardRange(vocab, rk, world, &vb, &ve);
+      const float* src = host_gather_.data() + rk * block;
+      for (int64_t r = 0; r < out_rows; ++r) {
+        std::memcpy(logits + r * vocab + vb, src + r * (ve - vb), (ve - vb) * sizeof(float));
+      }
+    }
+  }
+  // Log-probabilities of the slice (for the denominator) beside the raw logits.
+  if (logits_dev_.empty() || logits_dev_.numel() < out_rows * local) {
+    DEJA_ASSIGN_OR_RETURN(logits_dev_, Alloc(DType::kF32, {std::max(out_rows, ws_rows_), local}));
+  }
+  if (top_dev_.empty() || top_dev_.numel() < cand) {
+    DEJA_ASSIGN_OR_RETURN(top_dev_, Alloc(DType::kF32, {cand}));
+  }
+  TensorView lp = Rows(logits_dev_, out_rows, local);
+  float* values = top_dev_.as<float>();
+  int32_t* ids = reinterpret_cast<int32_t*>(values + out_rows * kl);
+  float* top_lp = values + 2 * out_rows * kl;
+  int32_t* top_id = reinterpret_cast<int32_t*>(top_lp + out_rows);
+  DEJA_RETURN_IF_ERROR(kernels::TopK(be, out, kl, values, ids));
+  DEJA_RETURN_IF_ERROR(kernels::LogSoftmax(be, out, lp));
+  DEJA_RETURN_IF_ERROR(kernels::TopK(be, lp, 1, top_lp, top_id));
+  DEJA_RETURN_IF_ERROR(comm_->AllGather(values, cand, all));
+  host_gather_.resize(static_cast<size_t>(cand * world));
+  DEJA_RETURN_IF_ERROR(
+      be.CopyDeviceToHost(host_gather_.data(), all, host_gather_.size() * sizeof(float)));
+
+  result->top_k = kk;
+  result->top_logprobs.resize(static_cast<size_t>(out_rows * kk));
+  result->top_ids.resize(static_cast<size_t>(out_rows * kk));
+  std::vector<std::pair<float, int32_t>> merged;
+  merged.reserve(static_cast<size_t>(world) * kl);
+  for (int64_t r = 0; r < out_rows; ++r) {
+    merged.clear();
+    double max_lse = -INFINITY;
+    std::vector<double> lse(world);
+    for (int rk = 0; rk < world; ++rk) {
+      int64_t vb, ve;
+      ShardRange(vocab, rk, world, &vb, &ve);
+      const float* b = host_gather_.data() + rk * cand;
+      const float* v = b + r * kl;
+      const int32_t* id = reinterpret_cast<const int32_t*>(b + out_rows * kl) + r * kl;
+      lse[rk] = static_cast<double>(v[0]) - b[2 * out_rows * kl + r];
+      max_lse = std::max(max_lse, lse[rk]);
+      for (int32_t j = 0; j < kl; ++j) {
+        merged.emplace_back(v[j], static_cast<int32_t>(vb + id[j]));
+      }
+    }
+    double sum = 0;
+    for (double l : lse) sum += std::exp(l - max_lse);
+    const double global_lse = max_lse + std::log(sum);
+    // Descending value, ties to the lower id (as TopK); NaN below every number.
+    std::partial_sort(merged.begin(), merged.begin() + kk, merged.end(),
+                      [](const auto& a, const auto& b) {
+                        const bool an = std::isnan(a.first), bn = std::isnan(b.first);
+                        if (an != bn) return bn;
+                        if (!an && a.first != b.first) return a.first > b.first;
+                        return a.second < b.second;
+                      });
+    for (int32_t j = 0; j < kk; ++j) {
+      result->top_logprobs[r * kk + j] =
+          static_cast<float>(static_cast<double>(merged[j].first) - global_lse);
+      result->top_ids[r * kk + j] = merged[j].second;
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace deja::worker::model

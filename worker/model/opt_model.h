@@ -65,6 +65,8 @@ class OptModel final : public Model {
   Status Logits(const std::vector<SequenceStep>& batch, int64_t rows, StepResult* result);
   Status DeviceLogits(const std::vector<SequenceStep>& batch, const TensorView& x, int64_t out_rows,
                       StepResult* result);
+  Status ShardedDeviceLogits(const std::vector<SequenceStep>& batch, const TensorView& x,
+                             int64_t out_rows, StepResult* result);
   Status AttentionBlock(int32_t l, const std::vector<SequenceStep>& batch, int64_t rows,
                         const TensorView& attn_in, const dejavu::BlockPlan* heads);
   Status MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in, const dejavu::BlockPlan* plan);
@@ -87,6 +89,8 @@ class OptModel final : public Model {
   std::shared_ptr<kv::KvBlockPool> kv_pool_;
   Tensor logits_dev_, top_dev_;  // top_dev_: [rows, 2 * kDeviceTopCandidates] values, then ids
   std::vector<int32_t> logit_rows_;
+  Tensor gather_dev_;               // tensor parallelism on devices: each rank's logits block
+  std::vector<float> host_gather_;  // the gathered blocks on the host
   std::unique_ptr<dejavu::SparseRuntime> sparse_;
   bool step_sparse_ = false;  // this step has sparse rows (sparse_ plans the blocks)
   std::unique_ptr<dejavu::BlockPlan> heads_plan_, mlp_plan_;

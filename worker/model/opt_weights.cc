@@ -64,11 +64,14 @@ StatusOr<LinearWeights> LoadColumnParallel(const Checkpoint& ckpt, const std::st
 // Row-parallel: columns [begin, end) of w [out, in]; the full bias, added after the reduction.
 StatusOr<LinearWeights> LoadRowParallel(const Checkpoint& ckpt, const std::string& w,
                                         const std::string& b, int64_t out, int64_t in,
-                                        int64_t begin, int64_t end) {
+                                        int64_t begin, int64_t end, bool copy) {
   LinearWeights lw;
   DEJA_ASSIGN_OR_RETURN(TensorView full, ckpt.Get(w, {out, in}));
   if (begin == 0 && end == in) {
     lw.w = full;
+  } else if (!copy) {
+    lw.columns = {full, begin, end};
+    lw.w = TensorView{nullptr, full.dtype, Shape{out, end - begin}};
   } else {
     lw.owned = CopyColumns(full, begin, end);
     lw.w = lw.owned.view();
@@ -124,9 +127,11 @@ StatusOr<OptWeights> LoadOptWeights(const Checkpoint& ckpt, const OptConfig& c,
     DEJA_ASSIGN_OR_RETURN(lw.q, LoadColumnParallel(ckpt, n.q_weight, n.q_bias, d, d, hb, he));
     DEJA_ASSIGN_OR_RETURN(lw.k, LoadColumnParallel(ckpt, n.k_weight, n.k_bias, d, d, hb, he));
     DEJA_ASSIGN_OR_RETURN(lw.v, LoadColumnParallel(ckpt, n.v_weight, n.v_bias, d, d, hb, he));
-    DEJA_ASSIGN_OR_RETURN(lw.out, LoadRowParallel(ckpt, n.out_weight, n.out_bias, d, d, hb, he));
+    DEJA_ASSIGN_OR_RETURN(
+        lw.out, LoadRowParallel(ckpt, n.out_weight, n.out_bias, d, d, hb, he, shard.copy_columns));
     DEJA_ASSIGN_OR_RETURN(lw.fc1, LoadColumnParallel(ckpt, n.fc1_weight, n.fc1_bias, f, d, fb, fe));
-    DEJA_ASSIGN_OR_RETURN(lw.fc2, LoadRowParallel(ckpt, n.fc2_weight, n.fc2_bias, d, f, fb, fe));
+    DEJA_ASSIGN_OR_RETURN(
+        lw.fc2, LoadRowParallel(ckpt, n.fc2_weight, n.fc2_bias, d, f, fb, fe, shard.copy_columns));
     w.layers.push_back(std::move(lw));
   }
   ShardRange(c.vocab_size, shard.rank, shard.world, &w.vocab_begin, &w.vocab_end);

@@ -18,12 +18,24 @@ namespace deja::worker::model {
 struct ShardSpec {
   int rank = 0;
   int world = 1;
+  // Row-parallel slices (columns of the checkpoint's matrices) copied to host memory at load;
+  // false leaves them as ColumnSlice sources for UploadWeights, which copies them to a device
+  // without a host copy of the rank's weights.
+  bool copy_columns = true;
+};
+
+// Columns [begin, end) of a matrix in the checkpoint, not yet copied.
+struct ColumnSlice {
+  TensorView full;  // [out, in], in the mapping
+  int64_t begin = 0, end = 0;
+  bool pending() const { return full.data != nullptr; }
 };
 
 struct LinearWeights {
-  TensorView w;     // [out, in] (this rank's part)
+  TensorView w;     // [out, in] (this rank's part); data is null while `columns` is pending
   TensorView bias;  // [out] or empty; for row-parallel layers the full bias (added once)
   Tensor owned;     // backing storage when w is a copied column slice
+  ColumnSlice columns;  // the source of w when the slice was left uncopied (ShardSpec)
 };
 
 struct NormWeights {

@@ -19,16 +19,24 @@ using Clock = std::chrono::steady_clock;
 // LayerNorm parameter (as stored).
 enum class Kind { kMatrix, kBias, kNorm };
 
+// A weight view of `w`, its kind and, for a row-parallel slice left uncopied, its source.
+struct Entry {
+  TensorView* v;
+  Kind kind;
+  const ColumnSlice* cols = nullptr;
+  bool present() const { return v->data != nullptr || (cols != nullptr && cols->pending()); }
+};
+
 // Every weight view of `w` with its kind. The lm head is listed only when it is not tied to the
 // embedding table.
-std::vector<std::pair<TensorView*, Kind>> Views(OptWeights* w, bool* tied) {
+std::vector<Entry> Views(OptWeights* w, bool* tied) {
   const char* table = static_cast<const char*>(w->embed_tokens.data);
   const char* head = static_cast<const char*>(w->lm_head.w.data);
   *tied = table != nullptr && head >= table && head < table + w->embed_tokens.bytes() &&
           w->lm_head.w.dtype == w->embed_tokens.dtype;
-  std::vector<std::pair<TensorView*, Kind>> v;
+  std::vector<Entry> v;
   auto linear = [&](LinearWeights* l) {
-    v.push_back({&l->w, Kind::kMatrix});
+    v.push_back({&l->w, Kind::kMatrix, &l->columns});
     v.push_back({&l->bias, Kind::kBias});
   };
   v.push_back({&w->embed_tokens, Kind::kMatrix});
@@ -64,9 +72,9 @@ std::string Mib(int64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
 int64_t DeviceWeightBytes(const OptWeights& w, std::optional<DType> matrix_dtype) {
   bool tied = false;
   int64_t bytes = 0;
-  for (auto [v, kind] : Views(const_cast<OptWeights*>(&w), &tied)) {
-    if (v->data == nullptr) continue;
-    bytes += v->numel() * static_cast<int64_t>(DTypeSize(Target(*v, kind, matrix_dtype)));
+  for (const Entry& e : Views(const_cast<OptWeights*>(&w), &tied)) {
+    if (!e.present()) continue;
+    bytes += e.v->numel() * static_cast<int64_t>(DTypeSize(Target(*e.v, e.kind, matrix_dtype)));
   }
   return bytes;
 }
@@ -100,24 +108,46 @@ Status UploadWeights(OptWeights* w, const Checkpoint& ckpt, kernels::Backend& be
   const auto start = Clock::now();
   auto last_log = start;
   int64_t total_host = 0;
-  for (auto [v, kind] : views) total_host += v->data != nullptr ? v->bytes() : 0;
+  for (const Entry& e : views) total_host += e.present() ? e.v->bytes() : 0;
 
-  for (auto [v, kind] : views) {
-    if (v->data == nullptr) continue;
+  for (const Entry& e : views) {
+    if (!e.present()) continue;
+    TensorView* v = e.v;
     const TensorView src = *v;
-    const DType to = Target(src, kind, options.matrix_dtype);
+    const DType to = Target(src, e.kind, options.matrix_dtype);
     DEJA_ASSIGN_OR_RETURN(Tensor dst, be.Allocate(to, src.shape));
     const size_t src_es = DTypeSize(src.dtype), dst_es = DTypeSize(to);
     const int64_t n = src.numel();
-    const int64_t chunk = static_cast<int64_t>(staging / src_es);
+    // A column slice moves in whole rows: each row's segment is gathered from the mapping.
+    const ColumnSlice* cols = e.cols != nullptr && e.cols->pending() ? e.cols : nullptr;
+    const int64_t row = cols ? src.shape[1] : 1;
+    if (cols && static_cast<size_t>(row) * src_es > staging) {
+      return InvalidArgument("a row of " + std::to_string(row * src_es) +
+                             " bytes does not fit the staging buffer");
+    }
+    const int64_t chunk = static_cast<int64_t>(staging / src_es) / row * row;
     if (to != src.dtype && dev_stage.empty()) {
       DEJA_ASSIGN_OR_RETURN(dev_stage,
                             be.Allocate(DType::kF32, {static_cast<int64_t>(staging / 4)}));
     }
+    auto read = [&](const char* from, size_t len, char* into) {
+      std::memcpy(into, from, len);
+      if (options.read_log != nullptr) options.read_log->emplace_back(from, len);
+    };
     for (int64_t i0 = 0; i0 < n; i0 += chunk) {
       const int64_t m = std::min(chunk, n - i0);
       const size_t len = static_cast<size_t>(m) * src_es;
-      std::memcpy(pinned.data(), static_cast<const char*>(src.data) + i0 * src_es, len);
+      if (cols) {
+        const int64_t full_cols = cols->full.shape[1];
+        const char* base = static_cast<const char*>(cols->full.data);
+        for (int64_t r = i0 / row; r < (i0 + m) / row; ++r) {
+          read(base + (r * full_cols + cols->begin) * src_es, row * src_es,
+               static_cast<char*>(pinned.data()) + (r * row - i0) * src_es);
+        }
+      } else {
+        read(static_cast<const char*>(src.data) + i0 * src_es, len,
+             static_cast<char*>(pinned.data()));
+      }
       char* out = static_cast<char*>(dst.data()) + i0 * dst_es;
       if (to == src.dtype) {
         DEJA_RETURN_IF_ERROR(be.CopyHostToDevice(out, pinned.data(), len));
@@ -130,7 +160,7 @@ Status UploadWeights(OptWeights* w, const Checkpoint& ckpt, kernels::Backend& be
       into.device = be.device();
       DEJA_RETURN_IF_ERROR(kernels::Convert(be, from, into));
     }
-    ckpt.Release(src);
+    ckpt.Release(cols ? cols->full : src);
     *v = dst.view();
     v->shape = src.shape;
     storage.push_back(std::move(dst));
@@ -150,9 +180,15 @@ Status UploadWeights(OptWeights* w, const Checkpoint& ckpt, kernels::Backend& be
   if (tied) w->lm_head.w = w->embed_tokens.RowSlice(vocab_begin, vocab_end);
   // The host copies (sliced or converted matrices) are no longer referenced.
   for (OptLayerWeights& l : w->layers) {
-    for (LinearWeights* lw : {&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2}) lw->owned = Tensor();
+    for (LinearWeights* lw : {&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2}) {
+      lw->owned = Tensor();
+      lw->columns = {};
+    }
   }
-  for (LinearWeights* lw : {&w->project_in, &w->project_out, &w->lm_head}) lw->owned = Tensor();
+  for (LinearWeights* lw : {&w->project_in, &w->project_out, &w->lm_head}) {
+    lw->owned = Tensor();
+    lw->columns = {};
+  }
   w->converted = std::move(storage);
   st.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   LOG(INFO) << "loaded " << Mib(st.host_bytes) << " (" << st.tensors << " tensors) to "

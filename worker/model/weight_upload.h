@@ -1,6 +1,7 @@
 // Moves a rank's weights to its backend's device without holding the checkpoint in host memory:
-// each tensor streams from its host view (the mmapped checkpoint, or a host copy for sliced
-// row-parallel matrices) through one reusable pinned staging buffer, is converted on the device
+// each tensor streams from its host view (the mmapped checkpoint; for row-parallel matrices of a
+// tensor-parallel rank, the rows' column segments, gathered from the mapping) through one reusable
+// pinned staging buffer, is converted on the device
 // when its dtype changes (kernels::Convert), and its mapped pages are dropped once copied, so the
 // host's resident memory stays near the staging buffer whatever the checkpoint's size.
 #pragma once
@@ -8,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "common/safetensors.h"
@@ -26,6 +28,9 @@ struct UploadOptions {
   size_t staging_bytes = size_t{64} << 20;
   // Progress is logged at most this often (and at the end).
   double log_every_seconds = 5.0;
+  // When set, every host byte range read from the checkpoint (address, length), in order: tests
+  // check that a rank reads only its slices.
+  std::vector<std::pair<const void*, size_t>>* read_log = nullptr;
 };
 
 struct UploadStats {
