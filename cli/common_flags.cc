@@ -1,5 +1,6 @@
 #include "cli/common_flags.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -58,8 +59,7 @@ void AddDtypeFlag(Args& args) {
             "");
 }
 
-StatusOr<Device> DeviceFromFlags(const Args& args) {
-  const std::string d = args.Str("device");
+StatusOr<Device> ParseDevice(const std::string& d) {
   if (d == "cpu") return Device::Host();
   if (d == "cuda") return Device::Cuda(0);
   if (d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.size() <= 8 &&
@@ -67,6 +67,49 @@ StatusOr<Device> DeviceFromFlags(const Args& args) {
     return Device::Cuda(std::stoi(d.substr(5)));
   }
   return InvalidArgument("--device must be cpu, cuda or cuda:N, not '" + d + "'");
+}
+
+StatusOr<Device> DeviceFromFlags(const Args& args) { return ParseDevice(args.Str("device")); }
+
+StatusOr<std::vector<std::string>> RankDevices(const Device& device, const std::string& gpus,
+                                               int world) {
+  if (device.is_host()) {
+    if (!gpus.empty()) return InvalidArgument("--gpus needs --device cuda");
+    return std::vector<std::string>(static_cast<size_t>(world), "cpu");
+  }
+  std::vector<int> ids;
+  if (gpus.empty()) {
+    if (world > 1 && device.index != 0) {
+      return InvalidArgument("--device " + device.ToString() + " with --tp " +
+                             std::to_string(world) +
+                             ": name each rank's GPU with --gpus (e.g. --gpus 0,1)");
+    }
+    for (int r = 0; r < world; ++r) ids.push_back(world == 1 ? device.index : r);
+  } else {
+    size_t begin = 0;
+    while (begin <= gpus.size()) {
+      size_t end = gpus.find(',', begin);
+      if (end == std::string::npos) end = gpus.size();
+      const std::string item = gpus.substr(begin, end - begin);
+      if (item.empty() || item.size() > 3 ||
+          item.find_first_not_of("0123456789") != std::string::npos) {
+        return InvalidArgument("--gpus must be comma-separated GPU numbers, not '" + gpus + "'");
+      }
+      const int id = std::stoi(item);
+      if (std::find(ids.begin(), ids.end(), id) != ids.end()) {
+        return InvalidArgument("--gpus names GPU " + item + " twice (one rank per GPU)");
+      }
+      ids.push_back(id);
+      begin = end + 1;
+    }
+    if (static_cast<int>(ids.size()) != world) {
+      return InvalidArgument("--gpus names " + std::to_string(ids.size()) + " GPUs for --tp " +
+                             std::to_string(world) + " ranks");
+    }
+  }
+  std::vector<std::string> out;
+  for (int id : ids) out.push_back("cuda:" + std::to_string(id));
+  return out;
 }
 
 StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(const Device& device, int threads) {

@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cli/args.h"
 #include "kernels/backend.h"
@@ -21,6 +22,12 @@ void AddDtypeFlag(Args& args);
 StatusOr<worker::model::LoadOptions> LoadOptionsFromFlags(const Args& args);
 // --device: "cpu" (the host), "cuda" (cuda:0) or "cuda:N".
 StatusOr<Device> DeviceFromFlags(const Args& args);
+// "cpu", "cuda" or "cuda:N"; InvalidArgument naming --device otherwise.
+StatusOr<Device> ParseDevice(const std::string& device);
+// The --device of each of `world` ranks: `device` itself for CPU ranks; GPUs from --gpus (a
+// comma-separated list, one distinct GPU per rank) or rank r on GPU r (the named one at --tp 1).
+StatusOr<std::vector<std::string>> RankDevices(const Device& device, const std::string& gpus,
+                                               int world);
 // The backend of `device`: the CPU backend with `threads` threads, or the CUDA backend, which
 // fails (FailedPrecondition naming --device and the CUDA reason) where no usable GPU is; never a
 // silent CPU fallback.

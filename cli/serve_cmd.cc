@@ -238,7 +238,11 @@ int RunServe(int argc, char** argv, int first) {
   AddInternalTlsFlags(args);
   args.Flag("kv-memory-mb", "KV cache budget of each worker, MiB (0: the worker's default)", "0")
       .Flag("threads", "CPU threads per worker (0: this host's cores split evenly)", "0")
-      .Flag("worker-host", "address the workers listen on", "127.0.0.1");
+      .Flag("worker-host", "address the workers listen on", "127.0.0.1")
+      .Flag("gpus",
+            "with --device cuda: the GPU of each rank, comma-separated (default: rank r on GPU "
+            "r, or all on N with --device cuda:N and --tp 1)",
+            "");
   AddSparsityFlags(args);
   AddDtypeFlag(args);
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("serve", s);
@@ -268,13 +272,13 @@ int RunServe(int argc, char** argv, int first) {
     lo.sparsity_oracle = sparsity.oracle;
     lo.sparsity_default = sparsity.default_flag;
     DEJA_RETURN_IF_ERROR(LoadOptionsFromFlags(args).status());
-    lo.extra_worker_args = {"--dtype",  args.Str("dtype"), "--kv-dtype", args.Str("kv-dtype"),
-                            "--device", args.Str("device")};
+    lo.extra_worker_args = {"--dtype", args.Str("dtype"), "--kv-dtype", args.Str("kv-dtype")};
     if (!args.Str("kv-memory-fraction").empty()) {
       lo.extra_worker_args.push_back("--kv-memory-fraction");
       lo.extra_worker_args.push_back(args.Str("kv-memory-fraction"));
     }
     DEJA_ASSIGN_OR_RETURN(Device device, DeviceFromFlags(args));
+    DEJA_ASSIGN_OR_RETURN(lo.rank_devices, RankDevices(device, args.Str("gpus"), lo.world_size));
     if (!device.is_host()) {
       if (sparsity.enabled) {
         return InvalidArgument(
@@ -282,12 +286,11 @@ int RunServe(int argc, char** argv, int first) {
             ": Deja Vu sparsity runs on "
             "the CPU backend only for now (drop --predictors/--sparsity-oracle)");
       }
-      if (lo.world_size > 1) {
-        return InvalidArgument("--device " + device.ToString() + " serves one GPU per group " +
-                               "for now: use --tp 1 (tensor parallelism across GPUs needs NCCL)");
-      }
       // Fail here, with the CUDA reason, rather than in every worker start.
-      DEJA_RETURN_IF_ERROR(MakeBackend(device, 1).status());
+      for (const std::string& d : lo.rank_devices) {
+        DEJA_ASSIGN_OR_RETURN(Device rd, ParseDevice(d));
+        DEJA_RETURN_IF_ERROR(MakeBackend(rd, 1).status());
+      }
     }
     for (const std::string& a : InternalTlsWorkerArgs(o.internal_tls)) {
       lo.extra_worker_args.push_back(a);

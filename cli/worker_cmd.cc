@@ -77,7 +77,8 @@ int RunWorker(int argc, char** argv, int first) {
       .Flag("threads", "CPU threads (0 = one per core)", "0")
       .Flag("kv-memory-mb", "KV cache memory budget of this rank, MiB", "1024")
       .Flag("connect-timeout-ms", "how long to keep trying to reach the coordinator", "60000")
-      .Flag("collective-timeout-ms", "bound on the Gloo rendezvous and every collective", "30000")
+      .Flag("collective-timeout-ms", "bound on the Gloo or NCCL rendezvous and on every collective",
+            "30000")
       .Flag("coordinator-timeout-ms",
             "after warm-up, exit when the coordinator has not called for this long (0: never)",
             "10000")

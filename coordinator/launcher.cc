@@ -94,6 +94,10 @@ pid_t Launcher::Spawn(int rank) const {
   std::vector<std::string> args = worker_args_;
   args.push_back("--rank");
   args.push_back(std::to_string(rank));
+  if (rank < static_cast<int>(options_.rank_devices.size())) {
+    args.push_back("--device");
+    args.push_back(options_.rank_devices[rank]);
+  }
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

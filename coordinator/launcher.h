@@ -42,6 +42,8 @@ struct LauncherOptions {
   std::string sparsity_oracle;
   std::string sparsity_default;
   std::vector<std::string> extra_worker_args;
+  // `--device` of each rank (cuda:0, cuda:1, ...) when the ranks differ; empty: none is added.
+  std::vector<std::string> rank_devices;
   // Restart backoff: starts at the minimum, doubles while groups keep failing soon after they
   // start, and returns to the minimum once a group has run for a minute.
   std::chrono::milliseconds restart_backoff_min{200};

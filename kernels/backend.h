@@ -72,6 +72,9 @@ class Backend {
   virtual Status MemoryInfo(size_t* free_bytes, size_t* total_bytes);
   // Whether Attention, KvWrite and KvEvict read paged KvViews (KvView::blocks).
   virtual bool SupportsPagedKv() const { return false; }
+  // The stream the ops run on (a cudaStream_t on CUDA), for libraries that enqueue work in the
+  // same order (NCCL's collectives); nullptr on host backends.
+  virtual void* native_stream() const { return nullptr; }
 
   // A copy on device() of the row-major host view `host` (of the tensor).
   StatusOr<Tensor> ToBackend(const TensorView& host);

@@ -100,10 +100,24 @@ sys.exit(1 if bad else 0)
 EOF
 }
 
+# serve on one GPU; on a machine with several, also --tp over all of them (up to 4, the fixture's
+# heads allow 1, 2 or 4), NCCL between the ranks.
 step_serve() {
-  local port=$((20000 + RANDOM % 20000)) pid rc
-  "$deja" serve --device "$dev" --model "$here/models/opt-mini" --port "$port" \
-    --metrics-port -1 >"$logs/serve.log" 2>&1 &
+  local gpus
+  gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+  serve_once 1 || return 1
+  if [ "$gpus" -ge 2 ]; then
+    serve_once "$([ "$gpus" -ge 4 ] && echo 4 || echo 2)"
+  else
+    echo "one GPU: serve --tp > 1 (NCCL across GPUs) was not available"
+  fi
+}
+
+serve_once() {
+  local tp=$1 port=$((20000 + RANDOM % 20000)) pid rc
+  echo "== serve --tp $tp"
+  "$deja" serve --device "$dev" --tp "$tp" --model "$here/models/opt-mini" --port "$port" \
+    --metrics-port -1 >"$logs/serve_tp$tp.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 240); do
     "$deja" client health --target "127.0.0.1:$port" >/dev/null 2>&1 && break
@@ -114,7 +128,7 @@ step_serve() {
   rc=$?
   kill "$pid" 2>/dev/null
   wait "$pid" 2>/dev/null
-  tail -n 20 "$logs/serve.log"
+  tail -n 20 "$logs/serve_tp$tp.log"
   return $rc
 }
 

@@ -45,6 +45,7 @@ class CudaBackendImpl final : public CudaBackend {
   const OpTable& ops() const override { return table_; }
   bool Supports(OpId op, DType dtype) const override { return SupportedByFullBackend(op, dtype); }
   bool SupportsPagedKv() const override { return true; }
+  void* native_stream() const override { return ctx_.stream.get(); }
 
   Device device() const override { return Device::Cuda(ctx_.device); }
 

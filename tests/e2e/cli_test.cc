@@ -168,7 +168,17 @@ TEST(CliTest, DeviceFlag) {
                              " --prompt hi --device cuda "
                              "--kv-memory-fraction 1.5"),
                      "--kv-memory-fraction must be in (0, 1)");
-  ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --device cuda --tp 2"), "--tp 1");
+  // --gpus: one distinct GPU per rank.
+  ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --device cuda --tp 2 --gpus 0"),
+                     "--gpus names 1 GPUs for --tp 2 ranks");
+  ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --device cuda --tp 2 --gpus 1,1"),
+                     "--gpus names GPU 1 twice");
+  ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --device cuda --tp 2 --gpus 0,x"),
+                     "--gpus must be comma-separated GPU numbers");
+  ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --gpus 0"),
+                     "--gpus needs --device cuda");
+  ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --device cuda:1 --tp 2"),
+                     "name each rank's GPU with --gpus");
   ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --device cuda --sparsity-oracle 0.5"),
                      "Deja Vu sparsity runs on the CPU backend only");
   const CliRun probe = RunDeja("generate --model " + Mini() +
@@ -182,6 +192,7 @@ TEST(CliTest, DeviceFlag) {
         "bench decode --model " + Mini() + " --device cuda:0",
         "bench kv --model " + Mini() + " --device cuda",
         "serve --model " + Mini() + " --device cuda --port 0",
+        "serve --model " + Mini() + " --device cuda --tp 2 --gpus 1,0 --port 0",
         "worker --model " + Mini() +
             " --device cuda --rank 0 --world 1 --coordinator 127.0.0.1:1"}) {
     const CliRun r = RunDeja(cmd);

@@ -3,12 +3,18 @@
 // sampled every millisecond, stays near the largest tensor plus the buffer, far under the
 // checkpoint's size), with and without conversion to bf16 on the device; the weights that arrive
 // compute what the reference computes; a model that does not fit fails with the bytes needed and
-// free.
+// free; and each tensor-parallel rank of a sharded checkpoint (model.safetensors.index.json, an
+// OPT-6.7B-shaped layer) reads exactly its own byte ranges.
+#include "worker/model/weight_upload.h"
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -21,6 +27,7 @@
 #include "tests/common/temp_dir.h"
 #include "tests/worker/golden_util.h"
 #include "worker/model/model.h"
+#include "worker/model/opt_weights.h"
 
 namespace deja::worker {
 namespace {
@@ -179,6 +186,198 @@ TEST_F(WeightUploadTest, AModelThatDoesNotFitFailsWithTheNumbers) {
                                       "are free"),
             std::string::npos)
       << m.status().ToString();
+}
+
+// A byte range [begin, end) of one checkpoint file.
+struct Range {
+  std::string file;
+  int64_t begin, end;
+  bool operator<(const Range& o) const {
+    return std::tie(file, begin, end) < std::tie(o.file, o.begin, o.end);
+  }
+};
+
+// Sorted, with touching or overlapping ranges of a file merged.
+std::vector<Range> Merged(std::vector<Range> v) {
+  std::sort(v.begin(), v.end());
+  std::vector<Range> out;
+  for (const Range& r : v) {
+    if (!out.empty() && out.back().file == r.file && r.begin <= out.back().end) {
+      out.back().end = std::max(out.back().end, r.end);
+    } else {
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+int64_t Total(const std::vector<Range>& v) {
+  int64_t n = 0;
+  for (const Range& r : v) n += r.end - r.begin;
+  return n;
+}
+
+// One OPT-6.7B-shaped layer (hidden 4096, 32 heads, ffn 16384) with a small vocabulary, f16, in
+// two files under model.safetensors.index.json: the embeddings and the attention in the first,
+// the MLP and the final LayerNorm in the second (403 MiB). The values do not matter here.
+constexpr int64_t kBigHidden = 4096, kBigFfn = 16384, kBigVocab = 1024, kBigPositions = 2048;
+
+void WriteShardedCheckpoint(const std::string& dir) {
+  std::ifstream in(test_util::ModelDir("opt-mini") + "/config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  config["hidden_size"] = kBigHidden;
+  config["word_embed_proj_dim"] = kBigHidden;
+  config["ffn_dim"] = kBigFfn;
+  config["num_hidden_layers"] = 1;
+  config["num_attention_heads"] = 32;
+  config["vocab_size"] = kBigVocab;
+  config["max_position_embeddings"] = kBigPositions;
+  config["dtype"] = "float16";
+  std::ofstream(dir + "/config.json") << config.dump(2);
+  const std::string p = "model.decoder.", l = p + "layers.0.";
+  const std::vector<std::vector<std::pair<std::string, Shape>>> files = {
+      {{p + "embed_tokens.weight", {kBigVocab, kBigHidden}},
+       {p + "embed_positions.weight", {kBigPositions + 2, kBigHidden}},
+       {l + "self_attn_layer_norm.weight", {kBigHidden}},
+       {l + "self_attn_layer_norm.bias", {kBigHidden}},
+       {l + "self_attn.q_proj.weight", {kBigHidden, kBigHidden}},
+       {l + "self_attn.q_proj.bias", {kBigHidden}},
+       {l + "self_attn.k_proj.weight", {kBigHidden, kBigHidden}},
+       {l + "self_attn.k_proj.bias", {kBigHidden}},
+       {l + "self_attn.v_proj.weight", {kBigHidden, kBigHidden}},
+       {l + "self_attn.v_proj.bias", {kBigHidden}},
+       {l + "self_attn.out_proj.weight", {kBigHidden, kBigHidden}},
+       {l + "self_attn.out_proj.bias", {kBigHidden}}},
+      {{l + "final_layer_norm.weight", {kBigHidden}},
+       {l + "final_layer_norm.bias", {kBigHidden}},
+       {l + "fc1.weight", {kBigFfn, kBigHidden}},
+       {l + "fc1.bias", {kBigFfn}},
+       {l + "fc2.weight", {kBigHidden, kBigFfn}},
+       {l + "fc2.bias", {kBigHidden}},
+       {p + "final_layer_norm.weight", {kBigHidden}},
+       {p + "final_layer_norm.bias", {kBigHidden}}}};
+  nlohmann::json map = nlohmann::json::object();
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::string name = "model-0000" + std::to_string(f + 1) + "-of-00002.safetensors";
+    std::vector<Tensor> data;
+    std::vector<std::pair<std::string, TensorView>> tensors;
+    for (const auto& [tensor, shape] : files[f]) {
+      Tensor t = Tensor::Empty(DType::kF16, shape);
+      std::memset(t.data(), 0, t.bytes());
+      tensors.push_back({tensor, t.view()});
+      data.push_back(std::move(t));
+      map[tensor] = name;
+    }
+    ASSERT_TRUE(WriteSafetensors(dir + "/" + name, tensors).ok());
+  }
+  std::ofstream(dir + "/model.safetensors.index.json")
+      << nlohmann::json{{"metadata", nlohmann::json::object()}, {"weight_map", map}}.dump();
+}
+
+// The byte ranges rank `rank` of `world` must read, worked out from the shapes alone: replicated
+// tensors whole; q/k/v/fc1 (and their biases) the rank's rows; out_proj and fc2 the rank's
+// columns of every row (their biases whole: added once after the all-reduce). The tied lm head is
+// rows of the embedding table, which is read whole.
+std::vector<Range> ExpectedRanges(const Checkpoint& ckpt, int rank, int world) {
+  std::vector<Range> want;
+  for (const std::string& name : ckpt.names()) {
+    const TensorInfo* t = ckpt.Find(name);
+    const auto offset = [&](const TensorInfo* info) {
+      // The tensor's offset in its file: its address minus the file's first tensor's.
+      const char* first = nullptr;
+      for (const std::string& other : ckpt.names()) {
+        const TensorInfo* o = ckpt.Find(other);
+        if (o->file != info->file) continue;
+        const char* d = static_cast<const char*>(o->data);
+        if (first == nullptr || d < first) first = d;
+      }
+      return static_cast<int64_t>(static_cast<const char*>(info->data) - first);
+    };
+    const int64_t off = offset(t), es = 2;
+    const bool column =
+        name.find("q_proj") != std::string::npos || name.find("k_proj") != std::string::npos ||
+        name.find("v_proj") != std::string::npos || name.find("fc1") != std::string::npos;
+    const bool row = (name.find("out_proj.weight") != std::string::npos ||
+                      name.find("fc2.weight") != std::string::npos);
+    if (column) {
+      const int64_t out = t->shape[0], in = t->shape.rank == 2 ? t->shape[1] : 1;
+      const int64_t b = rank * out / world, e = (rank + 1) * out / world;
+      want.push_back({t->file, off + b * in * es, off + e * in * es});
+    } else if (row) {
+      const int64_t out = t->shape[0], in = t->shape[1];
+      const int64_t b = rank * in / world, e = (rank + 1) * in / world;
+      for (int64_t r = 0; r < out; ++r) {
+        want.push_back({t->file, off + (r * in + b) * es, off + (r * in + e) * es});
+      }
+    } else {
+      want.push_back({t->file, off, off + static_cast<int64_t>(t->bytes)});
+    }
+  }
+  return Merged(want);
+}
+
+TEST(ShardedLoadTest, EachRankReadsOnlyItsByteRanges) {
+  test_util::TempDir dir;
+  WriteShardedCheckpoint(dir.path());
+  auto ckpt = Checkpoint::OpenDir(dir.path());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  ASSERT_EQ((*ckpt)->files().size(), 2u);
+  auto config = LoadOptConfig(dir.path());
+  ASSERT_TRUE(config.ok());
+  auto names = ResolveOptTensorNames(**ckpt, *config);
+  ASSERT_TRUE(names.ok()) << names.status().ToString();
+  const int64_t file_bytes = static_cast<int64_t>((*ckpt)->Bytes());
+  // Every tensor's address range, to map a read back to (file, offset).
+  struct Span {
+    const char* begin;
+    const char* end;
+    const TensorInfo* info;
+  };
+  std::vector<Span> spans;
+  for (const std::string& n : (*ckpt)->names()) {
+    const TensorInfo* t = (*ckpt)->Find(n);
+    spans.push_back(
+        {static_cast<const char*>(t->data), static_cast<const char*>(t->data) + t->bytes, t});
+  }
+  for (const auto& [world, rank] :
+       std::vector<std::pair<int, int>>{{2, 1}, {4, 0}, {4, 3}, {8, 5}}) {
+    SCOPED_TRACE("rank " + std::to_string(rank) + " of " + std::to_string(world));
+    auto sim = test_util::MakeSimDeviceBackend(size_t{1} << 30);
+    model::ShardSpec shard{rank, world};
+    shard.copy_columns = false;
+    auto w = model::LoadOptWeights(**ckpt, *config, *names, shard);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    std::vector<std::pair<const void*, size_t>> log;
+    model::UploadOptions up;
+    up.staging_bytes = size_t{8} << 20;
+    up.read_log = &log;
+    ASSERT_TRUE(model::UploadWeights(&*w, **ckpt, *sim, up, nullptr).ok());
+    std::vector<Range> got;
+    for (const auto& [addr, len] : log) {
+      const char* a = static_cast<const char*>(addr);
+      auto it = std::find_if(spans.begin(), spans.end(),
+                             [&](const Span& s) { return a >= s.begin && a + len <= s.end; });
+      ASSERT_NE(it, spans.end()) << "a read of " << len << " bytes outside every tensor";
+      const char* first = nullptr;
+      for (const Span& s : spans) {
+        if (s.info->file == it->info->file && (first == nullptr || s.begin < first))
+          first = s.begin;
+      }
+      got.push_back({it->info->file, a - first, a - first + static_cast<int64_t>(len)});
+    }
+    got = Merged(got);
+    const std::vector<Range> want = ExpectedRanges(**ckpt, rank, world);
+    EXPECT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+      EXPECT_TRUE(got[i].file == want[i].file && got[i].begin == want[i].begin &&
+                  got[i].end == want[i].end)
+          << "range " << i << ": read [" << got[i].begin << ", " << got[i].end << ") of "
+          << got[i].file << ", expected [" << want[i].begin << ", " << want[i].end << ") of "
+          << want[i].file;
+    }
+    std::printf("rank %d of %d read %.1f MiB of the %.1f MiB checkpoint in %zu ranges\n", rank,
+                world, Total(got) / 1048576.0, file_bytes / 1048576.0, got.size());
+  }
 }
 
 }  // namespace

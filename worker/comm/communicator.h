@@ -25,6 +25,9 @@ class Communicator {
   // Whether the collectives take device memory (NCCL) rather than host memory (Gloo, in-process).
   // A model on a device wraps a host communicator in MakeStagedCommunicator.
   virtual bool device_memory() const { return false; }
+  // A failure no call has reported yet: asynchronous collectives (NCCL's, enqueued on the
+  // device's stream) fail after their call returned. The model checks it at the end of a step.
+  virtual Status CheckHealth() { return Status::Ok(); }
 };
 
 // World of one: every collective is the identity.

@@ -12,7 +12,7 @@ Status TimedCommunicator::AllReduceSum(float* data, int64_t n) {
           .count();
   calls_.fetch_add(1, std::memory_order_relaxed);
   floats_.fetch_add(n, std::memory_order_relaxed);
-  nanos_.fetch_add(nanos, std::memory_order_relaxed);
+  if (wall_time_) nanos_.fetch_add(nanos, std::memory_order_relaxed);
   return s;
 }
 

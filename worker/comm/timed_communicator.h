@@ -26,12 +26,20 @@ class TimedCommunicator : public comm::Communicator {
   void ResetStats();
 
  protected:
+  TimedCommunicator() = default;
+  // `wall_time` false: the calls are counted but their time is what the implementation reports
+  // through AddSeconds (an asynchronous collective's wall time is only its enqueueing).
+  explicit TimedCommunicator(bool wall_time) : wall_time_(wall_time) {}
   virtual Status DoAllReduceSum(float* data, int64_t n) = 0;
+  void AddSeconds(double seconds) {
+    nanos_.fetch_add(static_cast<int64_t>(seconds * 1e9), std::memory_order_relaxed);
+  }
 
  private:
   std::atomic<int64_t> calls_{0};
   std::atomic<int64_t> floats_{0};
   std::atomic<int64_t> nanos_{0};
+  bool wall_time_ = true;
 };
 
 // The stats of `comm` if it is one of deja's timed communicators, else nullopt (the solo one).

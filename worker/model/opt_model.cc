@@ -252,7 +252,10 @@ Status OptModel::Forward(const std::vector<SequenceStep>& batch, StepResult* res
   result->active_head_fraction = step_sparse_ ? sparse_->head_fraction() : 1.0f;
   result->active_neuron_fraction = step_sparse_ ? sparse_->neuron_fraction() : 1.0f;
   result->predictor_seconds = step_sparse_ ? sparse_->predictor_seconds() : 0.0;
-  return Logits(batch, rows, result);
+  DEJA_RETURN_IF_ERROR(Logits(batch, rows, result));
+  // A device communicator's collectives ran after their calls returned: a peer that died or hung
+  // during the step surfaces here (the results read back are then garbage).
+  return comm_->CheckHealth();
 }
 
 Status OptModel::Layer(int32_t l, const std::vector<SequenceStep>& batch, int64_t rows) {

@@ -15,6 +15,7 @@
 #include "proto/grpc_status.h"
 #include "proto/internal_plane.h"
 #include "worker/comm/gloo_communicator.h"
+#include "worker/comm/nccl_communicator.h"
 #include "worker/kv/kv_cache.h"
 #include "worker/service/grpc_store.h"
 #include "worker/service/step_engine.h"
@@ -205,20 +206,6 @@ StatusOr<uint64_t> WorkerServer::Register() {
 
 Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
   const Clock::time_point t0 = Clock::now();
-  std::unique_ptr<comm::Communicator> comm;
-  if (options_.world_size > 1) {
-    GrpcStore store(credentials_.Channel(options_.coordinator), std::chrono::seconds(10),
-                    options_.group_secret);
-    comm::GlooOptions g;
-    g.rank = options_.rank;
-    g.world_size = options_.world_size;
-    g.hostname = options_.gloo_hostname;
-    g.timeout = options_.collective_timeout;
-    g.key_prefix = "epoch" + std::to_string(epoch) + "/gloo";
-    DEJA_ASSIGN_OR_RETURN(comm, comm::MakeGlooCommunicator(store, g));
-    LOG(INFO) << "rank " << options_.rank << ": Gloo group of " << options_.world_size
-              << " built (epoch " << epoch << ")";
-  }
   if (options_.device.is_host()) {
     backend_ = kernels::MakeCpuBackend(options_.threads);
   } else {
@@ -228,6 +215,34 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
                                 " is not usable: " + b.status().ToString());
     }
     backend_ = std::move(*b);
+  }
+  // The group: NCCL on the compute stream for GPU ranks, Gloo (TCP) for CPU ranks.
+  std::unique_ptr<comm::Communicator> comm;
+  if (options_.world_size > 1) {
+    GrpcStore store(credentials_.Channel(options_.coordinator), std::chrono::seconds(10),
+                    options_.group_secret);
+    const std::string prefix = "epoch" + std::to_string(epoch);
+    if (options_.device.is_host()) {
+      comm::GlooOptions g;
+      g.rank = options_.rank;
+      g.world_size = options_.world_size;
+      g.hostname = options_.gloo_hostname;
+      g.timeout = options_.collective_timeout;
+      g.key_prefix = prefix + "/gloo";
+      DEJA_ASSIGN_OR_RETURN(comm, comm::MakeGlooCommunicator(store, g));
+    } else {
+      comm::NcclOptions n;
+      n.rank = options_.rank;
+      n.world_size = options_.world_size;
+      n.device = options_.device.index;
+      n.stream = backend_->native_stream();
+      n.timeout = options_.collective_timeout;
+      n.rendezvous_timeout = options_.collective_timeout;
+      n.key_prefix = prefix + "/nccl";
+      DEJA_ASSIGN_OR_RETURN(comm, comm::MakeNcclCommunicator(&store, n));
+    }
+    LOG(INFO) << "rank " << options_.rank << ": " << (options_.device.is_host() ? "Gloo" : "NCCL")
+              << " group of " << options_.world_size << " built (epoch " << epoch << ")";
   }
   DEJA_ASSIGN_OR_RETURN(
       model_, model::LoadModel(options_.model_dir, backend_.get(), std::move(comm), options_.load));
