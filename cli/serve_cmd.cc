@@ -280,12 +280,6 @@ int RunServe(int argc, char** argv, int first) {
     DEJA_ASSIGN_OR_RETURN(Device device, DeviceFromFlags(args));
     DEJA_ASSIGN_OR_RETURN(lo.rank_devices, RankDevices(device, args.Str("gpus"), lo.world_size));
     if (!device.is_host()) {
-      if (sparsity.enabled) {
-        return InvalidArgument(
-            "--device " + device.ToString() +
-            ": Deja Vu sparsity runs on "
-            "the CPU backend only for now (drop --predictors/--sparsity-oracle)");
-      }
       // Fail here, with the CUDA reason, rather than in every worker start.
       for (const std::string& d : lo.rank_devices) {
         DEJA_ASSIGN_OR_RETURN(Device rd, ParseDevice(d));

@@ -49,8 +49,8 @@ class Backend {
   virtual ThreadPool* pool() const { return nullptr; }
   // A backend on the same device for work overlapped with this one's (the Deja Vu predictors run
   // on it while the model computes a block): the CPU backend gives one with a thread of its own,
-  // a GPU backend would give one on a second stream. nullptr when there is none: the side work
-  // then runs inline on this backend.
+  // the CUDA backend gives one on a second stream of the same device (ordered with OrderBefore).
+  // nullptr when there is none: the side work then runs inline on this backend.
   virtual std::unique_ptr<Backend> MakeSideBackend() const { return nullptr; }
 
   // Where this backend's ops read and write tensors.
@@ -75,6 +75,10 @@ class Backend {
   // The stream the ops run on (a cudaStream_t on CUDA), for libraries that enqueue work in the
   // same order (NCCL's collectives); nullptr on host backends.
   virtual void* native_stream() const { return nullptr; }
+  // Orders the work `other` enqueues from now on after the work this backend has enqueued so far
+  // (two streams of one device: an event recorded on this stream, waited for on the other's).
+  // Host backends run their ops synchronously: nothing to order.
+  virtual Status OrderBefore(Backend& other) { return Status::Ok(); }
 
   // A copy on device() of the row-major host view `host` (of the tensor).
   StatusOr<Tensor> ToBackend(const TensorView& host);

@@ -28,6 +28,7 @@ enum class OpId {
   kKvWrite,
   kKvEvict,
   kConvert,
+  kMaskUnits,
   kCount,
 };
 
@@ -148,6 +149,10 @@ using KvEvictFn = Status (*)(Backend&, const KvView& kv, int32_t heads, const Kv
 // dst = src converted element by element between float dtypes (f32, f16, bf16: round to nearest
 // even), equal element counts, both in device memory.
 using ConvertFn = Status (*)(Backend&, TensorView src, TensorView dst);
+// In place: x f32 [rows, units * unit_width]; the unit_width columns of unit u in row r are set to
+// zero where keep[r * units + u] == 0 (keep: a host array, copied by device backends). Deja Vu's
+// masked blocks: each row keeps only its own selection of heads or neurons.
+using MaskUnitsFn = Status (*)(Backend&, TensorView x, const uint8_t* keep, int32_t unit_width);
 
 struct OpTable {
   EmbeddingFn embedding = nullptr;
@@ -162,6 +167,7 @@ struct OpTable {
   KvWriteFn kv_write = nullptr;
   KvEvictFn kv_evict = nullptr;
   ConvertFn convert = nullptr;
+  MaskUnitsFn mask_units = nullptr;
 };
 
 }  // namespace deja::kernels

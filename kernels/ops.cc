@@ -25,6 +25,7 @@ bool SupportedByFullBackend(OpId op, DType dtype) {
       return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
     case OpId::kLogSoftmax:
     case OpId::kTopK:
+    case OpId::kMaskUnits:
       return dtype == DType::kF32;
     case OpId::kCount:
       break;
@@ -58,6 +59,8 @@ const char* OpName(OpId op) {
       return "kv_evict";
     case OpId::kConvert:
       return "convert";
+    case OpId::kMaskUnits:
+      return "mask_units";
     case OpId::kCount:
       break;
   }
@@ -591,6 +594,24 @@ Status Convert(Backend& backend, TensorView src, TensorView dst) {
                                     reinterpret_cast<const void*>(backend.ops().convert)));
   if (src.numel() == 0) return Status::Ok();
   return backend.ops().convert(backend, src, dst);
+}
+
+Status MaskUnits(Backend& backend, TensorView x, const uint8_t* keep, int32_t unit_width) {
+  constexpr const char* kOp = "mask_units";
+  DEJA_RETURN_IF_ERROR(CheckDevices(backend, kOp, {{"x", x}}));
+  DEJA_RETURN_IF_ERROR(CheckView(kOp, "x", x, 2, 2));
+  if (x.dtype != DType::kF32) return Bad(kOp, "x", std::string("is ") + DTypeName(x.dtype));
+  if (x.layout != Layout::kRowMajor) return Bad(kOp, "x", "must be row-major");
+  if (unit_width < 1 || x.cols() % unit_width != 0) {
+    return Bad(kOp, "unit_width",
+               std::to_string(unit_width) + " does not divide the " + std::to_string(x.cols()) +
+                   " columns");
+  }
+  if (keep == nullptr && x.numel() > 0) return Bad(kOp, "keep", "is null");
+  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kMaskUnits, x.dtype,
+                                    reinterpret_cast<const void*>(backend.ops().mask_units)));
+  if (x.numel() == 0) return Status::Ok();
+  return backend.ops().mask_units(backend, x, keep, unit_width);
 }
 
 }  // namespace deja::kernels

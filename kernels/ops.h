@@ -78,4 +78,8 @@ Status KvEvict(Backend& backend, const KvView& kv, int32_t heads, const KvEvictA
 // dst = src between float dtypes (round to nearest even), equal element counts.
 Status Convert(Backend& backend, TensorView src, TensorView dst);
 
+// Zeroes, in place, the unit_width-wide column groups of x [rows, cols] whose keep entry (host
+// [rows, cols / unit_width]) is 0 (MaskUnitsFn in op_table.h).
+Status MaskUnits(Backend& backend, TensorView x, const uint8_t* keep, int32_t unit_width);
+
 }  // namespace deja::kernels

@@ -156,6 +156,7 @@ class CpuBackend final : public Backend {
     table_.kv_write = ref::KvWrite;
     table_.kv_evict = ref::KvEvict;
     table_.convert = ref::Convert;
+    table_.mask_units = ref::MaskUnits;
   }
   BackendKind kind() const override { return BackendKind::kCpu; }
   std::string name() const override {

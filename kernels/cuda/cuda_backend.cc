@@ -38,6 +38,7 @@ class CudaBackendImpl final : public CudaBackend {
     table_.kv_write = CudaKvWrite;
     table_.kv_evict = CudaKvEvict;
     table_.convert = CudaConvert;
+    table_.mask_units = CudaMaskUnits;
   }
 
   BackendKind kind() const override { return BackendKind::kCuda; }
@@ -46,6 +47,24 @@ class CudaBackendImpl final : public CudaBackend {
   bool Supports(OpId op, DType dtype) const override { return SupportedByFullBackend(op, dtype); }
   bool SupportsPagedKv() const override { return true; }
   void* native_stream() const override { return ctx_.stream.get(); }
+
+  // Another backend of this device, with its own stream, handles and workspaces.
+  std::unique_ptr<Backend> MakeSideBackend() const override {
+    StatusOr<std::unique_ptr<Backend>> side = MakeCudaBackend(ctx_.device);
+    return side.ok() ? std::move(*side) : nullptr;
+  }
+
+  Status OrderBefore(Backend& other) override {
+    if (other.native_stream() == nullptr) return Synchronize();  // a host backend: wait here
+    DEJA_RETURN_IF_ERROR(Enter());
+    if (order_.get() == nullptr) {
+      DEJA_ASSIGN_OR_RETURN(order_, Event::Create());
+    }
+    DEJA_RETURN_IF_ERROR(order_.Record(ctx_.stream.get()));
+    return CudaStatus(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(other.native_stream()), order_.get(), 0),
+        "cudaStreamWaitEvent");
+  }
 
   Device device() const override { return Device::Cuda(ctx_.device); }
 
@@ -120,6 +139,7 @@ class CudaBackendImpl final : public CudaBackend {
   CudaContext ctx_;
   std::string name_;
   OpTable table_;
+  Event order_;  // OrderBefore's event, reused (a wait captures its state when it is made)
 };
 
 StatusOr<std::unique_ptr<Backend>> Create(int device) {

@@ -89,5 +89,6 @@ Status CudaKvWrite(Backend& b, const KvView& kv, int32_t heads, int32_t head_dim
 Status CudaKvEvict(Backend& b, const KvView& kv, int32_t heads, const KvEvictArgs& args,
                    int32_t* victims);
 Status CudaConvert(Backend& b, TensorView src, TensorView dst);
+Status CudaMaskUnits(Backend& b, TensorView x, const uint8_t* keep, int32_t unit_width);
 
 }  // namespace deja::kernels::cuda

@@ -165,6 +165,20 @@ Status CudaKvEvict(Backend& b, const KvView& kv, int32_t heads, const KvEvictArg
   return CudaStatus(LaunchKvEvict(a, ctx.stream.get()), "kv_evict kernel");
 }
 
+Status CudaMaskUnits(Backend& b, TensorView x, const uint8_t* keep, int32_t unit_width) {
+  CudaContext& ctx = ContextOf(b);
+  DEJA_RETURN_IF_ERROR(Enter(ctx));
+  const int64_t units = x.cols() / unit_width, n = x.rows() * units;
+  DEJA_ASSIGN_OR_RETURN(void* dev_keep, ctx.indices.Get(static_cast<size_t>(n), ctx.stream.get()));
+  DEJA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev_keep, keep, static_cast<size_t>(n),
+                                            cudaMemcpyHostToDevice, ctx.stream.get()),
+                            "staging the mask");
+  return CudaStatus(
+      LaunchMaskUnits(x.as<float>(), x.rows(), x.cols(), static_cast<const uint8_t*>(dev_keep),
+                      unit_width, ctx.stream.get()),
+      "mask_units kernel");
+}
+
 Status CudaConvert(Backend& b, TensorView src, TensorView dst) {
   CudaContext& ctx = ContextOf(b);
   DEJA_RETURN_IF_ERROR(Enter(ctx));

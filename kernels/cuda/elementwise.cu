@@ -94,6 +94,23 @@ cudaError_t LaunchConvertF32(const float* x, int64_t n, DType dtype, void* out,
   return cudaGetLastError();
 }
 
+__global__ void MaskUnitsKernel(float* x, int64_t n, int64_t cols, const uint8_t* keep,
+                                int32_t unit_width) {
+  const int64_t units = cols / unit_width;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    if (keep[r * units + c / unit_width] == 0) x[i] = 0.0f;
+  }
+}
+
+cudaError_t LaunchMaskUnits(float* x, int64_t rows, int64_t cols, const uint8_t* keep,
+                            int32_t unit_width, cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  MaskUnitsKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(x, n, cols, keep, unit_width);
+  return cudaGetLastError();
+}
+
 cudaError_t LaunchConvert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
                           cudaStream_t stream) {
   ConvertKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(src, src_dtype, dst, dst_dtype, n);

@@ -32,6 +32,9 @@ cudaError_t LaunchConvertF32(const float* x, int64_t n, DType dtype, void* out,
 // (common/dtype.h FloatToHalf / FloatToBF16, NaNs included).
 cudaError_t LaunchConvert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
                           cudaStream_t stream);
+// x[r, c] = 0 where keep[r * (cols / unit_width) + c / unit_width] == 0 (keep on the device).
+cudaError_t LaunchMaskUnits(float* x, int64_t rows, int64_t cols, const uint8_t* keep,
+                            int32_t unit_width, cudaStream_t stream);
 
 // rowwise.cu: one thread block per row, f32 reductions.
 

@@ -279,6 +279,18 @@ Status Convert(Backend&, TensorView src, TensorView dst) {
   return Status::Ok();
 }
 
+Status MaskUnits(Backend&, TensorView x, const uint8_t* keep, int32_t unit_width) {
+  const int64_t rows = x.rows(), cols = x.cols(), units = cols / unit_width;
+  float* p = x.as<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t u = 0; u < units; ++u) {
+      if (keep[r * units + u] != 0) continue;
+      for (int64_t c = u * unit_width; c < (u + 1) * unit_width; ++c) p[r * cols + c] = 0.0f;
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace ref
 
 namespace {
@@ -298,6 +310,7 @@ class ReferenceBackend final : public Backend {
     table_.kv_write = ref::KvWrite;
     table_.kv_evict = ref::KvEvict;
     table_.convert = ref::Convert;
+    table_.mask_units = ref::MaskUnits;
   }
   BackendKind kind() const override { return BackendKind::kReference; }
   std::string name() const override { return "reference"; }

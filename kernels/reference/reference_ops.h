@@ -12,5 +12,6 @@ Status KvWrite(Backend&, const KvView& kv, int32_t heads, int32_t head_dim, cons
 Status KvEvict(Backend&, const KvView& kv, int32_t heads, const KvEvictArgs& args,
                int32_t* victims);
 Status Convert(Backend&, TensorView src, TensorView dst);
+Status MaskUnits(Backend&, TensorView x, const uint8_t* keep, int32_t unit_width);
 
 }  // namespace deja::kernels::ref

@@ -179,8 +179,6 @@ TEST(CliTest, DeviceFlag) {
                      "--gpus needs --device cuda");
   ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --device cuda:1 --tp 2"),
                      "name each rank's GPU with --gpus");
-  ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --device cuda --sparsity-oracle 0.5"),
-                     "Deja Vu sparsity runs on the CPU backend only");
   const CliRun probe = RunDeja("generate --model " + Mini() +
                                " --prompt hi --max-new-tokens 2 --device cuda --json");
   ASSERT_FALSE(probe.signaled) << probe.out;

@@ -1,7 +1,8 @@
-// KvWrite, KvEvict and Convert of every backend under test against the reference, on fresh seeded
+// KvWrite, KvEvict, Convert and MaskUnits of every backend under test against the reference, on
+// fresh seeded
 // random inputs: caches full of garbage (every byte an op must not write is compared too),
 // contiguous and, on backends that read them, paged through a permuted block table (the reference
-// itself is checked there against its own contiguous answer). All three ops are exact: each
+// itself is checked there against its own contiguous answer). All four ops are exact: each
 // output is compared bit for bit (NaNs only by being NaN where the host's and the device's
 // conversions may encode them differently).
 #include <gtest/gtest.h>
@@ -418,6 +419,49 @@ TEST_P(CompareConvert, AllPairs) {
 }
 
 DEJA_INSTANTIATE_BACKEND_TEST(CompareConvert, ComparedBackends());
+
+// ---- MaskUnits ----
+
+// Random masks (each unit kept with probability 0.3, 0.5 or 0.9) over random activations, unit
+// widths 1 (neurons) and 64 / 80 (heads): kept columns keep their bits, the others become +0.
+class CompareMaskUnits : public BackendTest {};
+
+TEST_P(CompareMaskUnits, RandomMasks) {
+  Backend& b = backend();
+  uint32_t seed = BaseSeed() + 7500;
+  auto ref = MakeReferenceBackend();
+  struct Case {
+    int64_t rows, units;
+    int32_t width;
+    double keep;
+  };
+  for (const Case& c : {Case{1, 4096, 1, 0.3}, Case{7, 3000, 1, 0.9}, Case{1, 32, 64, 0.5},
+                        Case{5, 12, 80, 0.3}, Case{16, 40, 128, 0.9}}) {
+    SCOPED_TRACE("rows " + std::to_string(c.rows) + " units " + std::to_string(c.units) +
+                 " width " + std::to_string(c.width));
+    if (!Runs(b, OpId::kMaskUnits, DType::kF32)) return;
+    std::mt19937 rng(seed++);
+    Tensor x = RandomTensor(rng, DType::kF32, {c.rows, c.units * c.width});
+    std::bernoulli_distribution kept(c.keep);
+    std::vector<uint8_t> keep(static_cast<size_t>(c.rows * c.units));
+    for (uint8_t& k : keep) k = kept(rng) ? 1 : 0;
+    Tensor want = CopyOf(x);
+    DEJA_ASSERT_OK(MaskUnits(*ref, want.view(), keep.data(), c.width));
+    DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_x, b.ToBackend(x));
+    DEJA_ASSERT_OK(MaskUnits(b, d_x.view(), keep.data(), c.width));
+    DEJA_ASSERT_OK_AND_ASSIGN(Tensor got, b.ToHost(d_x.view()));
+    EXPECT_TRUE(SameBytes(got, want, "x"));
+    // The reference itself: zeros exactly where the mask says, the input elsewhere.
+    const float* w = want.as<float>();
+    const float* in = x.as<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const int64_t r = i / (c.units * c.width), u = (i % (c.units * c.width)) / c.width;
+      ASSERT_EQ(w[i], keep[r * c.units + u] ? in[i] : 0.0f) << i;
+    }
+  }
+}
+
+DEJA_INSTANTIATE_BACKEND_TEST(CompareMaskUnits, ComparedBackends());
 
 }  // namespace
 }  // namespace deja::kernels

@@ -521,6 +521,16 @@ TEST(KvOpsValidationTest, KvWriteKvEvictAndConvertNameTheirBadArguments) {
   EXPECT_TRUE(RejectsArg(Convert(*ref, src, short_dst), "dst"));
   TensorView ints{pos.data(), DType::kI32, Shape{8}};
   EXPECT_TRUE(RejectsArg(Convert(*ref, ints, dst), "src"));
+
+  std::vector<float> act(12, 1.0f);
+  std::vector<uint8_t> keep = {1, 0, 1, 0, 0, 1};
+  TensorView x{act.data(), DType::kF32, Shape{2, 6}};
+  EXPECT_TRUE(RejectsArg(MaskUnits(*ref, x, keep.data(), 4), "unit_width"));
+  EXPECT_TRUE(RejectsArg(MaskUnits(*ref, x, keep.data(), 0), "unit_width"));
+  EXPECT_TRUE(RejectsArg(MaskUnits(*ref, x, nullptr, 2), "keep"));
+  EXPECT_TRUE(RejectsArg(MaskUnits(*ref, ints, keep.data(), 1), "x"));
+  EXPECT_TRUE(MaskUnits(*ref, x, keep.data(), 2).ok());
+  EXPECT_EQ(act, (std::vector<float>{1, 1, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1}));
 }
 
 }  // namespace

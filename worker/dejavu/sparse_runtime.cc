@@ -102,12 +102,8 @@ StatusOr<std::unique_ptr<SparseRuntime>> SparseRuntime::Create(
                            " exceeds the model's " + std::to_string(config.num_hidden_layers) +
                            " layers");
   }
-  if (!backend.device().is_host()) {
-    // The runtime reads the blocks' inputs and writes its plans in host memory.
-    return Unimplemented("sparsity: the predictors run on host memory; the " + backend.name() +
-                         " backend's tensors are on " + backend.device().ToString());
-  }
   std::unique_ptr<SparseRuntime> rt(new SparseRuntime());
+  rt->on_device_ = !backend.device().is_host();
   rt->options_ = options;
   rt->config_ = config;
   rt->rank_ = rank;
@@ -130,12 +126,28 @@ StatusOr<std::unique_ptr<SparseRuntime>> SparseRuntime::Create(
     DEJA_ASSIGN_OR_RETURN(rt->set_,
                           predictors::LoadPredictors(options.predictors, config, rank, world));
     rt->have_predictors_ = true;
+    if (rt->on_device_) {
+      for (predictors::LayerPredictors& lp : rt->set_.layers) {
+        for (Tensor* t : {&lp.mlp_fc1, &lp.mlp_fc2, &lp.head_fc1, &lp.head_fc2}) {
+          if (t->data() == nullptr) continue;
+          DEJA_ASSIGN_OR_RETURN(*t, backend.ToBackend(*t));
+        }
+      }
+    }
   }
   using PredictorThread = model::SparsityOptions::PredictorThread;
+  if (rt->on_device_ && rt->have_predictors_ &&
+      options.predictor_thread != PredictorThread::kInline) {
+    // A second stream of the device (where the backend has one): the predictors overlap the
+    // block they predict for and are joined when Finish reads their ids back.
+    rt->predictor_backend_ = backend.MakeSideBackend();
+    if (rt->predictor_backend_ != nullptr) rt->model_backend_ = &backend;
+  }
   const int pool_threads = backend.pool() != nullptr ? backend.pool()->num_threads() : 1;
-  rt->async_ = options.predictor_thread == PredictorThread::kOwnThread ||
-               (options.predictor_thread == PredictorThread::kAuto &&
-                static_cast<int>(std::thread::hardware_concurrency()) > pool_threads);
+  rt->async_ =
+      !rt->on_device_ && (options.predictor_thread == PredictorThread::kOwnThread ||
+                          (options.predictor_thread == PredictorThread::kAuto &&
+                           static_cast<int>(std::thread::hardware_concurrency()) > pool_threads));
   if (rt->async_) rt->predictor_backend_ = backend.MakeSideBackend();
   if (rt->predictor_backend_ != nullptr) {
     rt->backend_ = rt->predictor_backend_.get();  // overlapped with the block it predicts for
@@ -190,9 +202,19 @@ StatusOr<std::unique_ptr<SparseRuntime>> SparseRuntime::Create(
   }
   rt->fc2_t_.resize(layers);
   rt->out_t_.resize(layers);
+  // On a device: transposed on the host, one matrix at a time, and moved back.
+  auto transposed = [&](const TensorView& w) -> StatusOr<Tensor> {
+    if (!rt->on_device_) return Transpose(w);
+    DEJA_ASSIGN_OR_RETURN(Tensor host, backend.ToHost(w));
+    return backend.ToBackend(Transpose(host.view()));
+  };
   for (int32_t l = 0; l < layers; ++l) {
-    if (rt->mlp_k_[l] > 0) rt->fc2_t_[l] = Transpose(weights.layers[l].fc2.w);
-    if (rt->head_k_[l] > 0) rt->out_t_[l] = Transpose(weights.layers[l].out.w);
+    if (rt->mlp_k_[l] > 0) {
+      DEJA_ASSIGN_OR_RETURN(rt->fc2_t_[l], transposed(weights.layers[l].fc2.w));
+    }
+    if (rt->head_k_[l] > 0) {
+      DEJA_ASSIGN_OR_RETURN(rt->out_t_[l], transposed(weights.layers[l].out.w));
+    }
   }
   return rt;
 }
@@ -250,14 +272,43 @@ void SparseRuntime::Start(Kind kind, int32_t layer, const TensorView& x) {
   const int32_t k = kind == Kind::kMlp ? mlp_k_[layer] : head_k_[layer];
   if (k == 0) return;
   const int64_t rows = rows_, d = x.cols();
+  p.pending = true;
+  p.ids_on_device = false;
+  if (on_device_) {
+    // Enqueued now, from the block's input as it is now (the block then updates it): on the
+    // model's stream, or on the side stream after a copy of the input made on the model's.
+    const auto t0 = std::chrono::steady_clock::now();
+    TensorView input = x;
+    input.shape = Shape{rows, d};
+    p.status = Status::Ok();
+    if (model_backend_ != nullptr && have_predictors_) {
+      if (p.input.empty() || p.input.shape()[0] < rows) {
+        StatusOr<Tensor> t = model_backend_->Allocate(DType::kF32, {rows, d});
+        p.status = t.status();
+        if (t.ok()) p.input = std::move(*t);
+      }
+      if (p.status.ok()) {
+        TensorView copy = p.input.view();
+        copy.shape = Shape{rows, d};
+        p.status = kernels::Convert(*model_backend_, input, copy);
+        if (p.status.ok()) p.status = model_backend_->OrderBefore(*backend_);
+        input = copy;
+      }
+    }
+    if (p.status.ok()) p.status = Predict(kind, layer, rows, input, p);
+    p.ran = true;
+    predictor_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return;
+  }
   if (p.input.empty() || p.input.shape()[0] < rows) {
     p.input = Tensor::Empty(DType::kF32, {rows, d});
   }
   std::memcpy(p.input.data(), x.data, static_cast<size_t>(rows * d) * sizeof(float));
-  p.pending = true;
   auto job = [this, kind, layer, rows, &p] {
     const auto t0 = std::chrono::steady_clock::now();
-    p.status = Predict(kind, layer, rows, p);
+    const TensorView input{p.input.data(), DType::kF32, Shape{rows, p.input.shape()[1]}};
+    p.status = Predict(kind, layer, rows, input, p);
     p.ran = true;
     predictor_seconds_ +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -269,7 +320,13 @@ void SparseRuntime::Start(Kind kind, int32_t layer, const TensorView& x) {
   }
 }
 
-Status SparseRuntime::Predict(Kind kind, int32_t layer, int64_t rows, Prediction& p) {
+StatusOr<Tensor> SparseRuntime::Alloc(DType dtype, Shape shape) const {
+  if (!on_device_) return Tensor::Empty(dtype, shape);
+  return backend_->Allocate(dtype, shape);
+}
+
+Status SparseRuntime::Predict(Kind kind, int32_t layer, int64_t rows, const TensorView& input,
+                              Prediction& p) {
   const int64_t units = kind == Kind::kMlp ? local_ffn_ : local_heads_;
   const int32_t k = kind == Kind::kMlp ? mlp_k_[layer] : head_k_[layer];
   const int32_t k_group = k / groups_;
@@ -302,18 +359,35 @@ Status SparseRuntime::Predict(Kind kind, int32_t layer, int64_t rows, Prediction
     const Tensor& fc2 = kind == Kind::kMlp ? lp.mlp_fc2 : lp.head_fc2;
     const int64_t r_dim = fc1.shape()[0], d = fc1.shape()[1];
     if (p.hidden.empty() || p.hidden.shape()[0] < rows || p.hidden.shape()[1] != r_dim) {
-      p.hidden = Tensor::Empty(DType::kF32, {rows, r_dim});
+      DEJA_ASSIGN_OR_RETURN(p.hidden, Alloc(DType::kF32, {rows, r_dim}));
     }
     if (p.scores.empty() || p.scores.shape()[0] < rows || p.scores.shape()[1] != units) {
-      p.scores = Tensor::Empty(DType::kF32, {rows, units});
+      DEJA_ASSIGN_OR_RETURN(p.scores, Alloc(DType::kF32, {rows, units}));
     }
-    TensorView in{p.input.data(), DType::kF32, Shape{rows, d}};
-    TensorView hidden{p.hidden.data(), DType::kF32, Shape{rows, r_dim}};
-    TensorView scores{p.scores.data(), DType::kF32, Shape{rows, units}};
+    TensorView in = input;
+    in.shape = Shape{rows, d};
+    TensorView hidden = p.hidden.view(), scores = p.scores.view();
+    hidden.shape = Shape{rows, r_dim};
+    scores.shape = Shape{rows, units};
     DEJA_RETURN_IF_ERROR(
         kernels::Linear(*backend_, in, fc1.view(), {}, kernels::Activation::kNone, false, hidden));
     DEJA_RETURN_IF_ERROR(kernels::Linear(*backend_, hidden, fc2.view(), {},
                                          kernels::Activation::kNone, false, scores));
+    if (on_device_) {
+      // Each (row, group) is a contiguous run of group_units scores: TopK over them on the
+      // device; only the ids come back.
+      const int64_t runs = rows * groups_;
+      if (p.top_ids.empty() || p.top_ids.numel() < runs * k_group) {
+        DEJA_ASSIGN_OR_RETURN(p.top_values, Alloc(DType::kF32, {runs * k_group}));
+        DEJA_ASSIGN_OR_RETURN(p.top_ids, Alloc(DType::kI32, {runs * k_group}));
+      }
+      TensorView grouped = scores;
+      grouped.shape = Shape{runs, group_units};
+      DEJA_RETURN_IF_ERROR(kernels::TopK(*backend_, grouped, k_group, p.top_values.as<float>(),
+                                         p.top_ids.as<int32_t>()));
+      p.ids_on_device = true;  // Finish reads them back (the join)
+      return Status::Ok();
+    }
   }
   const float* s = p.scores.as<float>();
   for (int64_t r = 0; r < rows; ++r) {
@@ -340,6 +414,22 @@ Status SparseRuntime::Finish(Kind kind, int32_t layer, BlockPlan* plan) {
     p.pending = false;
     if (!p.ran) return Internal("sparsity: the predictor job did not run");
     DEJA_RETURN_IF_ERROR(p.status);
+    if (p.ids_on_device) {
+      // The join: the ids come back once the predictor's stream has produced them.
+      const auto t0 = std::chrono::steady_clock::now();
+      const int32_t groups = groups_, k_group = k / groups;
+      const int64_t group_units = units / groups;
+      DEJA_RETURN_IF_ERROR(backend_->CopyDeviceToHost(
+          p.selected.data(), p.top_ids.data(), static_cast<size_t>(rows_ * k) * sizeof(int32_t)));
+      for (int64_t r = 0; r < rows_; ++r) {
+        for (int32_t g = 0; g < groups; ++g) {
+          int32_t* out = p.selected.data() + r * k + g * k_group;
+          for (int32_t i = 0; i < k_group; ++i) out[i] += static_cast<int32_t>(g * group_units);
+        }
+      }
+      predictor_seconds_ +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
     if (all_sparse_decode_) {
       std::vector<uint8_t>& seen = plan->keep;
       seen.assign(units, 0);

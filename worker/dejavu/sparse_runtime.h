@@ -1,7 +1,11 @@
 // Deja Vu contextual sparsity at run time (docs/architecture.md#deja-vu-lookahead), for one
 // tensor-parallel rank: the lookahead predictors (or the oracle used for speed runs on random
 // weights), run on their own thread while the current block computes, and the per-block plans
-// OptModel::Layer follows.
+// OptModel::Layer follows. On a device backend the predictors run on the device: on a second
+// stream where the backend has one (CUDA), after a copy of the block's input made on the model's
+// stream and ordered before theirs by an event, so they overlap the block; joined when Finish
+// reads the selected ids back (only the ids come to the host, where the plans are made).
+// Elsewhere (the simulated device) in the model's order.
 //
 // Pairing (as in training): the attention-block input of layer L predicts MLP L (started when
 // layer L begins, joined before its fc1); the MLP-block input of layer L predicts the heads of
@@ -110,15 +114,20 @@ class SparseRuntime {
     bool pending = false;
     bool ran = false;
     Status status;
-    Tensor input;                   // [rows, d] copy of the block input
+    Tensor input;                   // [rows, d] copy of the block input (host backends)
     Tensor hidden;                  // [rows, r]
     Tensor scores;                  // [rows, local_units]
+    Tensor top_values, top_ids;     // device backends: TopK's outputs [rows * groups, k / groups]
+    bool ids_on_device = false;     // top_ids hold this prediction's ids, not yet read back
     std::vector<int32_t> selected;  // [rows, k] local unit indices
   };
   void Start(Kind kind, int32_t layer, const TensorView& x);
   Status Finish(Kind kind, int32_t layer, BlockPlan* plan);
-  // On the predictor thread: fills p.selected for `rows` rows.
-  Status Predict(Kind kind, int32_t layer, int64_t rows, Prediction& p);
+  // On the predictor thread (host backends): fills p.selected for `rows` rows from `input`
+  // [rows, d].
+  Status Predict(Kind kind, int32_t layer, int64_t rows, const TensorView& input, Prediction& p);
+  // Memory for `p`'s buffers: the backend's device, or the host.
+  StatusOr<Tensor> Alloc(DType dtype, Shape shape) const;
 
   model::SparsityOptions options_;
   OptConfig config_;
@@ -128,10 +137,14 @@ class SparseRuntime {
   predictors::PredictorSet set_;
   bool have_predictors_ = false;
   bool async_ = false;  // predictors on their own thread (resolved from predictor_thread)
+  bool on_device_ = false;  // the model's tensors (and the predictors) are device memory
   std::vector<int32_t> mlp_k_, head_k_;
   std::vector<Tensor> fc2_t_, out_t_;
-  std::unique_ptr<kernels::Backend> predictor_backend_;  // single-threaded CPU or reference
+  std::unique_ptr<kernels::Backend> predictor_backend_;  // single-threaded CPU, or a side stream
   kernels::Backend* backend_ = nullptr;                  // predictor_backend_ or the model's
+  // Device backends with a side stream: the model's backend (the predictors' input is copied on
+  // its stream, then ordered before theirs); null otherwise.
+  kernels::Backend* model_backend_ = nullptr;
 
   // Per step.
   int64_t rows_ = 0;

@@ -133,11 +133,7 @@ StatusOr<Tensor> OptModel::Alloc(DType dtype, Shape shape) const {
 }
 
 Status OptModel::EnableSparsity(const SparsityOptions& options) {
-  if (on_device_) {
-    return Unimplemented("Deja Vu sparsity runs on the CPU backend only, not on " +
-                         backend_->device().ToString());
-  }
-  UntileMatrices(&w_);
+  if (!on_device_) UntileMatrices(&w_);
   DEJA_ASSIGN_OR_RETURN(sparse_, dejavu::SparseRuntime::Create(options, config_, w_, *backend_,
                                                                comm_->rank(), comm_->world_size()));
   heads_plan_ = std::make_unique<dejavu::BlockPlan>();
@@ -414,12 +410,7 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
   }
   if (mode == dejavu::BlockPlan::Mode::kMasked) {
     // Each row skips the heads its own selection left out (zero context -> no contribution).
-    float* c = ctx.as<float>();
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int32_t head = 0; head < heads; ++head) {
-        if (!plan->keep[r * heads + head]) std::fill_n(c + r * local + head * hd, hd, 0.0f);
-      }
-    }
+    DEJA_RETURN_IF_ERROR(kernels::MaskUnits(be, ctx, plan->keep.data(), hd));
   }
   if (observer_ != nullptr) observer_->OnAttention(l, Rows(h_, rows, d), ctx);
   return kernels::Linear(be, ctx, lw.out.w, {}, Activation::kNone, false, o);
@@ -447,11 +438,7 @@ Status OptModel::MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in,
   DEJA_RETURN_IF_ERROR(
       kernels::Linear(be, mlp_in, lw.fc1.w, lw.fc1.bias, Activation::kRelu, false, u));
   if (mode == dejavu::BlockPlan::Mode::kMasked) {
-    float* x = u.as<float>();
-    const uint8_t* keep = plan->keep.data();
-    for (int64_t i = 0; i < rows * ffn; ++i) {
-      if (!keep[i]) x[i] = 0.0f;
-    }
+    DEJA_RETURN_IF_ERROR(kernels::MaskUnits(be, u, plan->keep.data(), 1));
   }
   if (observer_ != nullptr) observer_->OnMlp(l, Rows(h_, rows, d), u);
   return kernels::Linear(be, u, lw.fc2.w, {}, Activation::kNone, false, o);
