@@ -5,8 +5,10 @@
 #   env       nvidia-smi, the libraries each binary resolves
 #   tests     every test binary of the `gpu` ctest label, with its gtest filter
 #   generate  `deja generate --device cuda` on both fixtures against the HF golden tokens
-#   serve     `deja serve --device cuda` and one client request
+#   serve     `deja serve --device cuda` and one client request (also --tp 2 or 4 over NCCL
+#             where there are several GPUs)
 #   bench     `deja bench decode --device cuda` on an OPT-1.3B-shaped random checkpoint
+#   dejavu    dense vs Deja Vu (oracle, 10% of neurons, 50% of heads) on 6.7B and 13B shapes
 # DEJA_CHECK_STEPS="tests generate" runs a subset; DEJA_CHECK_LOGS (default ./gpu-check-logs)
 # holds each step's full output; DEJA_CHECK_DEVICE (default cuda) runs generate, serve and bench
 # on another device (cpu: to try the script on a machine without a GPU). Exit status: the number
@@ -14,7 +16,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 logs=${DEJA_CHECK_LOGS:-$here/gpu-check-logs}
-steps=${DEJA_CHECK_STEPS:-env tests generate serve bench}
+steps=${DEJA_CHECK_STEPS:-env tests generate serve bench dejavu}
 dev=${DEJA_CHECK_DEVICE:-cuda}
 mkdir -p "$logs"
 export DEJA_SOURCE_DIR=$here
@@ -138,6 +140,27 @@ step_bench() {
     --out "$ckpt" --tokenizer "$here/models/opt-mini" || return 1
   "$deja" bench decode --device "$dev" --model "$ckpt" --dtype bf16 --batches 1,16,64 \
     --prefill-tokens 2048 --prompt-tokens 128 --decode-steps 32 --json | tee "$logs/bench_1.3b.json"
+}
+
+# Deja Vu on the GPU at the paper's operating point for OPT-175B-like layers (10% of neurons,
+# 50% of heads, oracle selection: no predictor cost), dense vs sparse interleaved in one run, at
+# batch 1 and 32, on the 6.7B and 13B shapes with as many layers as fit in half the GPU's memory.
+step_dejavu() {
+  local mem_mib shape hidden max_layers layers ckpt
+  mem_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  for shape in 6.7b 13b; do
+    read -r hidden max_layers <<<"$([ $shape = 6.7b ] && echo 4096 32 || echo 5120 40)"
+    # bf16 layer: 12 hidden^2 weights of 2 bytes, plus the transposed out_proj/fc2 (5 hidden^2).
+    layers=$(python3 -c "print(min($max_layers, int($mem_mib * 2**20 * 0.5 // (17 * $hidden**2 * 2))))")
+    ckpt=/tmp/deja-opt-$shape-$layers
+    [ -f "$ckpt/config.json" ] || python3 "$here/tools/checkpoints/make_random_opt.py" \
+      --shape $shape --layers "$layers" --out "$ckpt" --tokenizer "$here/models/opt-mini" ||
+      return 1
+    echo "== $shape shape, $layers layers"
+    "$deja" bench decode --device "$dev" --model "$ckpt" --dtype bf16 --batches 1,32 \
+      --prefill-tokens 128 --prompt-tokens 128 --decode-steps 32 --sparsity-oracle 0.1 \
+      --mlp-fraction 0.1 --head-fraction 0.5 --kv-memory-fraction 0.3 --json | tee "$logs/dejavu_$shape.json" || return 1
+  done
 }
 
 for s in $steps; do

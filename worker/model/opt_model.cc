@@ -134,8 +134,15 @@ StatusOr<Tensor> OptModel::Alloc(DType dtype, Shape shape) const {
 
 Status OptModel::EnableSparsity(const SparsityOptions& options) {
   if (!on_device_) UntileMatrices(&w_);
-  DEJA_ASSIGN_OR_RETURN(sparse_, dejavu::SparseRuntime::Create(options, config_, w_, *backend_,
-                                                               comm_->rank(), comm_->world_size()));
+  StatusOr<std::unique_ptr<dejavu::SparseRuntime>> rt = dejavu::SparseRuntime::Create(
+      options, config_, w_, *backend_, comm_->rank(), comm_->world_size());
+  if (!rt.ok() && on_device_ && rt.status().code() == StatusCode::kResourceExhausted) {
+    // The transposed out_proj/fc2 copies come after the KV pool took its share.
+    return rt.status().WithContext("the Deja Vu copies of out_proj and fc2 do not fit on " +
+                                   backend_->device().ToString() +
+                                   " beside the KV pool; lower --kv-memory-fraction");
+  }
+  DEJA_ASSIGN_OR_RETURN(sparse_, std::move(rt));
   heads_plan_ = std::make_unique<dejavu::BlockPlan>();
   mlp_plan_ = std::make_unique<dejavu::BlockPlan>();
   return Status::Ok();
