@@ -12,6 +12,8 @@ PACKAGES=(
   # llvm-symbolizer for readable crash reports.
   clang libclang-rt-14-dev llvm
   python3 python3-venv python3-pip
+  # tests/monitoring: promtool and a real Prometheus server.
+  prometheus
 )
 
 missing=()
@@ -24,11 +26,18 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # The package starts a Prometheus server on :9090 where systemd runs, the port `deja serve`
+  # exports its metrics on: the tests start their own server, so this one is stopped.
+  if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
 fi
 
 # numpy for tools/checkpoints (random-weight benchmark checkpoints); grpcio and grpcio-tools for
-# the Python client example and the test that compiles the public proto with them.
-if ! python3 -c "import numpy, grpc, grpc_tools" 2>/dev/null; then
-  python3 -m pip install -q numpy grpcio grpcio-tools ||
-    echo "note: numpy/grpcio not installed: tools/checkpoints and the Python proto tests need them"
+# the Python client example and the test that compiles the public proto with them; PyYAML for
+# tests/monitoring.
+if ! python3 -c "import numpy, grpc, grpc_tools, yaml" 2>/dev/null; then
+  python3 -m pip install -q numpy grpcio grpcio-tools pyyaml ||
+    echo "note: numpy/grpcio/pyyaml not installed: tools/checkpoints, the Python proto tests" \
+      "and tests/monitoring need them"
 fi
