@@ -16,6 +16,10 @@ PACKAGES=(
   prometheus
 )
 
+# tests/deploy renders the manifests with `kubectl kustomize`: Debian's kubectl unless one is
+# already installed.
+command -v kubectl >/dev/null || PACKAGES+=(kubernetes-client)
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -35,9 +39,11 @@ fi
 
 # numpy for tools/checkpoints (random-weight benchmark checkpoints); grpcio and grpcio-tools for
 # the Python client example and the test that compiles the public proto with them; PyYAML for
-# tests/monitoring.
-if ! python3 -c "import numpy, grpc, grpc_tools, yaml" 2>/dev/null; then
-  python3 -m pip install -q numpy grpcio grpcio-tools pyyaml ||
-    echo "note: numpy/grpcio/pyyaml not installed: tools/checkpoints, the Python proto tests" \
-      "and tests/monitoring need them"
+# tests/monitoring and tests/deploy; kubernetes-validate (the Kubernetes schemas, offline) and
+# jsonschema for tests/deploy.
+if ! python3 -c "import numpy, grpc, grpc_tools, yaml, kubernetes_validate, jsonschema" 2>/dev/null
+then
+  python3 -m pip install -q numpy grpcio grpcio-tools pyyaml kubernetes-validate jsonschema ||
+    echo "note: a Python package did not install: tools/checkpoints, the Python proto tests," \
+      "tests/monitoring and tests/deploy need them"
 fi
