@@ -1,11 +1,12 @@
 // The deja binary: one entry point, subcommands in their own files.
+#include <glog/logging.h>
+
 #include <cstdio>
 #include <cstring>
 #include <string>
 
-#include <glog/logging.h>
-
 #include "cli/commands.h"
+#include "cli/log_setup.h"
 
 namespace {
 
@@ -21,14 +22,12 @@ constexpr const char* kUsage =
     "  client     call a server: generate, stream, tokenize, info, cancel, health\n"
     "  collect    record Deja Vu predictor training rows from a dense run over text\n"
     "  train-predictors  train the Deja Vu predictors from `collect` output\n"
-    "Every command takes --help.\n";
+    "Every command takes --help, and --log-dir DIR (log files there too) and -v N (verbose).\n";
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  FLAGS_logtostderr = true;
-  if (const char* v = std::getenv("DEJA_LOG_LEVEL")) FLAGS_minloglevel = std::atoi(v);
-  google::InitGoogleLogging(argv[0]);
+  argc = deja::cli::SetUpLogging(argc, argv);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

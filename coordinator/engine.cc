@@ -57,11 +57,15 @@ StatusOr<std::shared_ptr<Request>> Engine::Submit(const v1::GenerateRequest& req
   const Clock::time_point arrival = Clock::now();
   if (draining_.load()) {
     metrics_->Rejected("draining");
+    VLOG(1) << "request " << (request.has_request_id() ? request.request_id() : "-")
+            << ": refused code=UNAVAILABLE reason=draining";
     return Unavailable("the server is draining and accepts no new requests");
   }
   const GroupState group = client_->State();
   if (!group.ready) {
     metrics_->Rejected("not_ready");
+    VLOG(1) << "request " << (request.has_request_id() ? request.request_id() : "-")
+            << ": refused code=UNAVAILABLE reason=not_ready";
     return Unavailable("no worker group is ready" +
                        (group.reason.empty() ? std::string() : ": " + group.reason));
   }
@@ -73,6 +77,9 @@ StatusOr<std::shared_ptr<Request>> Engine::Submit(const v1::GenerateRequest& req
   StatusOr<ResolvedRequest> resolved = ResolveRequest(request, LimitsFor(group), *tokenizer_, seed);
   if (!resolved.ok()) {
     metrics_->Rejected(RejectReason(resolved.status()));
+    LOG(INFO) << "request " << (request.has_request_id() ? request.request_id() : "-")
+              << ": refused code=" << StatusCodeName(resolved.status().code())
+              << " reason=" << RejectReason(resolved.status());
     return resolved.status();
   }
   std::string id = resolved->request_id;
@@ -84,6 +91,8 @@ StatusOr<std::shared_ptr<Request>> Engine::Submit(const v1::GenerateRequest& req
   std::string reason;
   if (Status s = scheduler_.Admit(r, &reason); !s.ok()) {
     metrics_->Rejected(reason);
+    LOG(INFO) << "request " << id << ": refused code=" << StatusCodeName(s.code())
+              << " reason=" << reason;
     return s;
   }
   metrics_->prompt_tokens.Increment(r->prompt_tokens());

@@ -1,6 +1,9 @@
 #include "coordinator/request.h"
 
+#include <glog/logging.h>
+
 #include <algorithm>
+#include <iomanip>
 
 #include "common/utf8.h"
 
@@ -166,6 +169,12 @@ void Request::FillFinal(v1::FinishReason reason, Clock::time_point now,
 void Request::Record(const std::string& code, v1::FinishReason reason, Clock::time_point now) {
   metrics_->RequestFinished(code, reason);
   metrics_->request_seconds.Observe(Seconds(now - arrival_));
+  // The access log: one line per finished request, key=value fields.
+  LOG(INFO) << "request " << id_ << ": finished code=" << code
+            << " finish_reason=" << FinishReasonLabel(reason)
+            << " prompt_tokens=" << prompt_tokens() << " generated_tokens=" << generated()
+            << std::fixed << std::setprecision(1)
+            << " ttft_ms=" << (first_token_ ? Ms(*first_token_) : -1.0) << " total_ms=" << Ms(now);
 }
 
 double Request::Ms(Clock::time_point t) const {

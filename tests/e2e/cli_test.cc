@@ -141,6 +141,11 @@ TEST(CliTest, BadFlagsNameTheFlag) {
   ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi --dtype f8"),
                      "--dtype must be checkpoint or bf16, got 'f8'");
   ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --dtype half"), "--dtype");
+  // The logging flags every command takes (cli/log_setup.h).
+  ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi -v x"),
+                     "-v must be a verbosity level 0..99, not 'x'");
+  ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi --log-dir="),
+                     "--log-dir needs a directory");
   ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi --kv-dtype bf16"),
                      "--kv-dtype must be f32 or f16, got 'bf16'");
   // Enumerated flags list the accepted values from their tables.

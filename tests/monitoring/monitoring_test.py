@@ -10,9 +10,13 @@
              Prometheus (Debian's) scrapes it every second with the rules loaded; then every
              dashboard query, every recording rule and each side of every alert expression
              returns a series (HTTP API), every metric the dashboard names is in the scrape,
-             and promtool check metrics passes on the scrape.
+             and promtool check metrics passes on the scrape;
+  logs       `deja serve --tp 2 --log-dir DIR -v 1`: one log file per process; every line of a
+             worker's names its rank, every line of the coordinator's says so; a finished
+             request leaves one access-log line (id, code, finish reason, prompt and generated
+             tokens, TTFT, total), a refused one a `refused` line, and -v 1 its admission.
 
-    monitoring_test.py --deja build/release/cli/deja --source . [rules|dashboard|live ...]
+    monitoring_test.py --deja build/release/cli/deja --source . [rules|dashboard|live|logs ...]
 """
 import argparse
 import json
@@ -214,16 +218,82 @@ def test_live(source, deja):
                     p.kill()
 
 
+def start_serve(deja, args, log_path):
+    """`deja serve ... --port 0` with its output in log_path; (process, target or None)."""
+    out = open(log_path, "w+")
+    proc = subprocess.Popen([deja, "serve"] + args + ["--port", "0"], stdout=out,
+                            stderr=subprocess.STDOUT)
+    for _ in range(240):
+        out.seek(0)
+        m = re.search(r"serving on (\S+:\d+)", out.read())
+        if m and subprocess.run([deja, "client", "health", "--target", m.group(1), "--service",
+                                 "deja.v1.TextGeneration"], capture_output=True).returncode == 0:
+            return proc, m.group(1)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.5)
+    return proc, None
+
+
+def test_logs(source, deja):
+    with tempfile.TemporaryDirectory() as d:
+        logs = os.path.join(d, "logs")
+        os.mkdir(logs)
+        proc, target = start_serve(deja, ["--model", os.path.join(source, "models/opt-mini"),
+                                          "--tp", "2", "--metrics-port", "-1", "--log-dir", logs,
+                                          "-v", "1"], os.path.join(d, "serve.out"))
+        try:
+            check(target is not None, "deja serve --tp 2 --log-dir -v 1 became ready")
+            if target is None:
+                return
+            r = subprocess.run([deja, "client", "generate", "--target", target, "--prompt", "Hello",
+                                "--max-new-tokens", "4", "--request-id", "access-ok-1"],
+                               capture_output=True, text=True)
+            check(r.returncode == 0, "a request with id access-ok-1")
+            subprocess.run([deja, "client", "generate", "--target", target, "--prompt", "",
+                            "--request-id", "access-bad-1"], capture_output=True)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        files = [os.path.join(logs, f) for f in os.listdir(logs) if ".log.INFO." in f]
+        check(len(files) == 3, f"one INFO log file per process (coordinator and 2 workers): {len(files)}")
+        line = re.compile(r"^[IWEF]\d{8} \d\d:\d\d:\d\d\.\d{6} +\d+ \S+:\d+ (.*?)\] ")
+        roles = set()
+        everything = ""
+        for f in files:
+            text = open(f).read()
+            everything += text
+            entries = [l for l in text.splitlines() if re.match(r"^[IWEF]\d{8} ", l)]
+            parts = {m.group(1) if (m := line.match(l)) else None for l in entries}
+            check(len(parts) == 1 and None not in parts and entries,
+                  f"{os.path.basename(f)}: every line names one part: {sorted(map(str, parts))}")
+            roles |= parts
+        check(roles == {"coordinator", "rank 0/2", "rank 1/2"},
+              f"the parts are the coordinator and ranks 0/2 and 1/2: {sorted(map(str, roles))}")
+        check(re.search(r"coordinator\] request access-ok-1: finished code=OK finish_reason=length "
+                        r"prompt_tokens=\d+ generated_tokens=4 ttft_ms=[\d.]+ total_ms=[\d.]+$",
+                        everything, re.M) is not None, "the access-log line of access-ok-1")
+        check(re.search(r"request access-bad-1: refused code=INVALID_ARGUMENT reason=invalid_argument",
+                        everything) is not None, "the refusal line of access-bad-1")
+        check("request access-ok-1: admitted as seq" in everything, "-v 1 shows the admission")
+        check(re.search(r"rank 1/2\] .*loaded .* MiB", everything) is not None,
+              "a worker logs its model load with the bytes")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--deja", required=True)
     ap.add_argument("--source", required=True)
-    ap.add_argument("parts", nargs="*", default=["rules", "dashboard", "live"])
+    ap.add_argument("parts", nargs="*", default=["rules", "dashboard", "live", "logs"])
     a = ap.parse_args()
     for part in a.parts:
         print(f"== {part}", flush=True)
         {"rules": lambda: test_rules(a.source), "dashboard": lambda: test_dashboard(a.source),
-         "live": lambda: test_live(a.source, a.deja)}[part]()
+         "live": lambda: test_live(a.source, a.deja),
+         "logs": lambda: test_logs(a.source, a.deja)}[part]()
     if FAILURES:
         print(f"{len(FAILURES)} checks failed:\n  " + "\n  ".join(FAILURES))
         return 1
