@@ -147,6 +147,16 @@ CoordinatorMetrics::CoordinatorMetrics(metrics::Registry* r, const ModelInfoLabe
   for (const char* phase : {"schedule", "workers", "apply", "total", "overhead"}) {
     step_phase_.Add({{"phase", phase}});
   }
+  // The usual outcomes exist from the start at zero, so that rates and ratios over them have a
+  // series before the first request (a labelled family without a series is not exported).
+  for (v1::FinishReason reason : {v1::FINISH_REASON_LENGTH, v1::FINISH_REASON_EOS,
+                                  v1::FINISH_REASON_STOP_SEQUENCE, v1::FINISH_REASON_TIME_LIMIT}) {
+    requests_.Add({{"code", "OK"}, {"finish_reason", FinishReasonLabel(reason)}});
+  }
+  for (const char* reason : {"invalid_argument", "failed_precondition", "queue_full", "kv_full",
+                             "draining", "not_ready", "already_exists", "unauthenticated"}) {
+    rejections_.Add({{"reason", reason}});
+  }
   for (int i = 0; i < info.tensor_parallel_size; ++i) {
     const metrics::Labels l = {{"rank", std::to_string(i)}};
     ranks_.push_back(std::make_unique<Rank>(

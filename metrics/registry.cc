@@ -1,49 +1,65 @@
-// Metric types, families, the registry, and the text exposition format 0.0.4.
+// deja's metric families over prometheus-cpp's registry, metrics and text serializer.
 #include "metrics/registry.h"
 
 #include <glog/logging.h>
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <set>
 #include <utility>
 
 namespace deja::metrics {
+namespace {
+
+void CheckBounds(const std::vector<double>& bounds) {
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    CHECK(std::isfinite(bounds[i])) << "histogram bound " << i << " is not finite";
+    CHECK(i == 0 || bounds[i - 1] < bounds[i]) << "histogram bounds must strictly increase";
+  }
+}
+
+}  // namespace
 
 void Counter::Increment(double amount) {
   if (!(amount >= 0.0)) return;  // also rejects NaN
-  value_.fetch_add(amount, std::memory_order_relaxed);
+  impl_->Increment(amount);
 }
 
-Histogram::Histogram(std::vector<double> bounds)
-    : bounds_(std::move(bounds)),
-      counts_(std::make_unique<std::atomic<uint64_t>[]>(bounds_.size() + 1)) {
-  for (size_t i = 0; i < bounds_.size(); ++i) {
-    CHECK(std::isfinite(bounds_[i])) << "histogram bound " << i << " is not finite";
-    CHECK(i == 0 || bounds_[i - 1] < bounds_[i]) << "histogram bounds must strictly increase";
-  }
-  for (size_t i = 0; i <= bounds_.size(); ++i) counts_[i].store(0, std::memory_order_relaxed);
+double Counter::Value() const { return impl_->Value(); }
+
+void Gauge::Set(double value) { impl_->Set(value); }
+void Gauge::Increment(double amount) { impl_->Increment(amount); }
+void Gauge::Decrement(double amount) { impl_->Decrement(amount); }
+double Gauge::Value() const { return impl_->Value(); }
+
+Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)) {
+  CheckBounds(bounds_);
+  owned_ = std::make_unique<prometheus::Histogram>(bounds_);
+  impl_ = owned_.get();
 }
+
+Histogram::Histogram(prometheus::Histogram* impl, std::vector<double> bounds)
+    : bounds_(std::move(bounds)), impl_(impl) {}
+
+Histogram::~Histogram() = default;
 
 void Histogram::Observe(double value) {
   if (std::isnan(value)) return;
-  // First bound >= value: buckets are "less than or equal".
-  const size_t bucket = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
-  counts_[bucket].fetch_add(1, std::memory_order_relaxed);
-  sum_.fetch_add(value, std::memory_order_relaxed);
+  impl_->Observe(value);
 }
 
 Histogram::Snapshot Histogram::Collect() const {
+  const prometheus::ClientMetric m = impl_->Collect();
   Snapshot snap;
-  snap.cumulative.resize(bounds_.size() + 1);
-  uint64_t running = 0;
-  for (size_t i = 0; i <= bounds_.size(); ++i) {
-    running += counts_[i].load(std::memory_order_relaxed);
-    snap.cumulative[i] = running;
-  }
-  snap.count = running;
-  snap.sum = sum_.load(std::memory_order_relaxed);
+  for (const auto& b : m.histogram.bucket) snap.cumulative.push_back(b.cumulative_count);
+  snap.count = m.histogram.sample_count;
+  snap.sum = m.histogram.sample_sum;
   return snap;
 }
 
@@ -60,60 +76,6 @@ std::vector<double> LinearBuckets(double start, double width, int count) {
   std::vector<double> bounds(count);
   for (int i = 0; i < count; ++i) bounds[i] = start + width * i;
   return bounds;
-}
-
-// ---- text format helpers ----
-
-std::string EscapeLabelValue(const std::string& value) {
-  std::string out;
-  out.reserve(value.size());
-  for (char c : value) {
-    switch (c) {
-      case '\\':
-        out += "\\\\";
-        break;
-      case '"':
-        out += "\\\"";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
-std::string EscapeHelp(const std::string& help) {
-  std::string out;
-  out.reserve(help.size());
-  for (char c : help) {
-    switch (c) {
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
-std::string FormatValue(double value) {
-  if (std::isnan(value)) return "NaN";
-  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
-  char buf[64];
-  // Integral values print without an exponent up to 2^53, the range where they are exact.
-  if (value == std::floor(value) && std::fabs(value) < 9007199254740992.0) {
-    auto res = std::to_chars(buf, buf + sizeof(buf), static_cast<int64_t>(value));
-    return std::string(buf, res.ptr);
-  }
-  auto res = std::to_chars(buf, buf + sizeof(buf), value);
-  return std::string(buf, res.ptr);
 }
 
 bool IsValidMetricName(const std::string& name) {
@@ -138,99 +100,31 @@ bool IsValidLabelName(const std::string& name) {
 
 // ---- families ----
 
-FamilyBase::FamilyBase(std::string name, std::string help, MetricType type,
-                       std::vector<std::string> label_names)
-    : name_(std::move(name)),
-      help_(std::move(help)),
-      type_(type),
-      label_names_(std::move(label_names)) {
-  CHECK(IsValidMetricName(name_)) << "invalid metric name '" << name_ << "'";
-  std::set<std::string> seen;
-  for (const auto& l : label_names_) {
-    CHECK(IsValidLabelName(l)) << name_ << ": invalid label name '" << l << "'";
-    CHECK(seen.insert(l).second) << name_ << ": duplicate label name '" << l << "'";
-    CHECK(!(type_ == MetricType::kHistogram && l == "le"))
-        << name_ << ": 'le' is reserved for histogram buckets";
-  }
-}
-
-std::vector<std::string> FamilyBase::ValuesInOrder(const Labels& labels) const {
-  CHECK_EQ(labels.size(), label_names_.size())
-      << name_ << ": expected " << label_names_.size() << " labels";
-  std::vector<std::string> values;
-  values.reserve(label_names_.size());
-  for (const auto& l : label_names_) {
-    auto it = labels.find(l);
-    CHECK(it != labels.end()) << name_ << ": missing label '" << l << "'";
-    values.push_back(it->second);
-  }
-  return values;
-}
-
-std::string FamilyBase::LabelText(const std::vector<std::string>& values, const char* extra_name,
-                                  const std::string& extra_value) const {
-  if (values.empty() && extra_name == nullptr) return "";
-  std::string out = "{";
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (i > 0) out += ',';
-    out += label_names_[i] + "=\"" + EscapeLabelValue(values[i]) + '"';
-  }
-  if (extra_name != nullptr) {
-    if (!values.empty()) out += ',';
-    out += std::string(extra_name) + "=\"" + EscapeLabelValue(extra_value) + '"';
-  }
-  out += '}';
-  return out;
-}
-
-void FamilyBase::Render(std::string* out) const {
-  static constexpr const char* kTypeNames[] = {"counter", "gauge", "histogram"};
-  *out += "# HELP " + name_ + ' ' + EscapeHelp(help_) + '\n';
-  *out += "# TYPE " + name_ + ' ' + kTypeNames[static_cast<int>(type_)] + '\n';
-  RenderChildren(out);
-}
-
 template <typename T>
-Family<T>::Family(RegistryKey, std::string name, std::string help, MetricType type,
-                  std::vector<std::string> label_names, std::vector<double> bounds)
-    : FamilyBase(std::move(name), std::move(help), type, std::move(label_names)),
+Family<T>::Family(RegistryKey, Impl* impl, std::string name, std::vector<std::string> label_names,
+                  std::vector<double> bounds)
+    : impl_(impl),
+      name_(std::move(name)),
+      label_names_(std::move(label_names)),
       bounds_(std::move(bounds)) {}
 
 template <typename T>
 T& Family<T>::Add(const Labels& labels) {
-  std::vector<std::string> values = ValuesInOrder(labels);
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = children_.find(values);
-  if (it == children_.end()) {
-    std::unique_ptr<T> child;
-    if constexpr (std::is_same_v<T, Histogram>) {
-      child = std::make_unique<Histogram>(bounds_);
-    } else {
-      child = std::make_unique<T>();
-    }
-    it = children_.emplace(std::move(values), std::move(child)).first;
+  CHECK_EQ(labels.size(), label_names_.size())
+      << name_ << ": expected " << label_names_.size() << " labels";
+  for (const auto& l : label_names_) {
+    CHECK(labels.count(l) == 1) << name_ << ": missing label '" << l << "'";
   }
-  return *it->second;
-}
-
-template <typename T>
-void Family<T>::RenderChildren(std::string* out) const {
   std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [values, child] : children_) {
-    if constexpr (std::is_same_v<T, Histogram>) {
-      const Histogram::Snapshot snap = child->Collect();
-      for (size_t i = 0; i <= bounds_.size(); ++i) {
-        const std::string le = i < bounds_.size() ? FormatValue(bounds_[i]) : "+Inf";
-        *out += name_ + "_bucket" + LabelText(values, "le", le) + ' ' +
-                std::to_string(snap.cumulative[i]) + '\n';
-      }
-      const std::string labels = LabelText(values);
-      *out += name_ + "_sum" + labels + ' ' + FormatValue(snap.sum) + '\n';
-      *out += name_ + "_count" + labels + ' ' + std::to_string(snap.count) + '\n';
-    } else {
-      *out += name_ + LabelText(values) + ' ' + FormatValue(child->Value()) + '\n';
-    }
+  auto it = children_.find(labels);
+  if (it != children_.end()) return *it->second;
+  std::unique_ptr<T> child;
+  if constexpr (std::is_same_v<T, Histogram>) {
+    child = std::make_unique<Histogram>(&impl_->Add(labels, bounds_), bounds_);
+  } else {
+    child = std::make_unique<T>(&impl_->Add(labels));
   }
+  return *children_.emplace(labels, std::move(child)).first->second;
 }
 
 template class Family<Counter>;
@@ -239,10 +133,23 @@ template class Family<Histogram>;
 
 // ---- registry ----
 
-void Registry::CheckNewName(const std::string& name) const {
-  for (const auto& f : families_) {
-    CHECK(f->name() != name) << "metric family '" << name << "' registered twice";
+Registry::Registry() : impl_(std::make_unique<prometheus::Registry>()) {}
+Registry::~Registry() = default;
+
+void Registry::CheckNewFamily(const std::string& name, const std::string& help,
+                              const std::vector<std::string>& label_names) {
+  CHECK(IsValidMetricName(name)) << "invalid metric name '" << name << "'";
+  // prometheus-cpp writes HELP as it is: a newline or backslash would break the format.
+  CHECK(help.find_first_of("\n\\") == std::string::npos)
+      << name << ": HELP text with a newline or backslash";
+  CHECK(std::find(names_.begin(), names_.end(), name) == names_.end())
+      << "metric family '" << name << "' registered twice";
+  std::set<std::string> seen;
+  for (const auto& l : label_names) {
+    CHECK(IsValidLabelName(l)) << name << ": invalid label name '" << l << "'";
+    CHECK(seen.insert(l).second) << name << ": duplicate label name '" << l << "'";
   }
+  names_.push_back(name);
 }
 
 Family<Counter>& Registry::AddCounter(const std::string& name, const std::string& help,
@@ -250,44 +157,41 @@ Family<Counter>& Registry::AddCounter(const std::string& name, const std::string
   CHECK(name.size() > 6 && name.compare(name.size() - 6, 6, "_total") == 0)
       << "counter '" << name << "' must end in _total";
   std::lock_guard<std::mutex> lock(mu_);
-  CheckNewName(name);
-  auto family = std::make_unique<Family<Counter>>(RegistryKey(), name, help, MetricType::kCounter,
-                                                  std::move(label_names));
-  auto& ref = *family;
-  families_.push_back(std::move(family));
-  return ref;
+  CheckNewFamily(name, help, label_names);
+  auto& impl = prometheus::BuildCounter().Name(name).Help(help).Register(*impl_);
+  counters_.push_back(
+      std::make_unique<Family<Counter>>(RegistryKey(), &impl, name, std::move(label_names)));
+  return *counters_.back();
 }
 
 Family<Gauge>& Registry::AddGauge(const std::string& name, const std::string& help,
                                   std::vector<std::string> label_names) {
   std::lock_guard<std::mutex> lock(mu_);
-  CheckNewName(name);
-  auto family = std::make_unique<Family<Gauge>>(RegistryKey(), name, help, MetricType::kGauge,
-                                                std::move(label_names));
-  auto& ref = *family;
-  families_.push_back(std::move(family));
-  return ref;
+  CheckNewFamily(name, help, label_names);
+  auto& impl = prometheus::BuildGauge().Name(name).Help(help).Register(*impl_);
+  gauges_.push_back(
+      std::make_unique<Family<Gauge>>(RegistryKey(), &impl, name, std::move(label_names)));
+  return *gauges_.back();
 }
 
 Family<Histogram>& Registry::AddHistogram(const std::string& name, const std::string& help,
                                           std::vector<std::string> label_names,
                                           std::vector<double> bounds) {
-  // Validates the bounds now rather than at the first Add.
-  Histogram check(bounds);
+  CheckBounds(bounds);
+  for (const auto& l : label_names) {
+    CHECK(l != "le") << name << ": 'le' is reserved for histogram buckets";
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  CheckNewName(name);
-  auto family = std::make_unique<Family<Histogram>>(
-      RegistryKey(), name, help, MetricType::kHistogram, std::move(label_names), std::move(bounds));
-  auto& ref = *family;
-  families_.push_back(std::move(family));
-  return ref;
+  CheckNewFamily(name, help, label_names);
+  auto& impl = prometheus::BuildHistogram().Name(name).Help(help).Register(*impl_);
+  histograms_.push_back(std::make_unique<Family<Histogram>>(
+      RegistryKey(), &impl, name, std::move(label_names), std::move(bounds)));
+  return *histograms_.back();
 }
 
 std::string Registry::Serialize() const {
-  std::string out;
   std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& f : families_) f->Render(&out);
-  return out;
+  return prometheus::TextSerializer().Serialize(impl_->Collect());
 }
 
 }  // namespace deja::metrics

@@ -1,6 +1,7 @@
-// A small Prometheus client: counters, gauges and histograms grouped in labelled families, kept
-// in a Registry that renders the text exposition format 0.0.4. Updates are lock-free atomics;
-// only creating a child (Family::Add) and rendering take a lock.
+// deja's metric families over prometheus-cpp (Debian's prometheus-cpp-dev): counters, gauges and
+// histograms grouped in labelled families, kept in a Registry that renders the text exposition
+// format (prometheus::TextSerializer). Updates go straight to prometheus-cpp's lock-free
+// metrics; creating a child (Family::Add) and rendering take a lock.
 //
 // Usage (declare all families of a process in one metrics.{h,cc}):
 //   Registry registry;
@@ -9,17 +10,30 @@
 //   Counter& ok = requests.Add({{"code", "OK"}});  // stable reference; keep it
 //   ok.Increment();
 //
-// Names are fixed by the code, not by input, so an invalid name or label set is a programmer
-// error and CHECK-fails. Label values may come from anywhere: they are escaped when rendered.
+// What this layer adds to prometheus-cpp: the label names are declared with the family and every
+// Add must give exactly those (a typo is a CHECK failure, not a new time series); counters never
+// go down (negative or NaN increments are ignored); names, label names and help texts are checked
+// when a family is made (names are fixed by the code, so a bad one is a programmer error and
+// CHECK-fails). Label values may come from anywhere: prometheus-cpp escapes them. Families render
+// grouped by type (counters, gauges, histograms), each child once; a family appears once it has a
+// child.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
+
+namespace prometheus {
+class Registry;
+class Counter;
+class Gauge;
+class Histogram;
+template <typename T>
+class Family;
+}  // namespace prometheus
 
 namespace deja::metrics {
 
@@ -29,31 +43,36 @@ using Labels = std::map<std::string, std::string>;
 // A monotonically increasing value (requests, tokens, bytes, seconds spent).
 class Counter {
  public:
+  using Impl = prometheus::Counter;
+  explicit Counter(prometheus::Counter* impl) : impl_(impl) {}
   // Adds `amount`, which must be >= 0; negative or NaN amounts are ignored so a counter never
   // goes down.
   void Increment(double amount = 1.0);
-  double Value() const { return value_.load(std::memory_order_relaxed); }
+  double Value() const;
 
  private:
-  std::atomic<double> value_{0.0};
+  prometheus::Counter* impl_;
 };
 
 // A value that goes up and down (queue length, bytes in use, a timestamp).
 class Gauge {
  public:
-  void Set(double value) { value_.store(value, std::memory_order_relaxed); }
-  void Increment(double amount = 1.0) { value_.fetch_add(amount, std::memory_order_relaxed); }
-  void Decrement(double amount = 1.0) { value_.fetch_sub(amount, std::memory_order_relaxed); }
-  double Value() const { return value_.load(std::memory_order_relaxed); }
+  using Impl = prometheus::Gauge;
+  explicit Gauge(prometheus::Gauge* impl) : impl_(impl) {}
+  void Set(double value);
+  void Increment(double amount = 1.0);
+  void Decrement(double amount = 1.0);
+  double Value() const;
 
  private:
-  std::atomic<double> value_{0.0};
+  prometheus::Gauge* impl_;
 };
 
 // Counts observations into buckets with inclusive upper bounds (Prometheus `le`), plus their
 // sum. The +Inf bucket is implicit.
 class Histogram {
  public:
+  using Impl = prometheus::Histogram;
   struct Snapshot {
     // Cumulative counts for each bound, then the +Inf bucket (== count).
     std::vector<uint64_t> cumulative;
@@ -61,55 +80,31 @@ class Histogram {
     uint64_t count = 0;
   };
 
-  // `bounds` must be finite and strictly increasing (CHECKed).
+  // A histogram of its own (outside any registry); `bounds` must be finite and strictly
+  // increasing (CHECKed).
   explicit Histogram(std::vector<double> bounds);
+  // A child of a registry's family.
+  Histogram(prometheus::Histogram* impl, std::vector<double> bounds);
+  ~Histogram();
+  Histogram(const Histogram&) = delete;
+  Histogram& operator=(const Histogram&) = delete;
 
   // NaN observations are ignored.
   void Observe(double value);
   const std::vector<double>& bounds() const { return bounds_; }
-  // Counts and sum at one moment; the count is the sum of the bucket counts, so the +Inf bucket
-  // and _count always agree even while other threads observe.
+  // Counts and sum at one moment.
   Snapshot Collect() const;
 
  private:
   std::vector<double> bounds_;
-  std::unique_ptr<std::atomic<uint64_t>[]> counts_;  // bounds_.size() + 1 entries
-  std::atomic<double> sum_{0.0};
+  std::unique_ptr<prometheus::Histogram> owned_;
+  prometheus::Histogram* impl_;
 };
 
 // Bucket helpers: `count` bounds start, start*factor, ... / start, start+width, ...
 std::vector<double> ExponentialBuckets(double start, double factor, int count);
 std::vector<double> LinearBuckets(double start, double width, int count);
 
-enum class MetricType { kCounter, kGauge, kHistogram };
-
-// Common part of every family: name, help, label names, rendering.
-class FamilyBase {
- public:
-  virtual ~FamilyBase() = default;
-  const std::string& name() const { return name_; }
-  MetricType type() const { return type_; }
-  // Appends this family in the text exposition format.
-  void Render(std::string* out) const;
-
- protected:
-  FamilyBase(std::string name, std::string help, MetricType type,
-             std::vector<std::string> label_names);
-  // Label values in label_names_ order; CHECK-fails unless `labels` has exactly those names.
-  std::vector<std::string> ValuesInOrder(const Labels& labels) const;
-  virtual void RenderChildren(std::string* out) const = 0;
-  // Renders `{a="x",b="y"}` (plus an optional extra label), or nothing when there are none.
-  std::string LabelText(const std::vector<std::string>& values, const char* extra_name = nullptr,
-                        const std::string& extra_value = "") const;
-
-  std::string name_;
-  std::string help_;
-  MetricType type_;
-  std::vector<std::string> label_names_;
-  mutable std::mutex mu_;
-};
-
-// A metric name with labels and one child metric per distinct set of label values.
 // Only a Registry can make the key that Family's constructor asks for.
 class RegistryKey {
  private:
@@ -117,32 +112,34 @@ class RegistryKey {
   RegistryKey() = default;
 };
 
+// A metric name with declared label names and one child per distinct set of label values.
 template <typename T>
-class Family final : public FamilyBase {
+class Family final {
  public:
+  using Impl = prometheus::Family<typename T::Impl>;
   // Families are created by Registry::Add*.
-  Family(RegistryKey key, std::string name, std::string help, MetricType type,
-         std::vector<std::string> label_names, std::vector<double> bounds = {});
+  Family(RegistryKey key, Impl* impl, std::string name, std::vector<std::string> label_names,
+         std::vector<double> bounds = {});
 
   // Returns the child for these label values, creating it on first use. The reference stays
   // valid for the Registry's lifetime; hot paths should keep it instead of calling Add again.
   T& Add(const Labels& labels);
+  const std::string& name() const { return name_; }
 
  private:
-  void RenderChildren(std::string* out) const override;
-
+  Impl* impl_;
+  std::string name_;
+  std::vector<std::string> label_names_;
   std::vector<double> bounds_;  // histograms only
-  std::map<std::vector<std::string>, std::unique_ptr<T>> children_;
+  std::mutex mu_;
+  std::map<Labels, std::unique_ptr<T>> children_;
 };
 
-extern template class Family<Counter>;
-extern template class Family<Gauge>;
-extern template class Family<Histogram>;
-
-// Owns families; renders them in the order they were added. Thread-safe.
+// Owns the prometheus-cpp registry and deja's families. Thread-safe.
 class Registry {
  public:
-  Registry() = default;
+  Registry();
+  ~Registry();
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
 
@@ -159,19 +156,17 @@ class Registry {
   std::string Serialize() const;
 
  private:
-  void CheckNewName(const std::string& name) const;
+  void CheckNewFamily(const std::string& name, const std::string& help,
+                      const std::vector<std::string>& label_names);
 
   mutable std::mutex mu_;
-  std::vector<std::unique_ptr<FamilyBase>> families_;
+  std::unique_ptr<prometheus::Registry> impl_;
+  std::vector<std::string> names_;
+  std::vector<std::unique_ptr<Family<Counter>>> counters_;
+  std::vector<std::unique_ptr<Family<Gauge>>> gauges_;
+  std::vector<std::unique_ptr<Family<Histogram>>> histograms_;
 };
 
-// Text-format helpers, exposed for tests and for other exporters.
-// Label value: backslash, double quote and newline escaped.
-std::string EscapeLabelValue(const std::string& value);
-// HELP text: backslash and newline escaped.
-std::string EscapeHelp(const std::string& help);
-// Shortest text that reads back as the same double; "+Inf", "-Inf", "NaN".
-std::string FormatValue(double value);
 bool IsValidMetricName(const std::string& name);
 bool IsValidLabelName(const std::string& name);
 

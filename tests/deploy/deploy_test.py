@@ -3,8 +3,8 @@
 
   validate  every overlay renders (`kubectl kustomize`); each core object validates strictly
             against the bundled Kubernetes schemas (PyPI kubernetes-validate, no network), the
-            LeaderWorkerSet against its CRD's openAPIV3Schema (../shared/k8s-schemas or
-            $DEJA_K8S_SCHEMAS), the Prometheus Operator objects structurally (no CRD offline);
+            LeaderWorkerSet against its CRD's openAPIV3Schema ($DEJA_K8S_SCHEMAS, or the nearest
+            shared/k8s-schemas beside or above the checkout), the Prometheus Operator objects structurally (no CRD offline);
             and the pod rules hold: non-root, read-only root filesystem, resources, gRPC probes
             on the API container, a termination grace longer than the drain plus the preStop.
   images    Dockerfile.cpu and Dockerfile.cuda: multi-stage, built by the project's own scripts,
@@ -102,7 +102,17 @@ def test_validate(source):
     import kubernetes_validate
 
     version = kubernetes_validate.latest_version()
-    schemas = os.environ.get("DEJA_K8S_SCHEMAS", os.path.join(source, "..", "shared", "k8s-schemas"))
+    # $DEJA_K8S_SCHEMAS, else the nearest shared/k8s-schemas beside the checkout or above it
+    # (the workspace keeps it at ../shared; a clone elsewhere finds it further up).
+    schemas = os.environ.get("DEJA_K8S_SCHEMAS")
+    if not schemas:
+        d = os.path.abspath(source)
+        while True:
+            candidate = os.path.join(d, "shared", "k8s-schemas")
+            if os.path.isdir(candidate) or os.path.dirname(d) == d:
+                schemas = candidate
+                break
+            d = os.path.dirname(d)
     crd_path = os.path.join(schemas, "leaderworkerset.x-k8s.io_leaderworkersets.yaml")
     check(os.path.exists(crd_path), f"the LeaderWorkerSet CRD at {crd_path}")
     lws_schema = None

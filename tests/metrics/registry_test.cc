@@ -1,16 +1,33 @@
-// Registry and text exposition format: exact output for each metric type, escaping, number
-// formatting, concurrent updates, and CHECKs on programmer errors.
+// The Registry over prometheus-cpp: the rendered text for each metric type (children in any
+// order), escaping, numbers that read back exactly, concurrent updates, and CHECKs on programmer
+// errors.
 #include "metrics/registry.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <thread>
 #include <vector>
 
 namespace deja::metrics {
 namespace {
+
+// The serialized lines, sorted: prometheus-cpp renders children in no fixed order.
+std::vector<std::string> SortedLines(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    lines.push_back(text.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  std::sort(lines.begin(), lines.end());
+  return lines;
+}
 
 TEST(RegistryTest, CounterFamilyRendersHelpTypeAndChildren) {
   Registry registry;
@@ -19,11 +36,11 @@ TEST(RegistryTest, CounterFamilyRendersHelpTypeAndChildren) {
   requests.Add({{"code", "OK"}}).Increment();
   requests.Add({{"code", "OK"}}).Increment(2);
   requests.Add({{"code", "INVALID_ARGUMENT"}}).Increment();
-  EXPECT_EQ(registry.Serialize(),
-            "# HELP deja_coordinator_requests_total Finished requests by gRPC code.\n"
-            "# TYPE deja_coordinator_requests_total counter\n"
-            "deja_coordinator_requests_total{code=\"INVALID_ARGUMENT\"} 1\n"
-            "deja_coordinator_requests_total{code=\"OK\"} 3\n");
+  EXPECT_EQ(SortedLines(registry.Serialize()),
+            SortedLines("# HELP deja_coordinator_requests_total Finished requests by gRPC code.\n"
+                        "# TYPE deja_coordinator_requests_total counter\n"
+                        "deja_coordinator_requests_total{code=\"INVALID_ARGUMENT\"} 1\n"
+                        "deja_coordinator_requests_total{code=\"OK\"} 3\n"));
 }
 
 TEST(RegistryTest, AddReturnsTheSameChildForTheSameLabelsInAnyOrder) {
@@ -35,11 +52,11 @@ TEST(RegistryTest, AddReturnsTheSameChildForTheSameLabelsInAnyOrder) {
   EXPECT_NE(&first, &family.Add({{"a", "1"}, {"b", "3"}}));
 }
 
-TEST(RegistryTest, LabelsRenderInDeclaredOrder) {
+TEST(RegistryTest, LabelsRenderSortedByName) {
   Registry registry;
   auto& family = registry.AddGauge("deja_test_value_ratio", "Ratio.", {"zeta", "alpha"});
   family.Add({{"alpha", "a"}, {"zeta", "z"}}).Set(0.5);
-  EXPECT_NE(registry.Serialize().find("deja_test_value_ratio{zeta=\"z\",alpha=\"a\"} 0.5\n"),
+  EXPECT_NE(registry.Serialize().find("deja_test_value_ratio{alpha=\"a\",zeta=\"z\"} 0.5\n"),
             std::string::npos)
       << registry.Serialize();
 }
@@ -76,15 +93,22 @@ TEST(RegistryTest, HistogramRendersCumulativeBucketsSumAndCount) {
   h.Observe(0.1);  // bounds are inclusive
   h.Observe(0.3);
   h.Observe(2.5);
-  EXPECT_EQ(registry.Serialize(),
-            "# HELP deja_coordinator_request_duration_seconds Request latency.\n"
-            "# TYPE deja_coordinator_request_duration_seconds histogram\n"
-            "deja_coordinator_request_duration_seconds_bucket{method=\"Generate\",le=\"0.1\"} 2\n"
-            "deja_coordinator_request_duration_seconds_bucket{method=\"Generate\",le=\"0.5\"} 3\n"
-            "deja_coordinator_request_duration_seconds_bucket{method=\"Generate\",le=\"1\"} 3\n"
-            "deja_coordinator_request_duration_seconds_bucket{method=\"Generate\",le=\"+Inf\"} 4\n"
-            "deja_coordinator_request_duration_seconds_sum{method=\"Generate\"} 2.95\n"
-            "deja_coordinator_request_duration_seconds_count{method=\"Generate\"} 4\n");
+  h.Observe(std::nan(""));  // ignored
+  EXPECT_EQ(
+      SortedLines(registry.Serialize()),
+      SortedLines(
+          "# HELP deja_coordinator_request_duration_seconds Request latency.\n"
+          "# TYPE deja_coordinator_request_duration_seconds histogram\n"
+          "deja_coordinator_request_duration_seconds_bucket{method=\"Generate\",le=\"0.1\"} 2\n"
+          "deja_coordinator_request_duration_seconds_bucket{method=\"Generate\",le=\"0.5\"} 3\n"
+          "deja_coordinator_request_duration_seconds_bucket{method=\"Generate\",le=\"1\"} 3\n"
+          "deja_coordinator_request_duration_seconds_bucket{method=\"Generate\",le=\"+Inf\"} 4\n"
+          "deja_coordinator_request_duration_seconds_sum{method=\"Generate\"} 2.95\n"
+          "deja_coordinator_request_duration_seconds_count{method=\"Generate\"} 4\n"));
+  const Histogram::Snapshot snap = h.Collect();
+  EXPECT_EQ(snap.cumulative, (std::vector<uint64_t>{2, 3, 3, 4}));
+  EXPECT_EQ(snap.count, 4u);
+  EXPECT_DOUBLE_EQ(snap.sum, 2.95);
 }
 
 TEST(RegistryTest, HistogramWithoutLabelsHasOnlyLeLabel) {
@@ -100,50 +124,51 @@ TEST(RegistryTest, HistogramWithoutLabelsHasOnlyLeLabel) {
   EXPECT_NE(text.find("deja_worker_step_duration_seconds_count 1\n"), std::string::npos);
 }
 
-TEST(RegistryTest, FamiliesRenderInRegistrationOrder) {
+TEST(RegistryTest, EveryFamilyRendersOnceWithItsChildren) {
   Registry registry;
   registry.AddGauge("deja_b_value", "B.").Add({}).Set(1);
   registry.AddCounter("deja_a_events_total", "A.").Add({});
-  const std::string text = registry.Serialize();
-  EXPECT_LT(text.find("deja_b_value"), text.find("deja_a_events_total"));
+  // A family appears once it has a child.
+  auto& none = registry.AddCounter("deja_test_none_total", "Nothing yet.", {"code"});
+  std::string text = registry.Serialize();
+  for (const char* name : {"deja_b_value", "deja_a_events_total"}) {
+    EXPECT_EQ(text.find(std::string("# TYPE ") + name), text.rfind(std::string("# TYPE ") + name));
+    EXPECT_NE(text.find(std::string("# TYPE ") + name), std::string::npos) << name;
+  }
+  EXPECT_EQ(text.find("deja_test_none_total"), std::string::npos);
+  none.Add({{"code", "OK"}});
+  text = registry.Serialize();
+  EXPECT_NE(text.find("deja_test_none_total{code=\"OK\"} 0\n"), std::string::npos) << text;
 }
 
-TEST(RegistryTest, EmptyFamilyRendersOnlyHelpAndType) {
+TEST(TextFormatTest, EscapesLabelValues) {
   Registry registry;
-  registry.AddCounter("deja_test_none_total", "Nothing yet.", {"code"});
-  EXPECT_EQ(registry.Serialize(),
-            "# HELP deja_test_none_total Nothing yet.\n# TYPE deja_test_none_total counter\n");
-}
-
-TEST(TextFormatTest, EscapesLabelValuesAndHelp) {
-  EXPECT_EQ(EscapeLabelValue("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
-  EXPECT_EQ(EscapeLabelValue("plain ü"), "plain ü");
-  EXPECT_EQ(EscapeHelp("line1\nback\\slash \"quotes\" stay"),
-            "line1\\nback\\\\slash \"quotes\" stay");
-  Registry registry;
-  registry.AddGauge("deja_build_info", "Build.\nSecond line.", {"version"})
+  registry.AddGauge("deja_build_info", "Build.", {"version"})
       .Add({{"version", "1.0 \"rc\"\\x\n"}})
       .Set(1);
   EXPECT_EQ(registry.Serialize(),
-            "# HELP deja_build_info Build.\\nSecond line.\n"
+            "# HELP deja_build_info Build.\n"
             "# TYPE deja_build_info gauge\n"
             "deja_build_info{version=\"1.0 \\\"rc\\\"\\\\x\\n\"} 1\n");
 }
 
-TEST(TextFormatTest, FormatsNumbers) {
-  EXPECT_EQ(FormatValue(0), "0");
-  EXPECT_EQ(FormatValue(-0.0), "0");
-  EXPECT_EQ(FormatValue(42), "42");
-  EXPECT_EQ(FormatValue(-7), "-7");
-  EXPECT_EQ(FormatValue(0.1), "0.1");
-  EXPECT_EQ(FormatValue(2.5e-7), "2.5e-07");
-  EXPECT_EQ(FormatValue(1e300), "1e+300");
-  EXPECT_EQ(FormatValue(std::numeric_limits<double>::infinity()), "+Inf");
-  EXPECT_EQ(FormatValue(-std::numeric_limits<double>::infinity()), "-Inf");
-  EXPECT_EQ(FormatValue(std::nan("")), "NaN");
-  // Round-trips exactly.
+TEST(TextFormatTest, NumbersReadBack) {
+  Registry registry;
+  auto& family = registry.AddGauge("deja_test_number", "N.", {"case"});
   const double third = 1.0 / 3.0;
-  EXPECT_EQ(std::stod(FormatValue(third)), third);
+  family.Add({{"case", "third"}}).Set(third);
+  family.Add({{"case", "tiny"}}).Set(2.5e-7);
+  family.Add({{"case", "inf"}}).Set(std::numeric_limits<double>::infinity());
+  const std::string text = registry.Serialize();
+  auto value = [&](const std::string& c) {
+    const std::string key = "deja_test_number{case=\"" + c + "\"} ";
+    const size_t at = text.find(key);
+    EXPECT_NE(at, std::string::npos) << text;
+    return text.substr(at + key.size(), text.find('\n', at) - at - key.size());
+  };
+  EXPECT_EQ(std::stod(value("third")), third);
+  EXPECT_EQ(std::stod(value("tiny")), 2.5e-7);
+  EXPECT_EQ(value("inf"), "+Inf");
 }
 
 TEST(TextFormatTest, ValidatesNames) {
@@ -231,6 +256,18 @@ TEST(RegistryDeathTest, ProgrammerErrorsCheckFail) {
         r.AddHistogram("deja_h", "x", {}, {2, 1});
       },
       "strictly increase");
+  EXPECT_DEATH(
+      {
+        Registry r;
+        r.AddGauge("deja_help", "two\nlines");
+      },
+      "HELP text");
+  EXPECT_DEATH(
+      {
+        Registry r;
+        r.AddGauge("deja-bad", "x");
+      },
+      "invalid metric name");
 }
 
 }  // namespace
