@@ -309,8 +309,12 @@ grpc::ServerUnaryReactor* TextGenerationService::GetModelInfo(grpc::CallbackServ
   }
   v1::ModelInfo out = info_;
   // Sparsity is what the (last) connected worker group reports.
-  const ModelLimits limits = engine_->LimitsFor(engine_->group());
+  const GroupState group = engine_->group();
+  const ModelLimits limits = engine_->LimitsFor(group);
   out.set_sparsity_available(limits.sparsity_available);
+  // The dtypes the (last) connected group reported: what --dtype/--kv-dtype resolved to.
+  if (!group.weight_dtype.empty()) out.set_dtype(group.weight_dtype);
+  if (!group.kv_dtype.empty()) out.set_kv_dtype(group.kv_dtype);
   for (const std::string& s : limits.sparsity_schedules) out.add_sparsity_schedules(s);
   SerializeTo(out, response);
   reactor->Finish(grpc::Status::OK);

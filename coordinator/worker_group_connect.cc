@@ -153,6 +153,8 @@ void WorkerGroup::TryConnect() {
   state_.kv = kv;
   state_.sparsity_available = sparsity_available;
   state_.sparsity_default = sparsity_default;
+  state_.weight_dtype = statuses[0].weight_dtype();
+  state_.kv_dtype = statuses[0].kv_dtype();
   state_.reason.clear();
   for (auto& link : conn->links) {
     CoordinatorMetrics::Rank& m = metrics_->rank(link->rank);

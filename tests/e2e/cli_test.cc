@@ -139,7 +139,7 @@ TEST(CliTest, BadFlagsNameTheFlag) {
   ExpectCleanFailure(RunDeja("generate --prompt hi"), "--model");
   ExpectCleanFailure(RunDeja("frobnicate"), "unknown command");
   ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi --dtype f8"),
-                     "--dtype must be checkpoint or bf16, got 'f8'");
+                     "--dtype must be auto, checkpoint or bf16, got 'f8'");
   ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --dtype half"), "--dtype");
   // The logging flags every command takes (cli/log_setup.h).
   ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi -v x"),
@@ -147,7 +147,7 @@ TEST(CliTest, BadFlagsNameTheFlag) {
   ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi --log-dir="),
                      "--log-dir needs a directory");
   ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi --kv-dtype bf16"),
-                     "--kv-dtype must be f32 or f16, got 'bf16'");
+                     "--kv-dtype must be auto, f32 or f16, got 'bf16'");
   // Enumerated flags list the accepted values from their tables.
   ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --kv-policy lru"),
                      "--kv-policy must be full, window or h2o, got 'lru'");

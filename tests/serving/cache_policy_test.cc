@@ -14,11 +14,12 @@ namespace {
 class CachePolicyServingTest : public ServerSuite {
  protected:
   static void SetUpTestSuite() {
-    StartSuite("cache_policy",
-               {DEJA_BINARY,       "serve", "--model",        ModelDir(), "--tp",           "2",
-                "--port",          "0",     "--metrics-port", "0",        "--threads",      "1",
-                "--kv-memory-mb",  "64",    "--kv-policy",    "h2o",      "--heavy-tokens", "4",
-                "--recent-tokens", "4"});
+    StartSuite(
+        "cache_policy",
+        {DEJA_BINARY,       "serve", "--model",        ModelDir(),   "--tp",           "2",
+         "--port",          "0",     "--metrics-port", "0",          "--threads",      "1",
+         "--kv-memory-mb",  "64",    "--kv-policy",    "h2o",        "--heavy-tokens", "4",
+         "--recent-tokens", "4",     "--dtype",        "checkpoint", "--kv-dtype",     "f32"});
   }
 
   // Greedy single-process generation of `prompt` (BOS prepended) under `cache`.

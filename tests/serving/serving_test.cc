@@ -6,6 +6,7 @@
 #include <cmath>
 #include <mutex>
 
+#include "kernels/cpu/bf16_dot.h"
 #include "reference_model.h"
 #include "serving_util.h"
 
@@ -17,7 +18,9 @@ class ServingTest : public ServerSuite {
   static void SetUpTestSuite() {
     StartSuite("main", {DEJA_BINARY, "serve", "--model", ModelDir(), "--tp", "2", "--port", "0",
                         "--metrics-port", "0", "--threads", "1", "--max-batch-sequences", "16",
-                        "--max-queue", "64", "--kv-memory-mb", "64"});
+                        "--max-queue", "64", "--kv-memory-mb", "64",
+                        // The references compute with the checkpoint's dtypes.
+                        "--dtype", "checkpoint", "--kv-dtype", "f32"});
   }
   // Single-process generation of `prompt` (BOS prepended) with the request's settings.
   static std::vector<int32_t> Reference(const std::string& prompt, int max_new,
@@ -89,6 +92,9 @@ TEST_F(ServingTest, HealthReflectionInfoAndTokenize) {
   EXPECT_EQ(info.max_position_embeddings(),
             static_cast<uint32_t>(ref_->model->config().max_position_embeddings));
   EXPECT_EQ(info.eos_token_id(), 2u);
+  // What the workers run with, as they report it.
+  EXPECT_EQ(info.dtype(), "float16");
+  EXPECT_EQ(info.kv_dtype(), "float32");
 
   grpc::ClientContext tctx;
   SetDeadline(&tctx);
@@ -364,6 +370,23 @@ TEST_F(ServingTest, EveryValidationRuleIsInvalidArgumentNamingTheField) {
   const std::string m = Scrape(server_->metrics_port());
   EXPECT_GE(Metric(m, "deja_coordinator_rejections_total{reason=\"invalid_argument\"}"),
             2.0 * rules.size());
+}
+
+// The defaults (--dtype auto, --kv-dtype auto): the workers pick bf16 weights on a CPU with
+// AVX512-BF16 (else the checkpoint's f16) and an f16 KV cache, and ModelInfo reports what they
+// run with.
+TEST(AutoDtypeServingTest, ModelInfoReportsWhatTheWorkersChose) {
+  Server server("auto_dtype", {DEJA_BINARY, "serve", "--model", ModelDir(), "--tp", "1", "--port",
+                               "0", "--metrics-port", "-1", "--threads", "1"});
+  ASSERT_TRUE(server.WaitListening()) << server.Log();
+  ASSERT_TRUE(WaitHealth(server.channel(), kServing)) << server.Log();
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::ModelInfo info;
+  ASSERT_TRUE(server.stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.dtype(), kernels::cpu::Bf16DotAvailable() ? "bfloat16" : "float16");
+  EXPECT_EQ(info.kv_dtype(), "float16");
+  EXPECT_NE(server.Log().find("--dtype/--kv-dtype auto: "), std::string::npos) << server.Log();
 }
 
 TEST_F(ServingTest, MetricsHaveEveryFamily) {

@@ -301,11 +301,13 @@ inline std::vector<int32_t> ServedGreedy(v1::TextGeneration::Stub& stub, const s
 }
 
 // `deja serve` of the test model on free ports (API and /metrics), one CPU thread per worker,
-// `tp` workers, then `extra` flags.
+// `tp` workers, the checkpoint's dtypes (what the single-process references compute with; the
+// default `auto` may pick bf16), then `extra` flags.
 inline std::vector<std::string> ServeArgs(const std::vector<std::string>& extra, int tp = 2) {
   std::vector<std::string> args = {
-      DEJA_BINARY, "serve", "--model",        ModelDir(), "--tp",      std::to_string(tp),
-      "--port",    "0",     "--metrics-port", "0",        "--threads", "1"};
+      DEJA_BINARY, "serve",      "--model",        ModelDir(), "--tp",      std::to_string(tp),
+      "--port",    "0",          "--metrics-port", "0",        "--threads", "1",
+      "--dtype",   "checkpoint", "--kv-dtype",     "f32"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }

@@ -48,8 +48,9 @@ v1::ModelInfo Info(Server& server) {
 
 std::vector<std::string> ServeArgs(const std::string& tp, const std::vector<std::string>& extra) {
   std::vector<std::string> args = {
-      DEJA_BINARY, "serve", "--model",        ModelDir(), "--tp",           tp,  "--port", "0",
-      "--threads", "1",     "--metrics-port", "0",        "--kv-memory-mb", "64"};
+      DEJA_BINARY,      "serve", "--model",   ModelDir(),   "--tp",           tp,
+      "--port",         "0",     "--threads", "1",          "--metrics-port", "0",
+      "--kv-memory-mb", "64",    "--dtype",   "checkpoint", "--kv-dtype",     "f32"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }

@@ -23,6 +23,22 @@
 namespace deja::worker::service {
 namespace {
 
+// The names ModelInfo uses ("float32", "float16", "bfloat16").
+const char* TorchDTypeName(DType t) {
+  switch (t) {
+    case DType::kF16:
+      return "float16";
+    case DType::kBF16:
+      return "bfloat16";
+    default:
+      return "float32";
+  }
+}
+
+}  // namespace
+
+namespace {
+
 using Clock = std::chrono::steady_clock;
 // Messages may carry all-position log-probabilities (tokens x vocab floats).
 constexpr int kMaxMessageBytes = 512 << 20;
@@ -106,6 +122,10 @@ class WorkerServiceImpl final : public deja::v1::Worker::Service {
     st->set_group_epoch(epoch.load());
     st->set_sparsity_available(sparsity.load());
     st->set_sparsity_default(sparsity.load() && o.sparsity_default);
+    if (loaded.load()) {
+      st->set_weight_dtype(TorchDTypeName(owner_->model_->weight_dtype()));
+      st->set_kv_dtype(TorchDTypeName(owner_->model_->kv_geometry().kv_dtype));
+    }
     if (warmed_up.load()) {
       *st->mutable_kv() = owner_->engine_->Usage();
       st->set_kv_bytes_per_token(owner_->engine_->kv_bytes_per_token());
