@@ -87,7 +87,9 @@ for m in ("opt-mini", "opt-tiny-postln"):
     cases = json.load(open(f"{here}/tests/golden/{m}/cases.json"))["cases"]
     for c in cases:
         want = c["greedy_ids"]
+        # The checkpoint's dtypes, as the goldens' comparisons elsewhere (auto would pick bf16).
         out = subprocess.run([deja, "generate", "--device", dev, "--model", f"{here}/models/{m}",
+                              "--dtype", "checkpoint", "--kv-dtype", "f32",
                               "--prompt", c["prompt"], "--max-new-tokens", str(len(want)),
                               "--ignore-eos", "--json"], capture_output=True, text=True)
         got = None
