@@ -20,7 +20,6 @@
 
     deploy_test.py --deja build/release/cli/deja --source . [validate|images|run ...]
 """
-import argparse
 import os
 import re
 import signal
@@ -32,14 +31,10 @@ import time
 
 import yaml
 
-FAILURES = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from checks import FAILURES, check, run_parts  # noqa: E402
+
 OVERLAYS = ["cpu", "single-node-gpu", "multi-node"]
-
-
-def check(ok, what):
-    print(("ok    " if ok else "FAIL  ") + what, flush=True)
-    if not ok:
-        FAILURES.append(what)
 
 
 def render(source, overlay):
@@ -297,22 +292,6 @@ def test_run(source, deja):
                 print(log.read()[-3000:])
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--deja", required=True)
-    ap.add_argument("--source", required=True)
-    ap.add_argument("parts", nargs="*", default=["validate", "images", "run"])
-    a = ap.parse_args()
-    for part in a.parts:
-        print(f"== {part}", flush=True)
-        {"validate": lambda: test_validate(a.source), "images": lambda: test_images(a.source, a.deja),
-         "run": lambda: test_run(a.source, a.deja)}[part]()
-    if FAILURES:
-        print(f"{len(FAILURES)} checks failed:\n  " + "\n  ".join(FAILURES))
-        return 1
-    print("all checks passed")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    run_parts({"validate": lambda source, deja: test_validate(source),
+               "images": test_images, "run": test_run})

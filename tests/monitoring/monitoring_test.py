@@ -18,7 +18,6 @@
 
     monitoring_test.py --deja build/release/cli/deja --source . [rules|dashboard|live|logs ...]
 """
-import argparse
 import json
 import os
 import re
@@ -34,13 +33,8 @@ import urllib.request
 
 import yaml
 
-FAILURES = []
-
-
-def check(ok, what):
-    print(("ok    " if ok else "FAIL  ") + what, flush=True)
-    if not ok:
-        FAILURES.append(what)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from checks import FAILURES, check, run_parts  # noqa: E402
 
 
 def need(tool):
@@ -283,23 +277,7 @@ def test_logs(source, deja):
               "a worker logs its model load with the bytes")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--deja", required=True)
-    ap.add_argument("--source", required=True)
-    ap.add_argument("parts", nargs="*", default=["rules", "dashboard", "live", "logs"])
-    a = ap.parse_args()
-    for part in a.parts:
-        print(f"== {part}", flush=True)
-        {"rules": lambda: test_rules(a.source), "dashboard": lambda: test_dashboard(a.source),
-         "live": lambda: test_live(a.source, a.deja),
-         "logs": lambda: test_logs(a.source, a.deja)}[part]()
-    if FAILURES:
-        print(f"{len(FAILURES)} checks failed:\n  " + "\n  ".join(FAILURES))
-        return 1
-    print("all checks passed")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    run_parts({"rules": lambda source, deja: test_rules(source),
+               "dashboard": lambda source, deja: test_dashboard(source),
+               "live": test_live, "logs": test_logs})

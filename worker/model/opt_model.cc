@@ -643,10 +643,10 @@ Status OptModel::ShardedDeviceLogits(const std::vector<SequenceStep>& batch, con
   result->top_ids.resize(static_cast<size_t>(out_rows * kk));
   std::vector<std::pair<float, int32_t>> merged;
   merged.reserve(static_cast<size_t>(world) * kl);
+  std::vector<double> lse(world);  // each rank's log softmax denominator of the row
   for (int64_t r = 0; r < out_rows; ++r) {
     merged.clear();
     double max_lse = -INFINITY;
-    std::vector<double> lse(world);
     for (int rk = 0; rk < world; ++rk) {
       int64_t vb, ve;
       ShardRange(vocab, rk, world, &vb, &ve);
