@@ -4,7 +4,7 @@
   validate  every overlay renders (`kubectl kustomize`); each core object validates strictly
             against the bundled Kubernetes schemas (PyPI kubernetes-validate, no network), the
             LeaderWorkerSet against its CRD's openAPIV3Schema ($DEJA_K8S_SCHEMAS, or the nearest
-            shared/k8s-schemas beside or above the checkout), the Prometheus Operator objects structurally (no CRD offline);
+            shared/k8s-schemas beside or above the checkout or the one it was cloned from), the Prometheus Operator objects structurally (no CRD offline);
             and the pod rules hold: non-root, read-only root filesystem, resources, gRPC probes
             on the API container, a termination grace longer than the drain plus the preStop.
   images    Dockerfile.cpu and Dockerfile.cuda: multi-stage, built by the project's own scripts,
@@ -99,15 +99,23 @@ def test_validate(source):
     version = kubernetes_validate.latest_version()
     # $DEJA_K8S_SCHEMAS, else the nearest shared/k8s-schemas beside the checkout or above it
     # (the workspace keeps it at ../shared; a clone elsewhere finds it further up).
+    # A clean clone elsewhere (CI's) looks beside and above the checkout it was cloned from.
     schemas = os.environ.get("DEJA_K8S_SCHEMAS")
-    if not schemas:
-        d = os.path.abspath(source)
-        while True:
+    starts = [os.path.abspath(source)]
+    origin = subprocess.run(["git", "-C", source, "config", "remote.origin.url"],
+                            capture_output=True, text=True).stdout.strip()
+    if origin and os.path.isdir(origin):
+        starts.append(os.path.abspath(origin))
+    for start in starts if not schemas else []:
+        d = start
+        while not schemas:
             candidate = os.path.join(d, "shared", "k8s-schemas")
-            if os.path.isdir(candidate) or os.path.dirname(d) == d:
+            if os.path.isdir(candidate):
                 schemas = candidate
+            elif os.path.dirname(d) == d:
                 break
             d = os.path.dirname(d)
+    schemas = schemas or os.path.join(source, "..", "shared", "k8s-schemas")
     crd_path = os.path.join(schemas, "leaderworkerset.x-k8s.io_leaderworkersets.yaml")
     check(os.path.exists(crd_path), f"the LeaderWorkerSet CRD at {crd_path}")
     lws_schema = None
