@@ -5,6 +5,7 @@
 // weights.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
+#include <glog/logging.h>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/quantize.h"
 #include "common/tensor.h"
 #include "common/thread_pool.h"
 #include "kernels/backend.h"
@@ -62,14 +64,25 @@ void BM_Linear(benchmark::State& state) {
   std::vector<Tensor> weights;
   std::vector<TensorView> views;
   for (int c = 0; c < copies; ++c) {
-    Tensor w = Random(dtype, {n, k}, 1 + c);
-    TensorView view = w.view();
+    Tensor w;
+    TensorView view;
+    if (dtype == DType::kI8) {  // quantized per row from random f32 weights
+      StatusOr<QuantizedMatrix> q =
+          QuantizeRowsInt8(Random(DType::kF32, {n, k}, 1 + c).view(), "w");
+      CHECK(q.ok()) << q.status().ToString();
+      view = q->view();
+      w = std::move(q->q);
+      weights.push_back(std::move(q->scale));
+    } else {
+      w = Random(dtype, {n, k}, 1 + c);
+      view = w.view();
+    }
     if (tiled) w = Tile16(TensorView(view), &view);  // the row-major storage is dropped
     weights.push_back(std::move(w));
     views.push_back(view);
   }
   Tensor x = Random(DType::kF32, {m, k}, 100);
-  Tensor bias = Random(dtype, {n}, 101);
+  Tensor bias = Random(dtype == DType::kI8 ? DType::kF32 : dtype, {n}, 101);
   Tensor out = Tensor::Zeros(DType::kF32, {m, n});
   int next = 0;
   for (auto _ : state) {
@@ -92,6 +105,7 @@ void BM_Linear(benchmark::State& state) {
 constexpr int64_t kF32 = static_cast<int64_t>(DType::kF32);
 constexpr int64_t kF16 = static_cast<int64_t>(DType::kF16);
 constexpr int64_t kBF16 = static_cast<int64_t>(DType::kBF16);
+constexpr int64_t kI8 = static_cast<int64_t>(DType::kI8);
 
 // OPT-1.3B sized: fc1 is [8192, 2048], fc2 [2048, 8192], the lm head [50272, 2048]. M = 1, 4,
 // 8, 16 are decode batch sizes; 128 is prefill. threads = 1 rows give single-core GFLOP/s.
@@ -100,6 +114,12 @@ constexpr int64_t kBF16 = static_cast<int64_t>(DType::kBF16);
 BENCHMARK(BM_Linear)
     ->ArgNames({"M", "N", "K", "dtype", "threads", "tiled"})
     ->Args({1, 8192, 2048, kBF16, 0, 1})
+    ->Args({1, 8192, 2048, kI8, 0, 1})
+    ->Args({16, 8192, 2048, kI8, 0, 1})
+    ->Args({128, 8192, 2048, kI8, 0, 1})
+    ->Args({512, 8192, 2048, kI8, 0, 1})
+    ->Args({512, 8192, 2048, kBF16, 0, 1})
+    ->Args({1, 8192, 2048, kI8, 0, 0})
     ->Args({4, 8192, 2048, kBF16, 0, 1})
     ->Args({16, 8192, 2048, kBF16, 0, 1})
     ->Args({16, 2048, 8192, kBF16, 0, 1})

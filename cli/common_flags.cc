@@ -34,6 +34,10 @@ const WeightDTypeRow kWeightDTypes[] = {
      "converted at load; activations meet them as bf16, with AVX512-BF16 dot products where the "
      "CPU has them",
      DType::kBF16},
+    {DTypeName(DType::kI8),
+     "weight-only int8, quantized at load per output channel (half of bf16's bytes); "
+     "activations meet them as bf16; CPU only",
+     DType::kI8},
 };
 
 // --kv-dtype: how K and V are stored (the attention kernels read f32 and f16).

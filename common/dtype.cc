@@ -7,10 +7,9 @@ namespace deja {
 namespace {
 
 constexpr DTypeRow kDTypes[] = {
-    {DType::kF32, "f32", "F32", true},
-    {DType::kF16, "f16", "F16", true},
-    {DType::kBF16, "bf16", "BF16", true},
-    {DType::kI32, "i32", "I32", false},
+    {DType::kF32, "f32", "F32", true},    {DType::kF16, "f16", "F16", true},
+    {DType::kBF16, "bf16", "BF16", true}, {DType::kI32, "i32", "I32", false},
+    {DType::kI8, "int8", "I8", true},
 };
 
 }  // namespace
@@ -82,6 +81,8 @@ float LoadAsFloat(const void* data, DType t, size_t i) {
     case DType::kF16: return HalfToFloat(static_cast<const uint16_t*>(data)[i]);
     case DType::kBF16: return BF16ToFloat(static_cast<const uint16_t*>(data)[i]);
     case DType::kI32: return static_cast<float>(static_cast<const int32_t*>(data)[i]);
+    case DType::kI8:
+      return static_cast<float>(static_cast<const int8_t*>(data)[i]);
   }
   return 0.f;
 }
@@ -92,6 +93,9 @@ void StoreFromFloat(void* data, DType t, size_t i, float v) {
     case DType::kF16: static_cast<uint16_t*>(data)[i] = FloatToHalf(v); break;
     case DType::kBF16: static_cast<uint16_t*>(data)[i] = FloatToBF16(v); break;
     case DType::kI32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v); break;
+    case DType::kI8:
+      static_cast<int8_t*>(data)[i] = static_cast<int8_t>(v);
+      break;
   }
 }
 

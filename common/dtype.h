@@ -1,5 +1,6 @@
 // Element types and the scalar conversions between them. Weights stay in their checkpoint dtype
-// (f16/bf16/f32) in memory; kernels widen to f32 in registers and accumulate in f32.
+// (f16/bf16/f32) in memory, or are quantized to int8 with one f32 scale per output row
+// (TensorView::scale, common/quantize.h); kernels widen to f32 in registers and accumulate in f32.
 #pragma once
 
 #include <cstddef>
@@ -9,7 +10,7 @@
 
 namespace deja {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kI32 };
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI8 };
 
 inline size_t DTypeSize(DType t) {
   switch (t) {
@@ -17,6 +18,8 @@ inline size_t DTypeSize(DType t) {
     case DType::kI32: return 4;
     case DType::kF16: return 2;
     case DType::kBF16: return 2;
+    case DType::kI8:
+      return 1;
   }
   return 0;
 }
@@ -42,7 +45,8 @@ inline uint16_t FloatToBF16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-// Reads element i of a buffer of dtype t as f32 (slow path: references, tests, tools).
+// Reads element i of a buffer of dtype t as f32 (slow path: references, tests, tools); an int8
+// element reads as its integer value (the row's scale is not applied).
 float LoadAsFloat(const void* data, DType t, size_t i);
 void StoreFromFloat(void* data, DType t, size_t i, float v);
 

@@ -45,11 +45,11 @@ TensorView TensorView::RowSlice(int64_t begin, int64_t end) const {
   if (layout == Layout::kTiled16) {
     CHECK_EQ(begin % kTileRows, 0) << "a tiled view slices at tile boundaries";
     v.data = static_cast<char*>(data) + begin * TiledCols(cols()) * DTypeSize(dtype);
-    v.shape = Shape{end - begin, cols()};
-    return v;
+  } else {
+    v.data = static_cast<char*>(data) + begin * cols() * DTypeSize(dtype);
   }
-  v.data = static_cast<char*>(data) + begin * cols() * DTypeSize(dtype);
   v.shape = Shape{end - begin, cols()};
+  if (scale != nullptr) v.scale = scale + begin;
   return v;
 }
 
@@ -87,30 +87,52 @@ Tensor Tensor::Zeros(DType dtype, Shape shape) {
   return t;
 }
 
+namespace {
+
+// Copies element (n, k) of a rows x cols matrix of 1- or 2-byte elements from index from(n, k) to
+// index to(n, k).
+template <typename T, typename From, typename To>
+void PermuteTyped(const void* src, void* dst, int64_t rows, int64_t cols, From from, To to) {
+  const auto* s = static_cast<const T*>(src);
+  auto* d = static_cast<T*>(dst);
+  for (int64_t n = 0; n < rows; ++n) {
+    for (int64_t k = 0; k < cols; ++k) d[to(n, k)] = s[from(n, k)];
+  }
+}
+template <typename From, typename To>
+void Permute(const void* src, void* dst, size_t esize, int64_t rows, int64_t cols, From from,
+             To to) {
+  if (esize == 1) return PermuteTyped<uint8_t>(src, dst, rows, cols, from, to);
+  PermuteTyped<uint16_t>(src, dst, rows, cols, from, to);
+}
+
+}  // namespace
+
 Tensor Tile16(const TensorView& v, TensorView* tiled) {
-  CHECK(v.layout == Layout::kRowMajor && v.shape.rank == 2 && DTypeSize(v.dtype) == 2);
+  const size_t esize = DTypeSize(v.dtype);
+  CHECK(v.layout == Layout::kRowMajor && v.shape.rank == 2 && (esize == 1 || esize == 2));
   CHECK(v.device.is_host()) << "Tile16 reads host memory, not " << v.device.ToString();
   const int64_t rows = v.rows(), cols = v.cols();
   Tensor t = Tensor::Zeros(v.dtype, {TiledRows(rows), TiledCols(cols)});
-  const auto* src = static_cast<const uint16_t*>(v.data);
-  auto* dst = t.as<uint16_t>();
-  for (int64_t n = 0; n < rows; ++n) {
-    for (int64_t k = 0; k < cols; ++k) dst[TiledIndex(n, k, cols)] = src[n * cols + k];
-  }
+  Permute(
+      v.data, t.data(), esize, rows, cols, [cols](int64_t n, int64_t k) { return n * cols + k; },
+      [cols](int64_t n, int64_t k) { return TiledIndex(n, k, cols); });
+  const float* scale = v.scale;  // v may be *tiled
   *tiled = TensorView{t.data(), v.dtype, v.shape, Layout::kTiled16};
+  tiled->scale = scale;
   return t;
 }
 
 Tensor Untile16(const TensorView& tiled) {
-  CHECK(tiled.layout == Layout::kTiled16 && tiled.shape.rank == 2 && DTypeSize(tiled.dtype) == 2);
+  const size_t esize = DTypeSize(tiled.dtype);
+  CHECK(tiled.layout == Layout::kTiled16 && tiled.shape.rank == 2 && (esize == 1 || esize == 2));
   CHECK(tiled.device.is_host()) << "Untile16 reads host memory, not " << tiled.device.ToString();
   const int64_t rows = tiled.rows(), cols = tiled.cols();
   Tensor t = Tensor::Empty(tiled.dtype, tiled.shape);
-  const auto* src = static_cast<const uint16_t*>(tiled.data);
-  auto* dst = t.as<uint16_t>();
-  for (int64_t n = 0; n < rows; ++n) {
-    for (int64_t k = 0; k < cols; ++k) dst[n * cols + k] = src[TiledIndex(n, k, cols)];
-  }
+  Permute(
+      tiled.data, t.data(), esize, rows, cols,
+      [cols](int64_t n, int64_t k) { return TiledIndex(n, k, cols); },
+      [cols](int64_t n, int64_t k) { return n * cols + k; });
   return t;
 }
 

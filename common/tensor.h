@@ -27,10 +27,10 @@ struct Shape {
   std::string ToString() const;
 };
 
-// How a view's elements are laid out. kTiled16 is for 2-D bf16 weights [N, K] that Linear reads
-// on CPUs with AVX512-BF16 (kernels/cpu/linear_bf16.cc; the model tiles its layers' matrices at
-// load when the backend prefers it): rows in tiles of 16, and within a tile K in pairs, 16 rows x
-// 2 values = one 64-byte line per pair, so a tile streams as one sequential run and a register
+// How a view's elements are laid out. kTiled16 is for 2-D bf16 or int8 weights [N, K] that Linear
+// reads on CPUs with AVX512-BF16 (kernels/cpu/linear_bf16.cc; the model tiles its layers' matrices
+// at load when the backend prefers it): rows in tiles of 16, and within a tile K in pairs, 16 rows
+// x 2 values = one 64-byte line per pair, so a tile streams as one sequential run and a register
 // holds a K pair of 16 rows. Element (n, k) is at TiledIndex(n, k, K); rows are padded with zeros
 // to a multiple of 16 and K to a multiple of 2.
 enum class Layout : uint8_t { kRowMajor, kTiled16 };
@@ -50,6 +50,10 @@ struct TensorView {
   Layout layout = Layout::kRowMajor;
   // Last, so the aggregate initialisations {data, dtype, shape[, layout]} stay host views.
   Device device = Device::Host();
+  // An int8 matrix's f32 scales, one per row of the 2-D reading (per output channel of a Linear
+  // weight), in the same memory as data: element (n, k) is data[n, k] * scale[n]. RowSlice moves
+  // it with the rows. Null for every other dtype.
+  const float* scale = nullptr;
 
   int64_t numel() const { return shape.numel(); }
   // Bytes of storage (for kTiled16 with the padding).
@@ -109,8 +113,8 @@ class Tensor {
   Device device_;
 };
 
-// Tiles the 2-D row-major host view v of a 2-byte dtype (kTiled16): returns the storage and sets
-// *tiled to the view of it (v's dtype and shape, layout kTiled16).
+// Tiles the 2-D row-major host view v of a 1- or 2-byte dtype (kTiled16): returns the storage and
+// sets *tiled to the view of it (v's dtype and shape, layout kTiled16).
 Tensor Tile16(const TensorView& v, TensorView* tiled);
 // The kTiled16 view back in row-major order (a tensor of its shape).
 Tensor Untile16(const TensorView& tiled);

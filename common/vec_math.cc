@@ -22,6 +22,10 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 
 HWY_INLINE hn::Vec<DF> Widen(DF df, const float* HWY_RESTRICT p) { return hn::LoadU(df, p); }
+HWY_INLINE hn::Vec<DF> Widen(DF df, const int8_t* HWY_RESTRICT p) {
+  const hn::Rebind<int32_t, DF> di;
+  return hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(hn::Rebind<int8_t, DF>(), p)));
+}
 template <typename T>
 HWY_INLINE hn::Vec<DF> Widen(DF df, const T* HWY_RESTRICT p) {
   return hn::PromoteTo(df, hn::LoadU(hn::Rebind<T, DF>(), p));
@@ -31,6 +35,8 @@ template <typename T>
 HWY_INLINE float ScalarToFloat(T v) {
   if constexpr (sizeof(T) == 4) {
     return v;
+  } else if constexpr (sizeof(T) == 1) {
+    return static_cast<float>(v);
   } else {
     uint16_t bits;
     std::memcpy(&bits, &v, 2);
@@ -60,6 +66,8 @@ void ConvertToF32Impl(const void* src, DType dtype, int64_t n, float* dst, bool 
       return ConvertTyped(static_cast<const hwy::float16_t*>(src), n, dst, accumulate);
     case DType::kBF16:
       return ConvertTyped(static_cast<const hwy::bfloat16_t*>(src), n, dst, accumulate);
+    case DType::kI8:
+      return ConvertTyped(static_cast<const int8_t*>(src), n, dst, accumulate);
     default:
       return ConvertTyped(static_cast<const float*>(src), n, dst, accumulate);
   }

@@ -10,7 +10,8 @@
 
 namespace deja {
 
-// dst[i] = src[i] (+ dst[i] when accumulate), src in dtype (f32, f16 or bf16) widened to f32.
+// dst[i] = src[i] (+ dst[i] when accumulate), src in dtype (f32, f16, bf16, or int8: the integer
+// values, without a scale) widened to f32.
 void ConvertToF32(const void* src, DType dtype, int64_t n, float* dst, bool accumulate);
 // dst[i] = src[i] stored as dtype: f32 (a copy), f16 (nearest even on every x86 target with
 // F16C; plain SSE4 targets truncate) or bf16 (nearest even, FloatToBF16).

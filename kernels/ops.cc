@@ -11,11 +11,13 @@ namespace deja::kernels {
 bool SupportedByFullBackend(OpId op, DType dtype) {
   switch (op) {
     case OpId::kEmbedding:
-    case OpId::kLayerNorm:
     case OpId::kLinear:
-    case OpId::kAdd:
     case OpId::kGatherLinear:
     case OpId::kGatherLinearT:
+      return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16 ||
+             dtype == DType::kI8;
+    case OpId::kLayerNorm:
+    case OpId::kAdd:
       return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
     case OpId::kAttention:  // the KV cache's dtype
     case OpId::kKvWrite:
@@ -100,21 +102,30 @@ Status CheckActivation(const char* op, const char* arg, const TensorView& v) {
   return Status::Ok();
 }
 
-// A weight: row-major, or kTiled16 (a 2-D bf16 matrix) where `backend` reads it for op `id`.
+// A weight: row-major, or kTiled16 (a 2-D bf16 or int8 matrix) where `backend` reads it for op
+// `id`. Matrices (rank 2) may be int8 with their scales; vectors (biases, LayerNorm) are floats.
 Status CheckWeight(const char* op, const char* arg, const TensorView& v, int rank,
                    const Backend* backend = nullptr, OpId id = OpId::kCount) {
   DEJA_RETURN_IF_ERROR(CheckView(op, arg, v, rank, rank));
-  if (!IsFloat(v.dtype)) {
-    return Bad(op, arg, std::string("must be f32, f16 or bf16, is ") + DTypeName(v.dtype));
+  if (v.dtype == DType::kI8 && rank == 2) {
+    if (v.scale == nullptr) return Bad(op, arg, "is int8 without its scales (TensorView::scale)");
+  } else if (!IsFloat(v.dtype)) {
+    return Bad(op, arg,
+               std::string("must be f32, f16 or bf16") +
+                   (rank == 2 ? " (or int8 with scales)" : "") + ", is " + DTypeName(v.dtype));
+  } else if (v.scale != nullptr) {
+    return Bad(op, arg,
+               std::string("has scales, which only int8 takes, but is ") + DTypeName(v.dtype));
   }
   if (v.numel() == 0) return Bad(op, arg, "is empty");
   if (v.layout == Layout::kTiled16) {
     if (backend == nullptr || !backend->SupportsTiled(id)) {
       return Bad(op, arg, "is tiled (kTiled16), which this op on this backend does not read");
     }
-    if (v.dtype != DType::kBF16 || rank != 2) {
-      return Bad(op, arg, std::string("is tiled, which needs a 2-D bf16 matrix, is ") +
-                              DTypeName(v.dtype));
+    if ((v.dtype != DType::kBF16 && v.dtype != DType::kI8) || rank != 2) {
+      return Bad(
+          op, arg,
+          std::string("is tiled, which needs a 2-D bf16 or int8 matrix, is ") + DTypeName(v.dtype));
     }
   } else if (v.layout != Layout::kRowMajor) {
     return Bad(op, arg, "has an unknown layout");

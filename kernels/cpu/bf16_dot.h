@@ -44,6 +44,12 @@ void LinearBf16Tiled(const uint16_t* xp, int64_t m_rows, int64_t k_dim, const ui
                      int64_t n_dim, int64_t t_begin, int64_t t_end, const LinearEpilogue& epilogue,
                      float* out, int64_t ldo);
 
+// LinearBf16Tiled over kTiled16 int8 weights (e.scale required): the same packed x, tiles and
+// splitting; the int8 values are widened to bf16 in registers.
+void LinearI8Tiled(const uint16_t* xp, int64_t m_rows, int64_t k_dim, const int8_t* w,
+                   int64_t n_dim, int64_t t_begin, int64_t t_end, const LinearEpilogue& epilogue,
+                   float* out, int64_t ldo);
+
 // The peak-throughput probe's loop: 16 independent VDPBF16PS chains for `iters` rounds; returns
 // the FLOPs done. Only when Bf16DotAvailable().
 double Bf16DotLoop(int64_t iters, float seed);

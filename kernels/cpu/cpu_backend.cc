@@ -29,12 +29,15 @@ int64_t MinRows(int64_t cols) { return std::max<int64_t>(1, kMinParallelElements
 Status CpuEmbedding(Backend& backend, TensorView table, const int32_t* ids, int64_t n,
                     bool accumulate, TensorView out) {
   const int64_t dim = table.cols();
-  if (table.layout == Layout::kTiled16) {  // bf16: a row is every other value of its tile lane
-    const auto* t = table.as<uint16_t>();
+  const bool int8 = table.dtype == DType::kI8;
+  if (table.layout == Layout::kTiled16) {  // a row is every other value of its tile lane
     for (int64_t i = 0; i < n; ++i) {
       float* o = out.as<float>() + i * dim;
+      const float scale = int8 ? table.scale[ids[i]] : 1.f;
       for (int64_t c = 0; c < dim; ++c) {
-        const float v = BF16ToFloat(t[TiledIndex(ids[i], c, dim)]);
+        const int64_t at = TiledIndex(ids[i], c, dim);
+        const float v =
+            int8 ? table.as<int8_t>()[at] * scale : BF16ToFloat(table.as<uint16_t>()[at]);
         o[c] = accumulate ? o[c] + v : v;
       }
     }
@@ -44,9 +47,17 @@ Status CpuEmbedding(Backend& backend, TensorView table, const int32_t* ids, int6
   backend.pool()->ParallelFor(
       n,
       [&](int64_t i0, int64_t i1) {
+        std::vector<float> row(int8 ? static_cast<size_t>(dim) : 0);
         for (int64_t i = i0; i < i1; ++i) {
-          ConvertToF32(static_cast<const char*>(table.data) + ids[i] * row_bytes, table.dtype, dim,
-                       out.as<float>() + i * dim, accumulate);
+          const void* src = static_cast<const char*>(table.data) + ids[i] * row_bytes;
+          float* o = out.as<float>() + i * dim;
+          if (!int8) {
+            ConvertToF32(src, table.dtype, dim, o, accumulate);
+            continue;
+          }
+          ConvertToF32(src, DType::kI8, dim, row.data(), false);
+          const float scale = table.scale[ids[i]];
+          for (int64_t c = 0; c < dim; ++c) o[c] = (accumulate ? o[c] : 0.f) + row[c] * scale;
         }
       },
       MinRows(dim));
@@ -173,13 +184,14 @@ class CpuBackend final : public Backend {
   bool SupportsTiled(OpId op) const override {
     return op == OpId::kLinear || op == OpId::kEmbedding;
   }
-  // DEJA_CPU_TILED=0 keeps bf16 weights row-major (for A/B runs against the row-major kernel).
+  // DEJA_CPU_TILED=0 keeps bf16 and int8 weights row-major (for A/B runs against the row-major
+  // kernel).
   bool PrefersTiled(DType dtype) const override {
     static const bool off = [] {
       const char* env = std::getenv("DEJA_CPU_TILED");
       return env != nullptr && std::string(env) == "0";
     }();
-    return dtype == DType::kBF16 && Bf16DotEnabled() && !off;
+    return (dtype == DType::kBF16 || dtype == DType::kI8) && Bf16DotEnabled() && !off;
   }
   ThreadPool* pool() const override { return pool_.get(); }
 

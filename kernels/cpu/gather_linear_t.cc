@@ -147,6 +147,9 @@ void GatherLinearTImpl(const float* x, int64_t m_rows, const void* wt, DType w_d
     case DType::kBF16:
       return GatherLinearTTyped(x, m_rows, static_cast<const hwy::bfloat16_t*>(wt), n_dim, rows,
                                 n_rows, n_begin, n_end, accumulate, out);
+    case DType::kI8:
+      return GatherLinearTTyped(x, m_rows, static_cast<const int8_t*>(wt), n_dim, rows, n_rows,
+                                n_begin, n_end, accumulate, out);
     default:
       return GatherLinearTTyped(x, m_rows, static_cast<const float*>(wt), n_dim, rows, n_rows,
                                 n_begin, n_end, accumulate, out);

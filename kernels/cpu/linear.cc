@@ -37,7 +37,8 @@ void ApplyEpilogue(const float* tmp, int64_t ld_tmp, int64_t m_rows, int64_t n0,
     const float* t = tmp + m * ld_tmp;
     float* o = out + m * ldo + n0;
     for (int64_t j = 0; j < cols; ++j) {
-      float v = t[j] + (e.bias != nullptr ? e.bias[n0 + j] : 0.f);
+      float v = (e.scale != nullptr ? t[j] * e.scale[n0 + j] : t[j]) +
+                (e.bias != nullptr ? e.bias[n0 + j] : 0.f);
       if (e.relu) v = std::max(v, 0.f);
       o[j] = e.accumulate ? o[j] + v : v;
     }
@@ -54,9 +55,9 @@ void BlasSlice(const float* x, int64_t m_rows, int64_t k_dim, const TensorView& 
   thread_local std::vector<float> w_tile;
   thread_local std::vector<float> c_tile;
   const bool is_f32 = w.dtype == DType::kF32 && rows == nullptr;
-  // sgemm can accumulate into out (beta = 1) only when the activation does not sit between the
-  // product and the accumulation.
-  const bool via_tmp = e.accumulate && e.relu;
+  // sgemm can accumulate into out (beta = 1) only when neither the activation nor the int8 scale
+  // sits between the product and the accumulation.
+  const bool via_tmp = e.accumulate && (e.relu || e.scale != nullptr);
   const int64_t tile = is_f32 ? n_end - n_begin : BlasTileRows(k_dim);
   for (int64_t n0 = n_begin; n0 < n_end; n0 += tile) {
     const int64_t cols = std::min(tile, n_end - n0);
@@ -90,9 +91,9 @@ void BlasSlice(const float* x, int64_t m_rows, int64_t k_dim, const TensorView& 
                 wt, static_cast<int>(k_dim), beta, c, static_cast<int>(ldc));
     if (via_tmp) {
       ApplyEpilogue(c, ldc, m_rows, n0, cols, e, out, n_dim);
-    } else if (e.bias != nullptr || e.relu) {
+    } else if (e.bias != nullptr || e.relu || e.scale != nullptr) {
       // In place: out already holds the product (plus the old out when accumulating).
-      LinearEpilogue in_place{e.bias, e.relu, false};
+      LinearEpilogue in_place{e.bias, e.relu, false, e.scale};
       ApplyEpilogue(out + n0, n_dim, m_rows, n0, cols, in_place, out, n_dim);
     }
   }
@@ -126,20 +127,21 @@ bool UseStreamingKernel(int64_t m_rows, DType w_dtype) {
 }
 
 // What the kernels read for the n activations x against weights of w_dtype: x itself, or for
-// bf16 weights x as they see it (kernels/cpu/bf16_dot.h), rounded once per call on the calling
-// thread: bf16 bits for LinearBf16Dot (small-M kernels on a CPU with AVX512-BF16), else widened
-// back to f32 for the other kernels. Valid until this thread's next call.
+// bf16 and int8 weights x as they see it (kernels/cpu/bf16_dot.h), rounded once per call on the
+// calling thread: bf16 bits for LinearBf16Dot (small-M kernels on a CPU with AVX512-BF16), else
+// widened back to f32 for the other kernels. Valid until this thread's next call.
 struct KernelInput {
   const uint16_t* bits = nullptr;  // set: LinearBf16Dot reads these
   const float* f32 = nullptr;      // otherwise
 };
 KernelInput InputFor(DType w_dtype, const float* x, int64_t n, bool small_m) {
-  if (w_dtype != DType::kBF16) return {nullptr, x};
+  if (w_dtype != DType::kBF16 && w_dtype != DType::kI8) return {nullptr, x};
   thread_local std::vector<uint16_t> b;
   thread_local std::vector<float> f;
   b.resize(static_cast<size_t>(n));
   RoundToBF16(x, n, b.data());
-  if (small_m && Bf16DotEnabled()) return {b.data(), nullptr};
+  // LinearBf16Dot reads bf16 weights only: int8 rows take the widened x below.
+  if (small_m && Bf16DotEnabled() && w_dtype == DType::kBF16) return {b.data(), nullptr};
   f.resize(static_cast<size_t>(n));
   ConvertToF32(b.data(), DType::kBF16, n, f.data(), false);
   return {nullptr, f.data()};
@@ -148,22 +150,26 @@ KernelInput InputFor(DType w_dtype, const float* x, int64_t n, bool small_m) {
 // Output columns of tiles [t_begin, t_end) of kTiled16 weights without AVX512-BF16 (tests turn it
 // off after load; a model only tiles when it is on): the same arithmetic in plain loops over the
 // widened x and tile pairs.
-void LinearTiledPortable(const float* x, int64_t m_rows, int64_t k_dim, const uint16_t* w,
-                         int64_t n_dim, int64_t t_begin, int64_t t_end, const LinearEpilogue& e,
-                         float* out) {
+float TiledValue(uint16_t v) { return BF16ToFloat(v); }
+float TiledValue(int8_t v) { return static_cast<float>(v); }
+
+template <typename T>
+void LinearTiledPortable(const float* x, int64_t m_rows, int64_t k_dim, const T* w, int64_t n_dim,
+                         int64_t t_begin, int64_t t_end, const LinearEpilogue& e, float* out) {
   const int64_t kp = TiledCols(k_dim);
   for (int64_t t = t_begin; t < t_end; ++t) {
-    const uint16_t* tile = w + t * kp * kTileRows;
+    const T* tile = w + t * kp * kTileRows;
     for (int64_t m = 0; m < m_rows; ++m) {
       float acc[kTileRows] = {};
       const float* xm = x + m * k_dim;
       for (int64_t k = 0; k < k_dim; ++k) {
-        const uint16_t* pair = tile + (k / 2) * 2 * kTileRows + (k & 1);
-        for (int64_t r = 0; r < kTileRows; ++r) acc[r] += xm[k] * BF16ToFloat(pair[r * 2]);
+        const T* pair = tile + (k / 2) * 2 * kTileRows + (k & 1);
+        for (int64_t r = 0; r < kTileRows; ++r) acc[r] += xm[k] * TiledValue(pair[r * 2]);
       }
       for (int64_t r = 0; r < kTileRows && t * kTileRows + r < n_dim; ++r) {
         const int64_t n = t * kTileRows + r;
-        float v = acc[r] + (e.bias != nullptr ? e.bias[n] : 0.f);
+        float v = (e.scale != nullptr ? acc[r] * e.scale[n] : acc[r]) +
+                  (e.bias != nullptr ? e.bias[n] : 0.f);
         if (e.relu) v = std::max(v, 0.f);
         float* o = out + m * n_dim + n;
         *o = e.accumulate ? *o + v : v;
@@ -172,17 +178,19 @@ void LinearTiledPortable(const float* x, int64_t m_rows, int64_t k_dim, const ui
   }
 }
 
-// Linear over kTiled16 bf16 weights: x rounded to bf16 and packed in pairs, the tiles split
-// among the threads in whole groups of the kernel's blocking.
+// Linear over kTiled16 bf16 or int8 weights: x rounded to bf16 and packed in pairs, the tiles
+// split among the threads in whole groups of the kernel's blocking.
 Status TiledLinear(ThreadPool* pool, const TensorView& x, const TensorView& w,
                    const LinearEpilogue& e, float* o) {
   const int64_t m_rows = x.rows(), k_dim = x.cols(), n_dim = w.rows();
   const int64_t tiles = (n_dim + kTileRows - 1) / kTileRows;
-  const auto* wt = w.as<uint16_t>();
+  const bool int8 = w.dtype == DType::kI8;
   if (!Bf16DotEnabled()) {
-    const KernelInput xb = InputFor(DType::kBF16, x.as<float>(), m_rows * k_dim, false);
+    const KernelInput xb = InputFor(w.dtype, x.as<float>(), m_rows * k_dim, false);
     pool->ParallelFor(tiles, [&](int64_t t0, int64_t t1) {
-      LinearTiledPortable(xb.f32, m_rows, k_dim, wt, n_dim, t0, t1, e, o);
+      if (int8)
+        return LinearTiledPortable(xb.f32, m_rows, k_dim, w.as<int8_t>(), n_dim, t0, t1, e, o);
+      LinearTiledPortable(xb.f32, m_rows, k_dim, w.as<uint16_t>(), n_dim, t0, t1, e, o);
     });
     return Status::Ok();
   }
@@ -198,8 +206,10 @@ Status TiledLinear(ThreadPool* pool, const TensorView& x, const TensorView& w,
   pool->ParallelFor(
       groups,
       [&](int64_t g0, int64_t g1) {
-        LinearBf16Tiled(xp, m_rows, k_dim, wt, n_dim, g0 * group,
-                        std::min(tiles, g1 * group), e, o, n_dim);
+        const int64_t t0 = g0 * group, t1 = std::min(tiles, g1 * group);
+        if (int8)
+          return LinearI8Tiled(xp, m_rows, k_dim, w.as<int8_t>(), n_dim, t0, t1, e, o, n_dim);
+        LinearBf16Tiled(xp, m_rows, k_dim, w.as<uint16_t>(), n_dim, t0, t1, e, o, n_dim);
       },
       min_chunk);
   return Status::Ok();
@@ -217,7 +227,7 @@ Status CpuLinear(Backend& backend, TensorView x, TensorView w, TensorView bias, 
     ConvertToF32(bias.data, bias.dtype, n_dim, bias_f32.data(), false);
   }
   LinearEpilogue e{bias_f32.empty() ? nullptr : bias_f32.data(), act == Activation::kRelu,
-                   accumulate};
+                   accumulate, w.dtype == DType::kI8 ? w.scale : nullptr};
   float* o = out.as<float>();
   if (w.layout == Layout::kTiled16) return TiledLinear(pool, x, w, e, o);
   const bool small = UseStreamingKernel(m_rows, w.dtype);
@@ -267,8 +277,14 @@ Status CpuGatherLinear(Backend& backend, TensorView x, TensorView w, TensorView 
                    bias_f32.data() + j, false);
     }
   }
+  // Likewise the int8 scales of the selected rows.
+  std::vector<float> scale;
+  if (w.dtype == DType::kI8) {
+    scale.resize(static_cast<size_t>(n_rows));
+    for (int64_t j = 0; j < n_rows; ++j) scale[j] = w.scale[rows[j]];
+  }
   LinearEpilogue e{bias_f32.empty() ? nullptr : bias_f32.data(), act == Activation::kRelu,
-                   accumulate};
+                   accumulate, scale.empty() ? nullptr : scale.data()};
   float* o = out.as<float>();
   const bool small = UseStreamingKernel(m_rows, w.dtype);
   const KernelInput xb = InputFor(w.dtype, x.as<float>(), m_rows * k_dim, small);
@@ -324,11 +340,40 @@ void BlasSliceT(const float* x, int64_t m_rows, const TensorView& wt, const int3
   }
 }
 
+// out [M, N] (+)= x · wt[rows] for float wt or int8 wt read without its scales.
+Status GatherLinearTRaw(ThreadPool* pool, TensorView x, TensorView wt, const int32_t* rows,
+                        int64_t n_rows, TensorView out, bool accumulate = false);
+
 }  // namespace
 
 Status CpuGatherLinearT(Backend& backend, TensorView x, TensorView wt, const int32_t* rows,
                         int64_t n_rows, bool accumulate, TensorView out) {
   ThreadPool* pool = backend.pool();
+  if (wt.dtype == DType::kI8) {
+    // The scales belong to wt's columns: the sum of the raw products first, then out (+)= sum *
+    // scale per column.
+    const int64_t m_rows = x.rows(), n_dim = wt.cols();
+    Tensor sum = Tensor::Empty(DType::kF32, {m_rows, n_dim});
+    TensorView raw = wt;
+    raw.scale = nullptr;
+    DEJA_RETURN_IF_ERROR(GatherLinearTRaw(pool, x, raw, rows, n_rows, sum.view()));
+    const float* scale = wt.scale;
+    pool->ParallelFor(m_rows, [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m) {
+        const float* sm = sum.as<float>() + m * n_dim;
+        float* om = out.as<float>() + m * n_dim;
+        for (int64_t n = 0; n < n_dim; ++n) om[n] = (accumulate ? om[n] : 0.f) + sm[n] * scale[n];
+      }
+    });
+    return Status::Ok();
+  }
+  return GatherLinearTRaw(pool, x, wt, rows, n_rows, out, accumulate);
+}
+
+namespace {
+
+Status GatherLinearTRaw(ThreadPool* pool, TensorView x, TensorView wt, const int32_t* rows,
+                        int64_t n_rows, TensorView out, bool accumulate) {
   const int64_t m_rows = x.rows(), n_dim = wt.cols();
   const float* xs = x.as<float>();
   float* o = out.as<float>();
@@ -363,5 +408,7 @@ Status CpuGatherLinearT(Backend& backend, TensorView x, TensorView wt, const int
       1);
   return Status::Ok();
 }
+
+}  // namespace
 
 }  // namespace deja::kernels::cpu

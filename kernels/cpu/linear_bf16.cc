@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "common/tensor.h"
 #include "kernels/cpu/bf16_dot.h"
@@ -41,7 +42,7 @@ constexpr int64_t kWideFromM = 8;
 constexpr int64_t kStep = 32;  // bf16 per 512-bit register
 
 float Finish(float dot, int64_t n, const LinearEpilogue& e, const float* prev) {
-  float v = dot + (e.bias != nullptr ? e.bias[n] : 0.f);
+  float v = (e.scale != nullptr ? dot * e.scale[n] : dot) + (e.bias != nullptr ? e.bias[n] : 0.f);
   if (e.relu) v = v > 0.f ? v : 0.f;
   return e.accumulate ? v + *prev : v;
 }
@@ -183,8 +184,11 @@ DEJA_BF16_TARGET void TiledTile(const uint16_t* tiles, int64_t tile_stride, cons
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
     const __m512 bias =
         e.bias != nullptr ? _mm512_maskz_loadu_ps(mask, e.bias + n) : _mm512_setzero_ps();
+    const __m512 scale =
+        e.scale != nullptr ? _mm512_maskz_loadu_ps(mask, e.scale + n) : _mm512_setzero_ps();
     for (int m = 0; m < MB; ++m) {
-      __m512 v = _mm512_add_ps(acc[b][m], bias);
+      __m512 v = e.scale != nullptr ? _mm512_fmadd_ps(acc[b][m], scale, bias)
+                                    : _mm512_add_ps(acc[b][m], bias);
       if (e.relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
       float* o = out + m * ldo + n;
       if (e.accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, o));
@@ -216,6 +220,91 @@ DEJA_BF16_TARGET void TiledRun(const uint16_t* tiles, int64_t tile_stride, int64
     if (t + 2 <= count) run(std::integral_constant<int, 2>{});
   }
   if (t < count) run(std::integral_constant<int, 1>{});
+}
+
+// ---- Tiled int8 weights ----
+//
+// The same tiles with one byte per weight: a K pair of 16 rows is 32 bytes. Each is widened in
+// registers to the 32 bf16 values the bf16 kernel would load (int8 values are exact in bf16:
+// sign-extend, convert to f32, pack two f32 registers to bf16), so VDPBF16PS and the blocking
+// stay the bf16 kernel's and only the bytes streamed halve. The widening costs 5 instructions
+// per tile line against the MB VDPBF16PS that use it, so decode (M <= 16) widens in the loop;
+// longer x widens each group of tiles once into a bf16 scratch that the bf16 micro-kernel then
+// reads for every block of x (the scale multiplies in the shared epilogue).
+DEJA_BF16_TARGET inline __m512bh WidenI8Line(const int8_t* p) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
+  return _mm512_cvtne2ps_pbh(hi, lo);  // lo's 16 values, then hi's
+}
+
+template <int NB, int MB>
+DEJA_BF16_TARGET void TiledTileI8(const int8_t* tiles, int64_t tile_stride, const uint32_t* x,
+                                  int64_t pairs, int64_t n0, int64_t n_dim, const LinearEpilogue& e,
+                                  float* out, int64_t ldo, int64_t prefetch) {
+  __m512 acc[NB][MB];
+  for (int b = 0; b < NB; ++b)
+    for (int m = 0; m < MB; ++m) acc[b][m] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    if (prefetch != 0) {
+      for (int b = 0; b < NB; ++b) {
+        _mm_prefetch(
+            reinterpret_cast<const char*>(tiles + b * tile_stride + p * 2 * kTileRows + prefetch),
+            _MM_HINT_T0);
+      }
+    }
+    __m512bh w[NB];
+    for (int b = 0; b < NB; ++b) w[b] = WidenI8Line(tiles + b * tile_stride + p * 2 * kTileRows);
+    for (int m = 0; m < MB; ++m) {
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[p * MB + m]));
+      for (int b = 0; b < NB; ++b) acc[b][m] = _mm512_dpbf16_ps(acc[b][m], w[b], xv);
+    }
+  }
+  for (int b = 0; b < NB; ++b) {
+    const int64_t n = n0 + b * kTileRows;
+    const int64_t valid = std::min<int64_t>(kTileRows, n_dim - n);
+    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+    const __m512 bias =
+        e.bias != nullptr ? _mm512_maskz_loadu_ps(mask, e.bias + n) : _mm512_setzero_ps();
+    const __m512 scale = _mm512_maskz_loadu_ps(mask, e.scale + n);
+    for (int m = 0; m < MB; ++m) {
+      __m512 v = _mm512_fmadd_ps(acc[b][m], scale, bias);
+      if (e.relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+      float* o = out + m * ldo + n;
+      if (e.accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, o));
+      _mm512_mask_storeu_ps(o, mask, v);
+    }
+  }
+}
+
+template <int MB>
+DEJA_BF16_TARGET void TiledRunI8(const int8_t* tiles, int64_t tile_stride, int64_t count,
+                                 const uint32_t* x, int64_t pairs, int64_t n0, int64_t n_dim,
+                                 const LinearEpilogue& e, float* out, int64_t ldo,
+                                 int64_t prefetch) {
+  constexpr int kNb = NbFor(MB);
+  int64_t t = 0;
+  auto run = [&](auto nb) {
+    constexpr int kB = decltype(nb)::value;
+    TiledTileI8<kB, MB>(tiles + t * tile_stride, tile_stride, x, pairs, n0 + t * kTileRows, n_dim,
+                        e, out, ldo, prefetch);
+    t += kB;
+  };
+  while (t + kNb <= count) run(std::integral_constant<int, kNb>{});
+  if constexpr (kNb > 4) {
+    if (t + 4 <= count) run(std::integral_constant<int, 4>{});
+  }
+  if constexpr (kNb > 2) {
+    if (t + 2 <= count) run(std::integral_constant<int, 2>{});
+  }
+  if (t < count) run(std::integral_constant<int, 1>{});
+}
+
+// n int8 values (a multiple of 32: whole tile lines) widened to bf16 bits.
+DEJA_BF16_TARGET void WidenI8Lines(const int8_t* src, int64_t n, uint16_t* dst) {
+  for (int64_t i = 0; i < n; i += 32) {
+    _mm512_storeu_si512(dst + i, (__m512i)WidenI8Line(src + i));
+  }
 }
 
 // 16 floats rounded to bf16 (nearest even, NaNs kept quiet), as FloatToBF16; VCVTNEPS2BF16
@@ -416,6 +505,50 @@ void RoundPackBf16Pairs(const float* x, int64_t m_rows, int64_t k_dim, uint16_t*
 
 int64_t TiledGroup(int64_t m_rows) {
   return NbFor(static_cast<int>(std::min(m_rows, kTiledXBlock)));
+}
+
+namespace {
+
+using TiledRunI8Fn = void (*)(const int8_t*, int64_t, int64_t, const uint32_t*, int64_t, int64_t,
+                              int64_t, const LinearEpilogue&, float*, int64_t, int64_t);
+constexpr TiledRunI8Fn kTiledRunsI8[kTiledXBlock + 1] = {
+    nullptr,        TiledRunI8<1>,  TiledRunI8<2>,  TiledRunI8<3>,  TiledRunI8<4>,  TiledRunI8<5>,
+    TiledRunI8<6>,  TiledRunI8<7>,  TiledRunI8<8>,  TiledRunI8<9>,  TiledRunI8<10>, TiledRunI8<11>,
+    TiledRunI8<12>, TiledRunI8<13>, TiledRunI8<14>, TiledRunI8<15>, TiledRunI8<16>};
+
+}  // namespace
+
+void LinearI8Tiled(const uint16_t* xp, int64_t m_rows, int64_t k_dim, const int8_t* w,
+                   int64_t n_dim, int64_t t_begin, int64_t t_end, const LinearEpilogue& e,
+                   float* out, int64_t ldo) {
+  const int64_t kp = TiledCols(k_dim), pairs = kp / 2, tile_stride = kp * kTileRows;
+  const int64_t group = TiledGroup(m_rows);
+  if (m_rows <= kTiledXBlock) {
+    // One block of x: each tile line is widened once in registers and used for every row.
+    const int64_t prefetch = m_rows <= 8 ? 0 : NbFor(static_cast<int>(m_rows)) == 1 ? 8192 : 1536;
+    for (int64_t t = t_begin; t < t_end; t += group) {
+      kTiledRunsI8[m_rows](w + t * tile_stride, tile_stride, std::min(group, t_end - t),
+                           reinterpret_cast<const uint32_t*>(xp), pairs, t * kTileRows, n_dim, e,
+                           out, ldo, prefetch);
+    }
+    return;
+  }
+  // Several blocks of x: the group's tiles widened once into this thread's bf16 scratch (in L2,
+  // 64-byte aligned as the micro-kernel's tile loads need), then the bf16 micro-kernel for every
+  // block.
+  thread_local std::vector<uint16_t> storage;
+  storage.resize(static_cast<size_t>(group * tile_stride + 32));
+  uint16_t* scratch =
+      storage.data() + ((64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64) / 2;
+  for (int64_t t = t_begin; t < t_end; t += group) {
+    const int64_t count = std::min(group, t_end - t);
+    WidenI8Lines(w + t * tile_stride, count * tile_stride, scratch);
+    for (int64_t m0 = 0; m0 < m_rows; m0 += kTiledXBlock) {
+      const int64_t mb = std::min(kTiledXBlock, m_rows - m0);
+      kTiledRuns[mb](scratch, tile_stride, count, reinterpret_cast<const uint32_t*>(xp + m0 * kp),
+                     pairs, t * kTileRows, n_dim, e, out + m0 * ldo, ldo, 0);
+    }
+  }
 }
 
 void LinearBf16Tiled(const uint16_t* xp, int64_t m_rows, int64_t k_dim, const uint16_t* w,

@@ -53,7 +53,7 @@ constexpr int kCols = 2;
 #endif
 
 HWY_INLINE float Finish(float dot, int64_t n, const LinearEpilogue& e, const float* prev) {
-  float v = dot + (e.bias != nullptr ? e.bias[n] : 0.f);
+  float v = (e.scale != nullptr ? dot * e.scale[n] : dot) + (e.bias != nullptr ? e.bias[n] : 0.f);
   if (e.relu) v = v > 0.f ? v : 0.f;
   return e.accumulate ? v + *prev : v;
 }
@@ -199,6 +199,9 @@ void LinearSmallMImpl(const float* x, int64_t m_rows, int64_t k_dim, const void*
     case DType::kBF16:
       return LinearTyped(x, m_rows, k_dim, static_cast<const hwy::bfloat16_t*>(w), rows, n_begin,
                          n_end, e, out, ldo);
+    case DType::kI8:
+      return LinearTyped(x, m_rows, k_dim, static_cast<const int8_t*>(w), rows, n_begin, n_end, e,
+                         out, ldo);
     default:
       return LinearTyped(x, m_rows, k_dim, static_cast<const float*>(w), rows, n_begin, n_end, e,
                          out, ldo);

@@ -37,6 +37,9 @@ struct LinearEpilogue {
   const float* bias = nullptr;  // f32 [N] or null
   bool relu = false;
   bool accumulate = false;
+  // f32 [N] or null: int8 weights' per-output-column scales, multiplied into the dot product
+  // before the bias.
+  const float* scale = nullptr;
 };
 
 // out[m, n] for m in [0, M), n in [n_begin, n_end) of out = epilogue(x[m, :] · w[n, :]). Streams

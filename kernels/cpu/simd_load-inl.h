@@ -30,6 +30,12 @@ template <class DF>
 HWY_INLINE hn::Vec<DF> LoadWidened(DF df, const hwy::bfloat16_t* HWY_RESTRICT p) {
   return hn::PromoteTo(df, hn::LoadU(hn::Rebind<hwy::bfloat16_t, DF>(), p));
 }
+// int8 weights widen to their integer values; the row's scale comes in the epilogue.
+template <class DF>
+HWY_INLINE hn::Vec<DF> LoadWidened(DF df, const int8_t* HWY_RESTRICT p) {
+  const hn::Rebind<int32_t, DF> di;
+  return hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(hn::Rebind<int8_t, DF>(), p)));
+}
 
 HWY_INLINE float ScalarToFloat(float v) { return v; }
 HWY_INLINE float ScalarToFloat(hwy::float16_t v) {
@@ -38,6 +44,7 @@ HWY_INLINE float ScalarToFloat(hwy::float16_t v) {
   return HalfToFloat(bits);
 }
 HWY_INLINE float ScalarToFloat(hwy::bfloat16_t v) { return hwy::F32FromBF16(v); }
+HWY_INLINE float ScalarToFloat(int8_t v) { return static_cast<float>(v); }
 
 }  // namespace HWY_NAMESPACE
 }  // namespace deja::kernels::cpu

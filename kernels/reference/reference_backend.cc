@@ -19,10 +19,18 @@ float At(const TensorView& v, int64_t i) {
   return LoadAsFloat(v.data, v.dtype, static_cast<size_t>(i));
 }
 
-// An activation as a weight of dtype w sees it: bf16 weights multiply x rounded to bf16 (the
-// contract of every backend, kernels/op_table.h); other dtypes multiply x itself.
+// Element i of a matrix whose scale index (row of a weight, column of a transposed one) is s: an
+// int8 value times its scale, any other dtype as stored.
+double WeightAt(const TensorView& w, int64_t i, int64_t s) {
+  const double v = At(w, i);
+  return w.dtype == DType::kI8 ? v * static_cast<double>(w.scale[s]) : v;
+}
+
+// An activation as a weight of dtype w sees it: bf16 and int8 weights multiply x rounded to bf16
+// (the contract of every backend, kernels/op_table.h); other dtypes multiply x itself.
 double XFor(float x, DType w) {
-  return w == DType::kBF16 ? BF16ToFloat(FloatToBF16(x)) : static_cast<double>(x);
+  return w == DType::kBF16 || w == DType::kI8 ? BF16ToFloat(FloatToBF16(x))
+                                              : static_cast<double>(x);
 }
 
 Status RefEmbedding(Backend&, TensorView table, const int32_t* ids, int64_t n, bool accumulate,
@@ -33,7 +41,7 @@ Status RefEmbedding(Backend&, TensorView table, const int32_t* ids, int64_t n, b
     for (int64_t c = 0; c < dim; ++c) {
       const int64_t at =
           table.layout == Layout::kTiled16 ? TiledIndex(ids[i], c, dim) : ids[i] * dim + c;
-      float v = At(table, at);
+      const float v = static_cast<float>(WeightAt(table, at, ids[i]));
       o[i * dim + c] = accumulate ? o[i * dim + c] + v : v;
     }
   }
@@ -70,7 +78,7 @@ Status RefLinear(Backend&, TensorView x, TensorView w, TensorView bias, Activati
       double acc = bias.data != nullptr ? At(bias, n) : 0.0;
       for (int64_t k = 0; k < k_dim; ++k) {
         const int64_t i = w.layout == Layout::kTiled16 ? TiledIndex(n, k, k_dim) : n * k_dim + k;
-        acc += XFor(xs[m * k_dim + k], w.dtype) * At(w, i);
+        acc += XFor(xs[m * k_dim + k], w.dtype) * WeightAt(w, i, n);
       }
       if (act == Activation::kRelu) acc = std::max(acc, 0.0);
       if (accumulate) acc += o[m * n_rows + n];
@@ -134,7 +142,7 @@ Status RefGatherLinear(Backend&, TensorView x, TensorView w, TensorView bias, co
       double acc = bias.data != nullptr ? At(bias, n) : 0.0;
       for (int64_t k = 0; k < k_dim; ++k) {
         const int64_t i = w.layout == Layout::kTiled16 ? TiledIndex(n, k, k_dim) : n * k_dim + k;
-        acc += XFor(xs[m * k_dim + k], w.dtype) * At(w, i);
+        acc += XFor(xs[m * k_dim + k], w.dtype) * WeightAt(w, i, n);
       }
       if (act == Activation::kRelu) acc = std::max(acc, 0.0);
       if (accumulate) acc += o[m * n_rows + j];
@@ -153,7 +161,7 @@ Status RefGatherLinearT(Backend&, TensorView x, TensorView wt, const int32_t* ro
     for (int64_t n = 0; n < n_dim; ++n) {
       double acc = 0.0;
       for (int64_t j = 0; j < n_rows; ++j) {
-        acc += XFor(xs[m * n_rows + j], wt.dtype) * At(wt, rows[j] * n_dim + n);
+        acc += XFor(xs[m * n_rows + j], wt.dtype) * WeightAt(wt, rows[j] * n_dim + n, n);
       }
       if (accumulate) acc += o[m * n_dim + n];
       o[m * n_dim + n] = static_cast<float>(acc);

@@ -14,7 +14,7 @@
 namespace deja::worker::dejavu {
 namespace {
 
-// [rows, cols] -> [cols, rows], any 2- or 4-byte dtype.
+// [rows, cols] -> [cols, rows], any 1-, 2- or 4-byte dtype.
 Tensor Transpose(const TensorView& w) {
   const int64_t rows = w.shape[0], cols = w.shape[1];
   Tensor t = Tensor::Empty(w.dtype, {cols, rows});
@@ -202,6 +202,8 @@ StatusOr<std::unique_ptr<SparseRuntime>> SparseRuntime::Create(
   }
   rt->fc2_t_.resize(layers);
   rt->out_t_.resize(layers);
+  rt->fc2_scale_.assign(layers, nullptr);
+  rt->out_scale_.assign(layers, nullptr);
   // On a device: transposed on the host, one matrix at a time, and moved back.
   auto transposed = [&](const TensorView& w) -> StatusOr<Tensor> {
     if (!rt->on_device_) return Transpose(w);
@@ -211,9 +213,11 @@ StatusOr<std::unique_ptr<SparseRuntime>> SparseRuntime::Create(
   for (int32_t l = 0; l < layers; ++l) {
     if (rt->mlp_k_[l] > 0) {
       DEJA_ASSIGN_OR_RETURN(rt->fc2_t_[l], transposed(weights.layers[l].fc2.w));
+      rt->fc2_scale_[l] = weights.layers[l].fc2.w.scale;
     }
     if (rt->head_k_[l] > 0) {
       DEJA_ASSIGN_OR_RETURN(rt->out_t_[l], transposed(weights.layers[l].out.w));
+      rt->out_scale_[l] = weights.layers[l].out.w.scale;
     }
   }
   return rt;

@@ -84,8 +84,10 @@ class SparseRuntime {
 
   const model::SparsityOptions& options() const { return options_; }
   // Transposed copies of the row-parallel weights, for the gather-transposed kernels.
-  const Tensor& fc2_t(int32_t layer) const { return fc2_t_[layer]; }
-  const Tensor& out_t(int32_t layer) const { return out_t_[layer]; }
+  // The transposed fc2 / out_proj of a layer; int8 ones carry the original rows' scales, which
+  // are the transposed matrix's column scales (GatherLinearT).
+  TensorView fc2_t(int32_t layer) const { return Transposed(fc2_t_[layer], fc2_scale_[layer]); }
+  TensorView out_t(int32_t layer) const { return Transposed(out_t_[layer], out_scale_[layer]); }
   // Per-layer top-k of this rank (0 = the block runs dense).
   int32_t mlp_k(int32_t layer) const { return mlp_k_[layer]; }
   int32_t head_k(int32_t layer) const { return head_k_[layer]; }
@@ -140,6 +142,12 @@ class SparseRuntime {
   bool on_device_ = false;  // the model's tensors (and the predictors) are device memory
   std::vector<int32_t> mlp_k_, head_k_;
   std::vector<Tensor> fc2_t_, out_t_;
+  std::vector<const float*> fc2_scale_, out_scale_;  // int8 only: the weights' own scales
+  static TensorView Transposed(const Tensor& t, const float* scale) {
+    TensorView v = t.view();
+    v.scale = scale;
+    return v;
+  }
   std::unique_ptr<kernels::Backend> predictor_backend_;  // single-threaded CPU, or a side stream
   kernels::Backend* backend_ = nullptr;                  // predictor_backend_ or the model's
   // Device backends with a side stream: the model's backend (the predictors' input is copied on

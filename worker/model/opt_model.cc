@@ -24,7 +24,11 @@ TensorView Rows(const Tensor& t, int64_t rows, int64_t cols) {
 
 int64_t ViewBytes(const TensorView& v) { return v.data ? static_cast<int64_t>(v.bytes()) : 0; }
 
-int64_t LinearBytes(const LinearWeights& l) { return ViewBytes(l.w) + ViewBytes(l.bias); }
+// With an int8 matrix's scales.
+int64_t LinearBytes(const LinearWeights& l) {
+  const int64_t scales = l.w.scale != nullptr ? l.w.rows() * int64_t{sizeof(float)} : 0;
+  return ViewBytes(l.w) + scales + ViewBytes(l.bias);
+}
 
 }  // namespace
 
@@ -52,7 +56,7 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
   if (m->on_device_) {
     DEJA_RETURN_IF_ERROR(m->LoadToDevice(options));
   } else if (options.weight_dtype.has_value()) {
-    DEJA_RETURN_IF_ERROR(ConvertMatrices(&m->w_, *options.weight_dtype));
+    DEJA_RETURN_IF_ERROR(ConvertMatrices(&m->w_, *options.weight_dtype, backend->pool()));
   }
   if (!m->on_device_ &&
       backend->PrefersTiled(m->w_.layers.empty() ? DType::kF32 : m->w_.layers[0].fc1.w.dtype)) {
@@ -93,8 +97,9 @@ Status OptModel::LoadToDevice(const LoadOptions& options) {
     comm_ = comm::MakeStagedCommunicator(backend_, std::move(comm_));
   }
   if (options.weight_dtype.has_value() && *options.weight_dtype != DType::kBF16) {
-    return InvalidArgument(std::string("weights can be converted to bf16 only, not ") +
-                           DTypeName(*options.weight_dtype));
+    return InvalidArgument(std::string("weights can be converted to bf16 only on ") +
+                           be.device().ToString() + ", not " + DTypeName(*options.weight_dtype) +
+                           " (int8 weights run on the CPU backend)");
   }
   UploadOptions up;
   up.matrix_dtype = options.weight_dtype;
@@ -412,8 +417,7 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
     for (size_t i = 0; i < batch.size(); ++i) DEJA_RETURN_IF_ERROR(attend(i));
   }
   if (gather) {
-    return kernels::GatherLinearT(be, ctx, sparse_->out_t(l).view(), sel_rows_.data(), width, false,
-                                  o);
+    return kernels::GatherLinearT(be, ctx, sparse_->out_t(l), sel_rows_.data(), width, false, o);
   }
   if (mode == dejavu::BlockPlan::Mode::kMasked) {
     // Each row skips the heads its own selection left out (zero context -> no contribution).
@@ -438,7 +442,7 @@ Status OptModel::MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in,
     TensorView u = Rows(u_, rows, n);
     DEJA_RETURN_IF_ERROR(kernels::GatherLinear(be, mlp_in, lw.fc1.w, lw.fc1.bias,
                                                plan->units.data(), n, Activation::kRelu, false, u));
-    return kernels::GatherLinearT(be, u, sparse_->fc2_t(l).view(), plan->units.data(), n, false, o);
+    return kernels::GatherLinearT(be, u, sparse_->fc2_t(l), plan->units.data(), n, false, o);
   }
   const int64_t ffn = w_.local_ffn;
   TensorView u = Rows(u_, rows, ffn);

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/quantize.h"
 #include "common/vec_math.h"
 
 namespace deja::worker::model {
@@ -160,14 +161,26 @@ TensorView Converted(const TensorView& v, DType dtype, std::vector<Tensor>* stor
 
 }  // namespace
 
-Status ConvertMatrices(OptWeights* w, DType dtype) {
-  if (dtype != DType::kBF16) {
-    return InvalidArgument(std::string("weights can be converted to bf16 only, not ") +
+Status ConvertMatrices(OptWeights* w, DType dtype, ThreadPool* pool) {
+  if (dtype != DType::kBF16 && dtype != DType::kI8) {
+    return InvalidArgument(std::string("weights can be converted to bf16 or int8 only, not ") +
                            DTypeName(dtype));
   }
-  auto convert = [&](TensorView* v) {
-    if (v->data == nullptr || v->dtype == dtype) return false;
-    *v = Converted(*v, dtype, &w->converted);
+  Status failed;
+  auto convert = [&](TensorView* v, const std::string& what) {
+    if (v->data == nullptr || v->dtype == dtype || !failed.ok()) return false;
+    if (dtype == DType::kBF16) {
+      *v = Converted(*v, dtype, &w->converted);
+      return true;
+    }
+    StatusOr<QuantizedMatrix> q = QuantizeRowsInt8(*v, what.c_str(), pool);
+    if (!q.ok()) {
+      failed = q.status();
+      return false;
+    }
+    *v = q->view();
+    w->converted.push_back(std::move(q->q));
+    w->converted.push_back(std::move(q->scale));
     return true;
   };
   // The lm head is tied when it points into the embedding table: it becomes the same rows of the
@@ -176,20 +189,27 @@ Status ConvertMatrices(OptWeights* w, DType dtype) {
   const char* head = static_cast<const char*>(w->lm_head.w.data);
   const bool tied = head >= table && head < table + w->embed_tokens.bytes() &&
                     w->lm_head.w.dtype == w->embed_tokens.dtype;
-  convert(&w->embed_tokens);
+  convert(&w->embed_tokens, "embed_tokens");
   if (tied) {
     w->lm_head.w = w->embed_tokens.RowSlice(w->vocab_begin, w->vocab_end);
   } else {
-    convert(&w->lm_head.w);
+    convert(&w->lm_head.w, "lm_head");
   }
-  convert(&w->embed_positions);
-  for (LinearWeights* lw : {&w->project_in, &w->project_out}) convert(&lw->w);
-  for (OptLayerWeights& l : w->layers) {
-    for (LinearWeights* lw : {&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2}) {
-      if (convert(&lw->w)) lw->owned = Tensor();  // a copied column slice, now converted
+  // Position embeddings are added, not multiplied: int8 leaves them in their dtype.
+  if (dtype == DType::kBF16) convert(&w->embed_positions, "embed_positions");
+  convert(&w->project_in.w, "project_in");
+  convert(&w->project_out.w, "project_out");
+  for (size_t i = 0; i < w->layers.size(); ++i) {
+    OptLayerWeights& l = w->layers[i];
+    const std::pair<LinearWeights*, const char*> parts[] = {{&l.q, "q_proj"}, {&l.k, "k_proj"},
+                                                            {&l.v, "v_proj"}, {&l.out, "out_proj"},
+                                                            {&l.fc1, "fc1"},  {&l.fc2, "fc2"}};
+    for (auto [lw, name] : parts) {
+      // A copied column slice, now converted, frees its copy.
+      if (convert(&lw->w, "layer " + std::to_string(i) + " " + name)) lw->owned = Tensor();
     }
   }
-  return Status::Ok();
+  return failed;
 }
 
 namespace {
@@ -203,8 +223,12 @@ void Release(std::vector<Tensor>* store, const void* data) {
 }
 
 // Tiles lw's bf16 row-major matrix into storage lw owns, releasing the row-major copy.
+bool Tileable(const TensorView& v) {
+  return (v.dtype == DType::kBF16 || v.dtype == DType::kI8) && v.layout == Layout::kRowMajor;
+}
+
 void TileOwned(LinearWeights* lw, std::vector<Tensor>* store) {
-  if (lw->w.dtype != DType::kBF16 || lw->w.layout != Layout::kRowMajor) return;
+  if (!Tileable(lw->w)) return;
   const void* old = lw->w.data;
   lw->owned = Tile16(lw->w, &lw->w);
   Release(store, old);
@@ -218,17 +242,24 @@ bool StackQkv(OptLayerWeights* l, std::vector<Tensor>* store) {
   const Shape shape = l->q.w.shape;
   if (shape.rank != 2 || shape[0] % kTileRows != 0) return false;
   const bool biased = l->q.bias.data != nullptr;
+  const DType dtype = l->q.w.dtype;
   for (const LinearWeights* p : parts) {
-    if (p->w.dtype != DType::kBF16 || p->w.layout != Layout::kRowMajor || !(p->w.shape == shape)) {
-      return false;
-    }
+    if (!Tileable(p->w) || p->w.dtype != dtype || !(p->w.shape == shape)) return false;
     if ((p->bias.data != nullptr) != biased) return false;
     if (biased && (p->bias.dtype != l->q.bias.dtype || p->bias.numel() != shape[0])) return false;
   }
   const int64_t local = shape[0], d = shape[1];
-  Tensor stacked = Tensor::Empty(DType::kBF16, {3 * local, TiledCols(d)});
-  const TensorView view{stacked.data(), DType::kBF16, Shape{3 * local, d}, Layout::kTiled16};
-  const size_t part_bytes = static_cast<size_t>(local * TiledCols(d)) * 2;
+  Tensor stacked = Tensor::Empty(dtype, {3 * local, TiledCols(d)});
+  TensorView view{stacked.data(), dtype, Shape{3 * local, d}, Layout::kTiled16};
+  const size_t part_bytes = static_cast<size_t>(local * TiledCols(d)) * DTypeSize(dtype);
+  if (dtype == DType::kI8) {  // the three parts' scales, stacked the same way
+    Tensor scale = Tensor::Empty(DType::kF32, {3 * local});
+    for (int i = 0; i < 3; ++i) {
+      std::memcpy(scale.as<float>() + i * local, parts[i]->w.scale, local * sizeof(float));
+    }
+    view.scale = scale.as<float>();
+    store->push_back(std::move(scale));
+  }
   for (int i = 0; i < 3; ++i) {
     TensorView tiled;
     Tensor tiles = Tile16(parts[i]->w, &tiled);
@@ -266,7 +297,7 @@ void TileMatrices(OptWeights* w) {
     Release(&w->converted, table);
     w->converted.push_back(std::move(tiles));
   };
-  if (w->embed_tokens.dtype == DType::kBF16 && w->embed_tokens.layout == Layout::kRowMajor) {
+  if (Tileable(w->embed_tokens)) {
     if (!tied) {
       tile_table();
     } else if (w->vocab_begin % kTileRows == 0) {
@@ -288,7 +319,9 @@ void UntileMatrices(OptWeights* w) {
     for (LinearWeights* lw : {&l.q, &l.out, &l.fc1, &l.fc2}) {  // k and v stay dense
       if (lw->w.layout != Layout::kTiled16) continue;
       Tensor rows = Untile16(lw->w);
+      const float* scale = lw->w.scale;
       lw->w = rows.view();
+      lw->w.scale = scale;
       lw->owned = std::move(rows);
     }
   }

@@ -13,6 +13,10 @@
 #include "common/status.h"
 #include "common/tensor.h"
 
+namespace deja {
+class ThreadPool;
+}
+
 namespace deja::worker::model {
 
 struct ShardSpec {
@@ -76,14 +80,16 @@ StatusOr<OptWeights> LoadOptWeights(const Checkpoint& ckpt, const OptConfig& con
 // Converts every matrix this rank holds (the Linear weights, the lm head and the two embedding
 // tables) to `dtype` in memory it owns (a tied lm head stays a slice of the converted embedding
 // table); biases and LayerNorms keep their dtype. Matrices already in `dtype` are left as they
-// are. Only bf16 is accepted: converting f16/f32 to it cannot overflow.
-Status ConvertMatrices(OptWeights* w, DType dtype);
+// are. bf16 (converting f16/f32 to it cannot overflow) or int8: each matrix quantized per output
+// row (common/quantize.h, split over `pool` when given), the position embeddings kept as they
+// are; a NaN or infinite weight is InvalidArgument naming the matrix.
+Status ConvertMatrices(OptWeights* w, DType dtype, ThreadPool* pool = nullptr);
 
-// Lays the layers' bf16 matrices (q, k, v, out, fc1, fc2) out in Layout::kTiled16, for a backend
-// that reads them fastest so (Backend::PrefersTiled); each tiled copy replaces the row-major
-// storage it came from when the weights own it. Also the embedding table and the lm head (a tied
-// head stays a slice of the table: tiled together when the rank's vocab rows start on a tile).
-// Other dtypes stay row-major.
+// Lays the layers' bf16 or int8 matrices (q, k, v, out, fc1, fc2) out in Layout::kTiled16, for a
+// backend that reads them fastest so (Backend::PrefersTiled); each tiled copy replaces the
+// row-major storage it came from when the weights own it. Also the embedding table and the lm head
+// (a tied head stays a slice of the table: tiled together when the rank's vocab rows start on a
+// tile). Other dtypes stay row-major.
 void TileMatrices(OptWeights* w);
 // q, out, fc1 and fc2 back to row-major: the sparse runtime gathers rows of q and fc1 and
 // transposes out and fc2 (k and v, always computed whole, stay tiled).

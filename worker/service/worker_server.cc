@@ -23,13 +23,15 @@
 namespace deja::worker::service {
 namespace {
 
-// The names ModelInfo uses ("float32", "float16", "bfloat16").
+// The names ModelInfo uses ("float32", "float16", "bfloat16", "int8").
 const char* TorchDTypeName(DType t) {
   switch (t) {
     case DType::kF16:
       return "float16";
     case DType::kBF16:
       return "bfloat16";
+    case DType::kI8:
+      return "int8";
     default:
       return "float32";
   }
