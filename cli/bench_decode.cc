@@ -177,7 +177,8 @@ int RunBenchDecode(int argc, char** argv, int first) {
     double floor_s = m.model->weight_bytes() / start_bw;
     // The compute roofline of batched decode: 2 FLOPs per weight per token at the measured peak
     // of the instruction the kernels multiply with: fp32 FMA (weights widened in registers), or
-    // VDPBF16PS for bf16 weights where the CPU has it (kernels/cpu/bf16_dot.h).
+    // VDPBF16PS for bf16 and int8 weights where the CPU has it (kernels/cpu/bf16_dot.h; int8
+    // values are widened to bf16 in registers).
     double peak_flops = on_device ? device_peaks.bf16_gemm_flops_per_s
                                   : kernels::MeasurePeakFmaFlopsPerSec(m.backend->pool());
     j["weight_dtype"] = DTypeName(m.model->weight_dtype());
@@ -187,7 +188,8 @@ int RunBenchDecode(int argc, char** argv, int first) {
       j["peak_fma_gflop_per_s"] = peak_flops / 1e9;
       j["compute_peak"] = "fma_f32";
     }
-    if (!on_device && m.model->weight_dtype() == DType::kBF16 && kernels::cpu::Bf16DotEnabled()) {
+    const DType wd = m.model->weight_dtype();
+    if (!on_device && (wd == DType::kBF16 || wd == DType::kI8) && kernels::cpu::Bf16DotEnabled()) {
       peak_flops = kernels::MeasurePeakBf16DotFlopsPerSec(m.backend->pool());
       j["peak_bf16_dot_gflop_per_s"] = peak_flops / 1e9;
       j["compute_peak"] = "bf16_dot";

@@ -1,11 +1,13 @@
 #include "worker/model/opt_weights.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
 #include "common/quantize.h"
 #include "common/vec_math.h"
+#include "worker/model/quantize_checkpoint.h"
 
 namespace deja::worker::model {
 namespace {
@@ -29,10 +31,45 @@ Tensor CopyColumns(TensorView w, int64_t begin, int64_t end) {
   return t;
 }
 
+// A vector (bias, LayerNorm, positions): a float dtype.
+StatusOr<TensorView> GetVector(const Checkpoint& ckpt, const std::string& name,
+                               const Shape& shape) {
+  DEJA_ASSIGN_OR_RETURN(TensorView v, ckpt.Get(name, shape));
+  if (v.dtype == DType::kI8) {
+    return InvalidArgument("tensor '" + name + "' is int8; only matrices may be quantized");
+  }
+  return v;
+}
+
 StatusOr<TensorView> GetOptional(const Checkpoint& ckpt, const std::string& name,
                                  const Shape& shape) {
   if (name.empty()) return TensorView{};
-  return ckpt.Get(name, shape);
+  return GetVector(ckpt, name, shape);
+}
+
+// A matrix: any float dtype, or int8 (deja quantize) with its f32 scales, one per row, finite and
+// not negative, attached to the view.
+StatusOr<TensorView> GetMatrix(const Checkpoint& ckpt, const std::string& name,
+                               const Shape& shape) {
+  DEJA_ASSIGN_OR_RETURN(TensorView w, ckpt.Get(name, shape));
+  if (w.dtype != DType::kI8) return w;
+  const std::string scale_name = ScaleTensorName(name);
+  if (ckpt.Find(scale_name) == nullptr) {
+    return InvalidArgument("int8 tensor '" + name + "' has no '" + scale_name + "'");
+  }
+  DEJA_ASSIGN_OR_RETURN(TensorView scale, ckpt.Get(scale_name, {shape[0]}));
+  if (scale.dtype != DType::kF32) {
+    return InvalidArgument("tensor '" + scale_name + "' must be F32, is " + DTypeName(scale.dtype));
+  }
+  for (int64_t r = 0; r < shape[0]; ++r) {
+    const float v = LoadAsFloat(scale.data, DType::kF32, static_cast<size_t>(r));
+    if (!(v >= 0.f) || !std::isfinite(v)) {
+      return InvalidArgument("tensor '" + scale_name + "' holds " + std::to_string(v) + " at row " +
+                             std::to_string(r) + "; scales are finite and >= 0");
+    }
+  }
+  w.scale = scale.as<float>();
+  return w;
 }
 
 StatusOr<NormWeights> LoadNorm(const Checkpoint& ckpt, const std::string& w, const std::string& b,
@@ -55,7 +92,7 @@ StatusOr<LinearWeights> LoadColumnParallel(const Checkpoint& ckpt, const std::st
                                            const std::string& b, int64_t out, int64_t in,
                                            int64_t begin, int64_t end) {
   LinearWeights lw;
-  DEJA_ASSIGN_OR_RETURN(TensorView full, ckpt.Get(w, {out, in}));
+  DEJA_ASSIGN_OR_RETURN(TensorView full, GetMatrix(ckpt, w, {out, in}));
   lw.w = full.RowSlice(begin, end);
   DEJA_ASSIGN_OR_RETURN(TensorView bias, GetOptional(ckpt, b, {out}));
   lw.bias = Slice1D(bias, begin, end);
@@ -67,7 +104,7 @@ StatusOr<LinearWeights> LoadRowParallel(const Checkpoint& ckpt, const std::strin
                                         const std::string& b, int64_t out, int64_t in,
                                         int64_t begin, int64_t end, bool copy) {
   LinearWeights lw;
-  DEJA_ASSIGN_OR_RETURN(TensorView full, ckpt.Get(w, {out, in}));
+  DEJA_ASSIGN_OR_RETURN(TensorView full, GetMatrix(ckpt, w, {out, in}));
   if (begin == 0 && end == in) {
     lw.w = full;
   } else if (!copy) {
@@ -76,6 +113,7 @@ StatusOr<LinearWeights> LoadRowParallel(const Checkpoint& ckpt, const std::strin
   } else {
     lw.owned = CopyColumns(full, begin, end);
     lw.w = lw.owned.view();
+    lw.w.scale = full.scale;  // whole rows: int8 scales stay the rows' own
   }
   DEJA_ASSIGN_OR_RETURN(lw.bias, GetOptional(ckpt, b, {out}));
   return lw;
@@ -109,12 +147,12 @@ StatusOr<OptWeights> LoadOptWeights(const Checkpoint& ckpt, const OptConfig& c,
   OptWeights w;
   w.local_heads = c.num_attention_heads / shard.world;
   w.local_ffn = f / shard.world;
-  DEJA_ASSIGN_OR_RETURN(w.embed_tokens, ckpt.Get(names.embed_tokens, {c.vocab_size, p}));
+  DEJA_ASSIGN_OR_RETURN(w.embed_tokens, GetMatrix(ckpt, names.embed_tokens, {c.vocab_size, p}));
   DEJA_ASSIGN_OR_RETURN(w.embed_positions,
-                        ckpt.Get(names.embed_positions, {c.max_position_embeddings + 2, d}));
+                        GetVector(ckpt, names.embed_positions, {c.max_position_embeddings + 2, d}));
   if (!names.project_in.empty()) {
-    DEJA_ASSIGN_OR_RETURN(w.project_in.w, ckpt.Get(names.project_in, {d, p}));
-    DEJA_ASSIGN_OR_RETURN(w.project_out.w, ckpt.Get(names.project_out, {p, d}));
+    DEJA_ASSIGN_OR_RETURN(w.project_in.w, GetMatrix(ckpt, names.project_in, {d, p}));
+    DEJA_ASSIGN_OR_RETURN(w.project_out.w, GetMatrix(ckpt, names.project_out, {p, d}));
   }
   DEJA_ASSIGN_OR_RETURN(w.final_ln, LoadNorm(ckpt, names.final_ln_weight, names.final_ln_bias, d));
 
@@ -136,7 +174,7 @@ StatusOr<OptWeights> LoadOptWeights(const Checkpoint& ckpt, const OptConfig& c,
     w.layers.push_back(std::move(lw));
   }
   ShardRange(c.vocab_size, shard.rank, shard.world, &w.vocab_begin, &w.vocab_end);
-  DEJA_ASSIGN_OR_RETURN(TensorView head, ckpt.Get(names.lm_head, {c.vocab_size, p}));
+  DEJA_ASSIGN_OR_RETURN(TensorView head, GetMatrix(ckpt, names.lm_head, {c.vocab_size, p}));
   w.lm_head.w = head.RowSlice(w.vocab_begin, w.vocab_end);
   return w;
 }
@@ -168,7 +206,10 @@ Status ConvertMatrices(OptWeights* w, DType dtype, ThreadPool* pool) {
   }
   Status failed;
   auto convert = [&](TensorView* v, const std::string& what) {
-    if (v->data == nullptr || v->dtype == dtype || !failed.ok()) return false;
+    // An int8 checkpoint's matrices stay int8: bf16 would only double their bytes.
+    if (v->data == nullptr || v->dtype == dtype || v->dtype == DType::kI8 || !failed.ok()) {
+      return false;
+    }
     if (dtype == DType::kBF16) {
       *v = Converted(*v, dtype, &w->converted);
       return true;

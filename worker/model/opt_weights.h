@@ -82,7 +82,8 @@ StatusOr<OptWeights> LoadOptWeights(const Checkpoint& ckpt, const OptConfig& con
 // table); biases and LayerNorms keep their dtype. Matrices already in `dtype` are left as they
 // are. bf16 (converting f16/f32 to it cannot overflow) or int8: each matrix quantized per output
 // row (common/quantize.h, split over `pool` when given), the position embeddings kept as they
-// are; a NaN or infinite weight is InvalidArgument naming the matrix.
+// are; a NaN or infinite weight is InvalidArgument naming the matrix. Matrices of an int8
+// checkpoint (deja quantize; loaded with their scales) stay int8 under either.
 Status ConvertMatrices(OptWeights* w, DType dtype, ThreadPool* pool = nullptr);
 
 // Lays the layers' bf16 or int8 matrices (q, k, v, out, fc1, fc2) out in Layout::kTiled16, for a

@@ -89,6 +89,10 @@ Status UploadWeights(OptWeights* w, const Checkpoint& ckpt, kernels::Backend& be
       return InvalidArgument("tiled weights cannot be uploaded; load them row-major");
     }
   }
+  if (w->embed_tokens.dtype == DType::kI8 || w->layers[0].fc1.w.dtype == DType::kI8) {
+    return Unimplemented("int8 weights run on the CPU backend; " + be.device().ToString() +
+                         " takes f32, f16 or bf16 checkpoints");
+  }
   const int64_t need = DeviceWeightBytes(*w, options.matrix_dtype);
   size_t free_bytes = 0, total_bytes = 0;
   Status mem = be.MemoryInfo(&free_bytes, &total_bytes);
