@@ -52,8 +52,8 @@ Status CudaEmbedding(Backend& b, TensorView table, const int32_t* ids, int64_t n
   CudaContext& ctx = ContextOf(b);
   DEJA_RETURN_IF_ERROR(Enter(ctx));
   DEJA_ASSIGN_OR_RETURN(int32_t * dev_ids, StageIndices(ctx, ids, n));
-  return CudaStatus(LaunchEmbedding(table.data, table.dtype, dev_ids, n, table.cols(), accumulate,
-                                    out.as<float>(), ctx.stream.get()),
+  return CudaStatus(LaunchEmbedding(table.data, table.dtype, table.scale, dev_ids, n, table.cols(),
+                                    accumulate, out.as<float>(), ctx.stream.get()),
                     "embedding kernel");
 }
 
@@ -194,9 +194,9 @@ Status CudaGatherLinear(Backend& b, TensorView x, TensorView w, TensorView bias,
   DEJA_RETURN_IF_ERROR(Enter(ctx));
   DEJA_ASSIGN_OR_RETURN(int32_t * dev_rows, StageIndices(ctx, rows, n_rows));
   return CudaStatus(
-      LaunchGatherLinear(x.as<float>(), x.rows(), x.cols(), w.data, w.dtype, bias.data, bias.dtype,
-                         dev_rows, n_rows, act == Activation::kRelu, accumulate, out.as<float>(),
-                         ctx.stream.get()),
+      LaunchGatherLinear(x.as<float>(), x.rows(), x.cols(), w.data, w.dtype, w.scale, bias.data,
+                         bias.dtype, dev_rows, n_rows, act == Activation::kRelu, accumulate,
+                         out.as<float>(), ctx.stream.get()),
       "gather_linear kernel");
 }
 
@@ -206,8 +206,8 @@ Status CudaGatherLinearT(Backend& b, TensorView x, TensorView wt, const int32_t*
   DEJA_RETURN_IF_ERROR(Enter(ctx));
   DEJA_ASSIGN_OR_RETURN(int32_t * dev_rows, StageIndices(ctx, rows, n_rows));
   return CudaStatus(
-      LaunchGatherLinearT(x.as<float>(), x.rows(), wt.data, wt.dtype, wt.cols(), dev_rows, n_rows,
-                          accumulate, out.as<float>(), ctx.stream.get()),
+      LaunchGatherLinearT(x.as<float>(), x.rows(), wt.data, wt.dtype, wt.scale, wt.cols(), dev_rows,
+                          n_rows, accumulate, out.as<float>(), ctx.stream.get()),
       "gather_linear_t kernel");
 }
 

@@ -23,9 +23,17 @@ __device__ __forceinline__ float LoadF(const void* p, DType dtype, int64_t i) {
       return __half2float(static_cast<const __half*>(p)[i]);
     case DType::kBF16:
       return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::kI8:  // the integer value; the row's scale is applied by the caller
+      return static_cast<float>(static_cast<const int8_t*>(p)[i]);
     default:
       return static_cast<const float*>(p)[i];
   }
+}
+
+// An activation as a weight of dtype w sees it (kernels/op_table.h): bf16 and int8 weights meet
+// x rounded to bf16 (nearest even), other dtypes x itself.
+__device__ __forceinline__ float XFor(float x, DType w) {
+  return w == DType::kBF16 || w == DType::kI8 ? __bfloat162float(__float2bfloat16_rn(x)) : x;
 }
 
 // f32 to f16 / bf16 bits, round to nearest even, bit for bit as common/dtype.h FloatToHalf and

@@ -16,11 +16,13 @@ __device__ __forceinline__ int64_t GridStride() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x;
 }
 
-__global__ void EmbeddingKernel(const void* table, DType dtype, const int32_t* ids, int64_t n,
-                                int64_t dim, bool accumulate, float* out) {
+__global__ void EmbeddingKernel(const void* table, DType dtype, const float* scale,
+                                const int32_t* ids, int64_t n, int64_t dim, bool accumulate,
+                                float* out) {
   for (int64_t e = GlobalIndex(); e < n * dim; e += GridStride()) {
     const int64_t i = e / dim, c = e - i * dim;
-    const float v = LoadF(table, dtype, static_cast<int64_t>(ids[i]) * dim + c);
+    float v = LoadF(table, dtype, static_cast<int64_t>(ids[i]) * dim + c);
+    if (scale != nullptr) v *= scale[ids[i]];
     out[e] = accumulate ? out[e] + v : v;
   }
 }
@@ -61,10 +63,11 @@ __global__ void ConvertKernel(const void* src, DType src_dtype, void* dst, DType
 
 }  // namespace
 
-cudaError_t LaunchEmbedding(const void* table, DType dtype, const int32_t* ids, int64_t n,
-                            int64_t dim, bool accumulate, float* out, cudaStream_t stream) {
-  EmbeddingKernel<<<GridFor(n * dim, kThreads), kThreads, 0, stream>>>(table, dtype, ids, n, dim,
-                                                                       accumulate, out);
+cudaError_t LaunchEmbedding(const void* table, DType dtype, const float* scale, const int32_t* ids,
+                            int64_t n, int64_t dim, bool accumulate, float* out,
+                            cudaStream_t stream) {
+  EmbeddingKernel<<<GridFor(n * dim, kThreads), kThreads, 0, stream>>>(table, dtype, scale, ids, n,
+                                                                       dim, accumulate, out);
   return cudaGetLastError();
 }
 

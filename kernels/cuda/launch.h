@@ -14,9 +14,11 @@ namespace deja::kernels::cuda {
 
 // elementwise.cu
 
-// out[i, :] = table[ids[i], :] (+= when accumulate); table [*, dim] in `dtype`.
-cudaError_t LaunchEmbedding(const void* table, DType dtype, const int32_t* ids, int64_t n,
-                            int64_t dim, bool accumulate, float* out, cudaStream_t stream);
+// out[i, :] = table[ids[i], :] (* scale[ids[i]] for int8) (+= when accumulate); table [*, dim]
+// in `dtype`; scale null unless int8.
+cudaError_t LaunchEmbedding(const void* table, DType dtype, const float* scale, const int32_t* ids,
+                            int64_t n, int64_t dim, bool accumulate, float* out,
+                            cudaStream_t stream);
 // out[r, c] += x[r, c] + bias[c]; bias in `bias_dtype` or null.
 cudaError_t LaunchAdd(const float* x, const void* bias, DType bias_dtype, int64_t rows,
                       int64_t cols, float* out, cudaStream_t stream);
@@ -50,15 +52,16 @@ cudaError_t LaunchTopK(const float* x, int64_t rows, int64_t cols, int32_t k, fl
                        int32_t* indices, cudaStream_t stream);
 
 // gather.cu: the Deja Vu gathers (semantics of GatherLinearFn / GatherLinearTFn in
-// kernels/op_table.h; rows is a device array).
+// kernels/op_table.h; rows is a device array, or null for every row in order: Linear over int8
+// weights). scale: an int8 weight's scales (per row of w, per column of wt), else null.
 
 cudaError_t LaunchGatherLinear(const float* x, int64_t m_rows, int64_t k_dim, const void* w,
-                               DType w_dtype, const void* bias, DType bias_dtype,
-                               const int32_t* rows, int64_t n_rows, bool relu, bool accumulate,
-                               float* out, cudaStream_t stream);
+                               DType w_dtype, const float* scale, const void* bias,
+                               DType bias_dtype, const int32_t* rows, int64_t n_rows, bool relu,
+                               bool accumulate, float* out, cudaStream_t stream);
 cudaError_t LaunchGatherLinearT(const float* x, int64_t m_rows, const void* wt, DType w_dtype,
-                                int64_t n_dim, const int32_t* rows, int64_t n_rows, bool accumulate,
-                                float* out, cudaStream_t stream);
+                                const float* scale, int64_t n_dim, const int32_t* rows,
+                                int64_t n_rows, bool accumulate, float* out, cudaStream_t stream);
 
 // Where slot s of cache head h is, in slots: the formula of KvSlotIndex (kernels/op_table.h).
 // blocks is a device array (paged) or null (contiguous [head][capacity]).

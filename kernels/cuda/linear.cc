@@ -197,6 +197,16 @@ Status CudaLinear(Backend& b, TensorView x, TensorView w, TensorView bias, Activ
   cudaStream_t stream = ctx.stream.get();
   const bool relu = act == Activation::kRelu;
   const bool has_bias = bias.data != nullptr;
+  if (w.dtype == DType::kI8) {
+    // No cuBLAS GEMM multiplies bf16 activations by int8 weights: the gather kernel over every
+    // row in order (one warp per output column, int8 widened in registers, scale, bias, ReLU and
+    // accumulation fused). Decode-sized; a dequantize-into-tensor-cores path for prefill is not
+    // written yet.
+    return CudaStatus(
+        LaunchGatherLinear(x.as<float>(), m, k, w.data, w.dtype, w.scale, bias.data, bias.dtype,
+                           nullptr, n, relu, accumulate, out.as<float>(), stream),
+        "linear: int8 kernel");
+  }
 
   const void* xa = x.data;
   if (w.dtype != DType::kF32) {
