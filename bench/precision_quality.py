@@ -2,7 +2,7 @@
 """Quality of the reduced-precision modes on the fixture, one run: held-out perplexity at
 1024-token windows and the 32-token greedy agreement with the default mode (checkpoint-dtype
 weights, f32 activations, f32 KV cache) on prompts cut from the held-out text, for `--dtype bf16`,
-`--kv-dtype f16` and both. Prints JSON lines and a Markdown table.
+`--dtype int8`, `--kv-dtype f16` and their pairs. Prints JSON lines and a Markdown table.
 
     python3 bench/precision_quality.py --deja build/release/cli/deja"""
 import argparse
@@ -13,9 +13,13 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from dejavu_quality import ROOT, prompts_from, run_json  # noqa: E402
 
-MODES = [("default", []), ("bf16 weights", ["--dtype", "bf16"]),
-         ("f16 KV cache", ["--kv-dtype", "f16"]),
-         ("bf16 + f16 KV", ["--dtype", "bf16", "--kv-dtype", "f16"])]
+# Every mode names both flags: the server's own default (`auto`) is one of the rows below.
+MODES = [("checkpoint", ["--dtype", "checkpoint", "--kv-dtype", "f32"]),
+         ("bf16 weights", ["--dtype", "bf16", "--kv-dtype", "f32"]),
+         ("f16 KV cache", ["--dtype", "checkpoint", "--kv-dtype", "f16"]),
+         ("bf16 + f16 KV", ["--dtype", "bf16", "--kv-dtype", "f16"]),
+         ("int8 weights", ["--dtype", "int8", "--kv-dtype", "f32"]),
+         ("int8 + f16 KV", ["--dtype", "int8", "--kv-dtype", "f16"])]
 
 
 def main():
@@ -37,13 +41,13 @@ def main():
                                    "--max-new-tokens", str(a.new_tokens), "--ignore-eos",
                                    "--json"] + flags)["token_ids"] for p in prompts]
         agree = [sum(x == y for x, y in zip(d, s)) / len(d)
-                 for d, s in zip(outputs["default"], outputs[name])]
+                 for d, s in zip(outputs[MODES[0][0]], outputs[name])]
         row["greedy_agreement"] = sum(agree) / len(agree)
         row["greedy_prompts"] = len(agree)
         print(json.dumps(row), flush=True)
         rows.append(row)
     base = rows[0]
-    print("\n| mode | flags | " + " | ".join(f"ppl {t.stem} (vs default)" for t in texts) +
+    print("\n| mode | flags | " + " | ".join(f"ppl {t.stem} (vs checkpoint)" for t in texts) +
           " | greedy agreement |")
     print("| --- | --- | " + " | ".join("---" for _ in texts) + " | --- |")
     for r in rows:

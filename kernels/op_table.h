@@ -1,8 +1,10 @@
 // The op table: one function pointer per op. Activations are always f32 [rows, cols] row-major;
 // weights ("w", "table", "gamma", biases) are in their checkpoint dtype (f32, f16 or bf16),
-// given by the view's dtype. Every op has a reference implementation (kernels/reference/).
-// Linear and the gathers over bf16 weights multiply x rounded to bf16 (nearest even) and add the
-// products in f32, as a bf16 GEMM does (kernels/cpu/bf16_dot.h); f16 and f32 weights multiply x.
+// given by the view's dtype, or int8 matrices ("w", "wt", "table") with TensorView::scale. Every op
+// has a reference implementation (kernels/reference/). Linear and the gathers over bf16 and int8
+// weights multiply x rounded to bf16 (nearest even) and add the products in f32, as a bf16 GEMM
+// does (kernels/cpu/bf16_dot.h), an int8 row's scale multiplying its sum; f16 and f32 weights
+// multiply x.
 #pragma once
 
 #include <cstdint>

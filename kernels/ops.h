@@ -6,7 +6,9 @@
 //  - every view (and the KvView) is in the memory of the backend's device(), else
 //    InvalidArgument names the argument and both devices; the TopK outputs are raw pointers into
 //    that memory; the index arrays (ids, q_pos, head_ids, rows) are host pointers (backend.h);
-//  - activations are f32, contiguous, row-major; weights are f32, f16 or bf16;
+//  - activations are f32, contiguous, row-major; weights are f32, f16 or bf16, and the matrices
+//    of Embedding, Linear and the gathers may be int8 with TensorView::scale (one per row; per
+//    column of GatherLinearT's transposed weight, the output channels it was quantized by);
 //  - outputs must not overlap inputs, except where noted (in-place LayerNorm and LogSoftmax);
 //  - an op with zero rows is a no-op that returns Ok.
 #pragma once
