@@ -389,6 +389,33 @@ TEST(AutoDtypeServingTest, ModelInfoReportsWhatTheWorkersChose) {
   EXPECT_NE(server.Log().find("--dtype/--kv-dtype auto: "), std::string::npos) << server.Log();
 }
 
+// --dtype int8 at TP 2: each rank quantizes its slices at load, ModelInfo says int8, and greedy
+// generation runs and stops at its length.
+TEST(Int8ServingTest, TensorParallelInt8Serves) {
+  Server server("int8", {DEJA_BINARY, "serve", "--model", ModelDir(), "--tp", "2", "--port", "0",
+                         "--metrics-port", "-1", "--threads", "2", "--dtype", "int8"});
+  ASSERT_TRUE(server.WaitListening()) << server.Log();
+  ASSERT_TRUE(WaitHealth(server.channel(), kServing)) << server.Log();
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::ModelInfo info;
+    ASSERT_TRUE(server.stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+    EXPECT_EQ(info.dtype(), "int8");
+  }
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::GenerateRequest req;
+  req.set_text("And God said");
+  req.mutable_stopping()->set_max_new_tokens(16);
+  req.mutable_stopping()->set_ignore_eos(true);
+  v1::GenerateResponse resp;
+  grpc::Status s = server.stub().Generate(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.generated_tokens(), 16u);
+  EXPECT_EQ(resp.finish_reason(), v1::FINISH_REASON_LENGTH);
+}
+
 TEST_F(ServingTest, MetricsHaveEveryFamily) {
   const std::string m = Scrape(server_->metrics_port());
   for (const char* family : {"deja_coordinator_requests_total",
