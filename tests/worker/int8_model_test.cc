@@ -234,6 +234,12 @@ TEST_F(Int8ModelTest, MalformedInt8CheckpointsAreRefusedByName) {
            if (p.first == fc1 + ".scale") p.second.shape = Shape{p.second.numel() - 1};
        },
        "fc1.weight.scale"},
+      {"int8 -128",
+       [&](std::vector<std::pair<std::string, TensorView>>* t) {
+         for (auto& p : *t)
+           if (p.first == fc1) static_cast<int8_t*>(p.second.data)[5] = -128;
+       },
+       "holds -128"},
       {"int8 bias",
        [&](std::vector<std::pair<std::string, TensorView>>* t) {
          for (auto& p : *t) {

@@ -68,6 +68,13 @@ StatusOr<TensorView> GetMatrix(const Checkpoint& ckpt, const std::string& name,
                              std::to_string(r) + "; scales are finite and >= 0");
     }
   }
+  // -128 has no positive counterpart: the quantizer never writes it, and the CPU kernels widen
+  // |q| through a 128-entry table.
+  const auto* q = static_cast<const int8_t*>(w.data);
+  if (std::find(q, q + w.numel(), int8_t{-128}) != q + w.numel()) {
+    return InvalidArgument("int8 tensor '" + name +
+                           "' holds -128; int8 weights are in [-127, 127]");
+  }
   w.scale = scale.as<float>();
   return w;
 }
