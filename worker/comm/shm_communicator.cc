@@ -1,0 +1,545 @@
+#include "worker/comm/shm_communicator.h"
+
+#include <glog/logging.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "worker/comm/shm_layout.h"
+#include "worker/comm/shm_segment.h"
+#include "worker/comm/timed_communicator.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define DEJA_SHM_PAUSE() _mm_pause()
+#else
+#define DEJA_SHM_PAUSE() ((void)0)
+#endif
+
+namespace deja::worker::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A sleeping rank wakes this often to look at the deadline, its peers' liveness and the
+// group's failure flag (a dead peer cannot wake it).
+constexpr auto kSleepSlice = std::chrono::milliseconds(5);
+
+// Below this many floats in all slots together, every rank sums the whole round itself (one
+// barrier per round); above it, each sums its 1/world share and the ranks copy the others'
+// shares (two barriers, 1/world of the additions). Both add in rank order, so they give the
+// same bits. Measured on 2 ranks: TODO
+constexpr int64_t kWholeSumFloats = 32768;
+
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
+  struct timespec ts;
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
+  // Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// dst[i] = src[0][i] + src[1][i] + ... + src[world - 1][i], added in exactly that order. Blocks
+// keep dst in L1 while the later ranks are added.
+void SumInRankOrder(float* __restrict dst, const float* const* src, int world, int64_t n) {
+  constexpr int64_t kBlock = 2048;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t m = std::min(kBlock, n - b);
+    const float* __restrict s0 = src[0] + b;
+    const float* __restrict s1 = src[1] + b;
+    float* __restrict d = dst + b;
+    for (int64_t i = 0; i < m; ++i) d[i] = s0[i] + s1[i];
+    for (int k = 2; k < world; ++k) {
+      const float* __restrict sk = src[k] + b;
+      for (int64_t i = 0; i < m; ++i) d[i] += sk[i];
+    }
+  }
+}
+
+// The CPUs this process may run on: more ranks than that cannot all poll at once.
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
+// The peers' processes, to tell a dead peer from a slow one without waiting for the timeout.
+// Only peers in this pid namespace (their published pid means the same process here), and not
+// this process itself (ranks as threads). A pidfd turns readable when its process exits, zombie
+// or not; without pidfds (kernels before 5.3), kill(pid, 0) sees reaped processes only.
+class PeerWatch {
+ public:
+  PeerWatch() = default;
+  PeerWatch(const ShmLayout& layout, int rank) {
+    const pid_t self = ::getpid();
+    const uint64_t ns = layout.line(rank).pid_ns.load(std::memory_order_relaxed);
+    for (int k = 0; k < layout.world(); ++k) {
+      const pid_t pid = layout.line(k).pid.load(std::memory_order_relaxed);
+      if (k == rank || pid <= 0 || pid == self || ns == 0 ||
+          layout.line(k).pid_ns.load(std::memory_order_relaxed) != ns) {
+        continue;
+      }
+      const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+      peers_.push_back({k, pid, fd});
+    }
+  }
+  ~PeerWatch() {
+    for (const Peer& p : peers_) {
+      if (p.fd >= 0) ::close(p.fd);
+    }
+  }
+  PeerWatch(PeerWatch&& o) noexcept : peers_(std::move(o.peers_)) { o.peers_.clear(); }
+  PeerWatch(const PeerWatch&) = delete;
+  PeerWatch& operator=(const PeerWatch&) = delete;
+  PeerWatch& operator=(PeerWatch&&) = delete;
+
+  // A watched rank whose process has ended, or -1.
+  int FirstDead() const {
+    for (const Peer& p : peers_) {
+      if (p.fd >= 0) {
+        struct pollfd pfd = {p.fd, POLLIN, 0};
+        if (::poll(&pfd, 1, 0) > 0) return p.rank;
+      } else if (::kill(p.pid, 0) != 0 && errno == ESRCH) {
+        return p.rank;
+      }
+    }
+    return -1;
+  }
+
+  pid_t pid(int rank) const {
+    for (const Peer& p : peers_) {
+      if (p.rank == rank) return p.pid;
+    }
+    return 0;
+  }
+
+ private:
+  struct Peer {
+    int rank;
+    pid_t pid;
+    int fd;  // pidfd, or -1 (no pidfd_open: kill(pid, 0))
+  };
+  std::vector<Peer> peers_;
+};
+
+enum class Op : uint64_t { kBarrier = 1, kAllReduce = 2, kAllGather = 3, kBroadcast = 4 };
+
+const char* OpName(uint64_t post) {
+  switch (static_cast<Op>(post >> 56)) {
+    case Op::kBarrier:
+      return "barrier";
+    case Op::kAllReduce:
+      return "all-reduce";
+    case Op::kAllGather:
+      return "all-gather";
+    case Op::kBroadcast:
+      return "broadcast";
+  }
+  return "?";
+}
+
+// What a rank posts at each barrier: the collective, its root and its count (the low 40 bits),
+// so that ranks calling different collectives fail instead of mixing their data.
+uint64_t Post(Op op, int root, uint64_t count) {
+  return (static_cast<uint64_t>(op) << 56) | (static_cast<uint64_t>(root & 0xffff) << 40) |
+         (count & ((uint64_t{1} << 40) - 1));
+}
+
+std::string DescribePost(uint64_t post) {
+  return std::string(OpName(post)) + " of " + std::to_string(post & ((uint64_t{1} << 40) - 1)) +
+         " (root " + std::to_string((post >> 40) & 0xffff) + ")";
+}
+
+class ShmCommunicator final : public TimedCommunicator {
+ public:
+  ShmCommunicator(SharedSegment segment, int rank, const ShmOptions& options, PeerWatch watch)
+      : segment_(std::move(segment)),
+        layout_(segment_.data()),
+        rank_(rank),
+        world_(layout_.world()),
+        slot_bytes_(layout_.slot_bytes()),
+        timeout_(options.timeout),
+        spin_(options.spin),
+        yield_when_polling_(world_ > UsableCpus()),
+        watch_(std::move(watch)) {}
+
+  ~ShmCommunicator() override {
+    // A peer waiting for this rank fails at once instead of at its timeout.
+    RankLine& me = layout_.line(rank_);
+    me.left.store(1, std::memory_order_seq_cst);
+    FutexWakeAll(&me.arrived);
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+
+  Status AllGather(const float* in, int64_t n, float* out) override {
+    if (n < 0) return InvalidArgument("all-gather of a negative count");
+    if (!failure_.ok()) return failure_;
+    if (n == 0) return Status::Ok();
+    const int64_t per = static_cast<int64_t>(slot_bytes_ / sizeof(float));
+    for (int64_t off = 0; off < n; off += per) {
+      const size_t bytes = static_cast<size_t>(std::min(per, n - off)) * sizeof(float);
+      std::memcpy(Slot(gen_ + 1, rank_), in + off, bytes);
+      DEJA_RETURN_IF_ERROR(Arrive(Post(Op::kAllGather, 0, static_cast<uint64_t>(n))));
+      for (int k = 0; k < world_; ++k) {
+        float* to = out + k * n + off;
+        // memmove: `in` may be this rank's block of `out`.
+        if (k == rank_) {
+          std::memmove(to, in + off, bytes);
+        } else {
+          std::memcpy(to, Slot(gen_, k), bytes);
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status Broadcast(void* data, size_t bytes, int root) override {
+    if (root < 0 || root >= world_) {
+      return InvalidArgument("broadcast root " + std::to_string(root) + " is outside world size " +
+                             std::to_string(world_));
+    }
+    if (!failure_.ok()) return failure_;
+    auto* p = static_cast<uint8_t*>(data);
+    for (size_t off = 0; off < bytes; off += slot_bytes_) {
+      const size_t m = std::min(slot_bytes_, bytes - off);
+      if (rank_ == root) std::memcpy(Slot(gen_ + 1, root), p + off, m);
+      DEJA_RETURN_IF_ERROR(Arrive(Post(Op::kBroadcast, root, bytes)));
+      if (rank_ != root) std::memcpy(p + off, Slot(gen_, root), m);
+    }
+    return Status::Ok();
+  }
+
+  Status Barrier() override {
+    if (!failure_.ok()) return failure_;
+    return Arrive(Post(Op::kBarrier, 0, 0));
+  }
+
+ protected:
+  Status DoAllReduceSum(float* data, int64_t n) override {
+    if (n < 0) return InvalidArgument("all-reduce of a negative count");
+    if (!failure_.ok()) return failure_;
+    if (n == 0 || world_ == 1) return Status::Ok();
+    const uint64_t post = Post(Op::kAllReduce, 0, static_cast<uint64_t>(n));
+    const int64_t per = static_cast<int64_t>(slot_bytes_ / sizeof(float));
+    std::vector<const float*> src(static_cast<size_t>(world_));
+    for (int64_t off = 0; off < n; off += per) {
+      const int64_t m = std::min(per, n - off);
+      float* mine = data + off;
+      std::memcpy(Slot(gen_ + 1, rank_), mine, static_cast<size_t>(m) * sizeof(float));
+      DEJA_RETURN_IF_ERROR(Arrive(post));
+      for (int k = 0; k < world_; ++k) src[k] = Slot(gen_, k);
+      if (m * world_ <= kWholeSumFloats) {
+        SumInRankOrder(mine, src.data(), world_, m);
+        continue;
+      }
+      // Reduce-scatter into rank 0's slot of the next round's set, then gather. Shares start on
+      // cache lines so no two ranks write the same one.
+      auto share = [&](int k) { return k == world_ ? m : (m * k / world_) & ~int64_t{15}; };
+      const int64_t lo = share(rank_), hi = share(rank_ + 1);
+      for (int k = 0; k < world_; ++k) src[k] += lo;
+      SumInRankOrder(mine + lo, src.data(), world_, hi - lo);
+      float* result = Slot(gen_ + 1, 0);
+      std::memcpy(result + lo, mine + lo, static_cast<size_t>(hi - lo) * sizeof(float));
+      DEJA_RETURN_IF_ERROR(Arrive(post));
+      result = Slot(gen_, 0);
+      std::memcpy(mine, result, static_cast<size_t>(lo) * sizeof(float));
+      std::memcpy(mine + hi, result + hi, static_cast<size_t>(m - hi) * sizeof(float));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  // Rank k's slot in the set of barrier generation `gen`. Data written before arriving at
+  // generation g goes to set g % 2 and is read after g, before arriving at g + 1; the next
+  // write to that set (for g + 2) needs every rank past g + 1, hence after all its readers.
+  float* Slot(uint32_t gen, int k) const {
+    return reinterpret_cast<float*>(layout_.slot(static_cast<int>(gen & 1u), k));
+  }
+
+  // Arrives at the next barrier generation, waits for every peer to arrive there too, and
+  // checks that all ranks are in the same collective.
+  Status Arrive(uint64_t post) {
+    // A peer that failed may have arrived at this generation before it did; the flag it left
+    // keeps this rank from running on with a group that is gone.
+    if (layout_.header().failed.load(std::memory_order_relaxed) != 0) {
+      return CheckPeers(Clock::now());
+    }
+    const uint32_t g = gen_ + 1;
+    RankLine& me = layout_.line(rank_);
+    me.posted[g & 1u].store(post, std::memory_order_relaxed);
+    // seq_cst pairs with the sleepers' increment-then-check, so either the sleeper sees the new
+    // value or this rank sees the sleeper and wakes it. Also releases this rank's slot writes.
+    me.arrived.store(g, std::memory_order_seq_cst);
+    if (me.sleepers.load(std::memory_order_seq_cst) != 0) FutexWakeAll(&me.arrived);
+    gen_ = g;
+    DEJA_RETURN_IF_ERROR(WaitForPeers(g));
+    for (int k = 0; k < world_; ++k) {
+      const uint64_t theirs = layout_.line(k).posted[g & 1u].load(std::memory_order_relaxed);
+      // Every rank sees the same posts, so all of them return here, at the same generation,
+      // and the group stays usable.
+      if (theirs != post) {
+        return InvalidArgument("shm: rank " + std::to_string(rank_) + " called " +
+                               DescribePost(post) + " while rank " + std::to_string(k) +
+                               " called " + DescribePost(theirs));
+      }
+    }
+    return Status::Ok();
+  }
+
+  bool Reached(int k, uint32_t g) const {
+    const uint32_t a = layout_.line(k).arrived.load(std::memory_order_acquire);
+    return static_cast<int32_t>(a - g) >= 0;
+  }
+
+  // The first rank from `k` on that has not arrived at `g`, or -1.
+  int FirstBehind(uint32_t g, int k) const {
+    for (; k < world_; ++k) {
+      if (!Reached(k, g)) return k;
+    }
+    return -1;
+  }
+
+  Status WaitForPeers(uint32_t g) {
+    const Clock::time_point start = Clock::now();
+    int k = FirstBehind(g, 0);
+    // Poll first: peers normally arrive within microseconds of each other.
+    const Clock::time_point spin_end = start + spin_;
+    for (uint32_t i = 1; k >= 0; ++i) {
+      if (yield_when_polling_) {
+        ::sched_yield();
+      } else {
+        DEJA_SHM_PAUSE();
+      }
+      k = FirstBehind(g, k);
+      if ((i & 15) == 0 && Clock::now() >= spin_end) break;
+    }
+    // Then sleep on the first late rank's counter, checking for failures between slices.
+    const Clock::time_point deadline = start + timeout_;
+    while (k >= 0) {
+      DEJA_RETURN_IF_ERROR(CheckPeers(start));
+      const Clock::time_point now = Clock::now();
+      if (now >= deadline) {
+        return Fail(Unavailable("rank " + std::to_string(k) +
+                                " did not reach the collective within " +
+                                std::to_string(timeout_.count()) + " ms (stopped or hung?)"));
+      }
+      RankLine& late = layout_.line(k);
+      late.sleepers.fetch_add(1, std::memory_order_seq_cst);
+      const uint32_t seen = late.arrived.load(std::memory_order_seq_cst);
+      if (static_cast<int32_t>(seen - g) < 0) {
+        FutexWait(&late.arrived, seen, std::min<Clock::duration>(kSleepSlice, deadline - now));
+      }
+      late.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      k = FirstBehind(g, k);
+    }
+    return Status::Ok();
+  }
+
+  // Fails if a peer left or died, or the group has failed elsewhere.
+  Status CheckPeers(Clock::time_point start) {
+    for (int k = 0; k < world_; ++k) {
+      if (k != rank_ && layout_.line(k).left.load(std::memory_order_acquire) != 0 &&
+          !Reached(k, gen_)) {
+        return Fail(Unavailable("rank " + std::to_string(k) + " left the group"));
+      }
+    }
+    if (int dead = watch_.FirstDead(); dead >= 0) {
+      return Fail(Unavailable(
+          "rank " + std::to_string(dead) + " (pid " + std::to_string(watch_.pid(dead)) +
+          ") died; noticed " +
+          std::to_string(
+              std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count()) +
+          " ms into the wait"));
+    }
+    ShmHeader& h = layout_.header();
+    const uint32_t failed = h.failed.load(std::memory_order_acquire);
+    if (failed != 0) {
+      std::string why = "rank " + std::to_string(failed - 1) + " failed";
+      if (h.reason_ready.load(std::memory_order_acquire) != 0) {
+        why += " (" + std::string(h.reason, strnlen(h.reason, sizeof(h.reason))) + ")";
+      }
+      return Fail(Unavailable(why + "; the group is unusable"));
+    }
+    return Status::Ok();
+  }
+
+  // Records the first failure (the communicator stays failed: the peers may be anywhere in the
+  // protocol now) and flags it in the segment so that waiting peers fail at once too.
+  Status Fail(const Status& s) {
+    failure_ = Status(s.code(), "rank " + std::to_string(rank_) + ": shm " + s.message() +
+                                    " (the group must be rebuilt)");
+    ShmHeader& h = layout_.header();
+    uint32_t none = 0;
+    if (h.failed.compare_exchange_strong(none, static_cast<uint32_t>(rank_ + 1),
+                                         std::memory_order_acq_rel)) {
+      const size_t len = std::min(s.message().size(), sizeof(h.reason) - 1);
+      std::memcpy(h.reason, s.message().data(), len);
+      h.reason[len] = '\0';
+      h.reason_ready.store(1, std::memory_order_release);
+    }
+    for (int k = 0; k < world_; ++k) FutexWakeAll(&layout_.line(k).arrived);
+    return failure_;
+  }
+
+  SharedSegment segment_;
+  ShmLayout layout_;
+  const int rank_;
+  const int world_;
+  const size_t slot_bytes_;
+  const std::chrono::milliseconds timeout_;
+  const std::chrono::microseconds spin_;
+  const bool yield_when_polling_;
+  PeerWatch watch_;
+  uint32_t gen_ = 0;  // the last barrier generation this rank arrived at
+  Status failure_;
+};
+
+}  // namespace
+
+namespace {
+
+// Best effort on the failure paths (the error being returned matters more).
+void UnlinkOrWarn(const std::string& name) {
+  if (Status s = SharedSegment::Unlink(name); !s.ok()) LOG(WARNING) << s.ToString();
+}
+
+uint64_t PidNamespace() {
+  struct stat st = {};
+  if (::stat("/proc/self/ns/pid", &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_ino);
+}
+
+// A name no other group can have picked: the key prefix (made name-safe) for the reader of
+// /dev/shm, this process's id and random bits.
+StatusOr<std::string> NewSegmentName(const std::string& key_prefix) {
+  uint64_t bits = 0;
+  if (::getentropy(&bits, sizeof(bits)) != 0) {
+    return Internal(std::string("getentropy failed: ") + std::strerror(errno));
+  }
+  std::string tag;
+  for (char c : key_prefix.substr(0, 64)) {
+    tag += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ? c : '-';
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(bits));
+  return "/deja-" + tag + "-" + std::to_string(::getpid()) + "-" + hex;
+}
+
+// Rank 0 creates and publishes the segment; the others open what it published.
+StatusOr<SharedSegment> CreateOrOpen(KeyValueStore& store, const ShmOptions& o) {
+  const std::string key = o.key_prefix + "/segment";
+  if (o.rank == 0) {
+    DEJA_ASSIGN_OR_RETURN(std::string name, NewSegmentName(o.key_prefix));
+    DEJA_ASSIGN_OR_RETURN(
+        SharedSegment s,
+        SharedSegment::Create(name, ShmLayout::TotalBytes(o.world_size, o.slot_bytes)));
+    ShmLayout::Init(s.data(), o.world_size, o.slot_bytes, name);
+    if (Status st = store.Set(key, name); !st.ok()) {
+      UnlinkOrWarn(name);
+      return st.WithContext("publishing the segment's name");
+    }
+    return s;
+  }
+  StatusOr<std::string> name = store.Get(key, o.timeout);
+  if (!name.ok()) return name.status().WithContext("waiting for rank 0's segment");
+  StatusOr<SharedSegment> s = SharedSegment::Open(*name);
+  if (!s.ok()) return s.status().WithContext("is every rank on one host?");
+  DEJA_RETURN_IF_ERROR(ShmLayout::Check(s->data(), s->size(), o.world_size, *name));
+  return s;
+}
+
+// Maps the segment, publishes this rank's process, and waits until every rank has mapped it;
+// the name is unlinked once they all have (or when this rank gives up).
+StatusOr<std::unique_ptr<comm::Communicator>> Join(KeyValueStore& store, const ShmOptions& o) {
+  DEJA_ASSIGN_OR_RETURN(SharedSegment segment, CreateOrOpen(store, o));
+  const std::string name = segment.name();
+  ShmLayout layout(segment.data());
+  RankLine& me = layout.line(o.rank);
+  me.pid.store(static_cast<int32_t>(::getpid()), std::memory_order_relaxed);
+  me.pid_ns.store(PidNamespace(), std::memory_order_relaxed);
+  ShmHeader& h = layout.header();
+  // The last rank to map the segment removes its name: from then on it lives only as long as
+  // the mappings, so no process death can leave it behind in /dev/shm.
+  if (h.attached.fetch_add(1, std::memory_order_acq_rel) + 1 ==
+      static_cast<uint32_t>(o.world_size)) {
+    UnlinkOrWarn(name);
+  }
+  const Clock::time_point deadline = Clock::now() + o.timeout;
+  auto sleep = std::chrono::microseconds(50);
+  for (;;) {
+    const uint32_t attached = h.attached.load(std::memory_order_acquire);
+    if (h.failed.load(std::memory_order_acquire) != 0) {
+      UnlinkOrWarn(name);
+      return Unavailable("another rank gave up on segment " + name);
+    }
+    if (attached >= static_cast<uint32_t>(o.world_size)) break;
+    if (Clock::now() >= deadline) {
+      // Fails the ranks that did map it at once, and keeps late ones from joining a group that
+      // has failed.
+      h.failed.store(static_cast<uint32_t>(o.rank + 1), std::memory_order_release);
+      UnlinkOrWarn(name);
+      return Unavailable("only " + std::to_string(attached) + " of " +
+                         std::to_string(o.world_size) + " ranks mapped segment " + name +
+                         " within " + std::to_string(o.timeout.count()) + " ms");
+    }
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min<std::chrono::microseconds>(sleep * 2, std::chrono::milliseconds(5));
+  }
+  PeerWatch watch(layout, o.rank);
+  LOG(INFO) << "shm rank " << o.rank << "/" << o.world_size << " mapped " << name << " ("
+            << segment.size() << " bytes, " << layout.slot_bytes() << " per slot)";
+  return std::unique_ptr<comm::Communicator>(
+      std::make_unique<ShmCommunicator>(std::move(segment), o.rank, o, std::move(watch)));
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<comm::Communicator>> MakeShmCommunicator(KeyValueStore& store,
+                                                                  const ShmOptions& options) {
+  if (options.world_size < 1 || options.world_size > kShmMaxWorld || options.rank < 0 ||
+      options.rank >= options.world_size) {
+    return InvalidArgument("shm: rank " + std::to_string(options.rank) + " is outside world size " +
+                           std::to_string(options.world_size) + " (at most " +
+                           std::to_string(kShmMaxWorld) + ")");
+  }
+  if (options.timeout.count() <= 0) return InvalidArgument("shm: timeout must be positive");
+  if (options.spin.count() < 0) return InvalidArgument("shm: spin must be >= 0");
+  if (options.slot_bytes < 4096 || options.slot_bytes % kShmLine != 0 ||
+      options.slot_bytes > (size_t{1} << 30)) {
+    return InvalidArgument("shm: slot_bytes " + std::to_string(options.slot_bytes) +
+                           " must be a multiple of 64 in [4 KiB, 1 GiB]");
+  }
+  StatusOr<std::unique_ptr<comm::Communicator>> comm = Join(store, options);
+  if (!comm.ok()) {
+    const Status& s = comm.status();
+    return Status(s.code() == StatusCode::kDeadlineExceeded ? StatusCode::kUnavailable : s.code(),
+                  "shm rendezvous: " + s.message() + " (rank " + std::to_string(options.rank) +
+                      " of " + std::to_string(options.world_size) + ")");
+  }
+  return comm;
+}
+
+}  // namespace deja::worker::comm
