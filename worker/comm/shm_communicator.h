@@ -31,10 +31,10 @@ struct ShmOptions {
   // rank (consecutive rounds alternate), so the segment is about 2 * world * slot_bytes. Taken
   // from rank 0; a multiple of 64, at least 4 KiB.
   size_t slot_bytes = size_t{1} << 20;
-  // How long a waiting rank polls its peers' counters before it sleeps on a futex. A rank wakes
-  // from the futex tens of microseconds later than from polling, which is a large part of a
-  // decode step's all-reduce, while the peers normally arrive within this time. When the group
-  // has more ranks than this process has CPUs, the polling yields the CPU each time.
+  // How long a waiting rank polls its peers' counters (yielding the CPU between polls) before
+  // it sleeps on a futex. A rank wakes from the futex tens of microseconds later than from
+  // polling, which is more than a decode step's all-reduce takes, while the peers normally
+  // arrive within this time.
   std::chrono::microseconds spin = std::chrono::microseconds(100);
 };
 
