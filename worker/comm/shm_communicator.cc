@@ -279,7 +279,7 @@ class ShmCommunicator final : public TimedCommunicator {
     // A peer that failed may have arrived at this generation before it did; the flag it left
     // keeps this rank from running on with a group that is gone.
     if (layout_.header().failed.load(std::memory_order_relaxed) != 0) {
-      return CheckPeers(Clock::now());
+      return CheckPeers();
     }
     const uint32_t g = gen_ + 1;
     RankLine& me = layout_.line(rank_);
@@ -337,7 +337,7 @@ class ShmCommunicator final : public TimedCommunicator {
     // Then sleep on the first late rank's counter, checking for failures between slices.
     const Clock::time_point deadline = start + timeout_;
     while (k >= 0) {
-      DEJA_RETURN_IF_ERROR(CheckPeers(start));
+      DEJA_RETURN_IF_ERROR(CheckPeers());
       const Clock::time_point now = Clock::now();
       if (now >= deadline) {
         return Fail(Unavailable("rank " + std::to_string(k) +
@@ -356,22 +356,9 @@ class ShmCommunicator final : public TimedCommunicator {
     return Status::Ok();
   }
 
-  // Fails if a peer left or died, or the group has failed elsewhere.
-  Status CheckPeers(Clock::time_point start) {
-    for (int k = 0; k < world_; ++k) {
-      if (k != rank_ && layout_.line(k).left.load(std::memory_order_acquire) != 0 &&
-          !Reached(k, gen_)) {
-        return Fail(Unavailable("rank " + std::to_string(k) + " left the group"));
-      }
-    }
-    if (int dead = watch_.FirstDead(); dead >= 0) {
-      return Fail(Unavailable(
-          "rank " + std::to_string(dead) + " (pid " + std::to_string(watch_.pid(dead)) +
-          ") died; noticed " +
-          std::to_string(
-              std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count()) +
-          " ms into the wait"));
-    }
+  // Fails if the group has failed elsewhere (first: that rank's reason is the cause, its exit
+  // may follow), or a peer left or died.
+  Status CheckPeers() {
     ShmHeader& h = layout_.header();
     const uint32_t failed = h.failed.load(std::memory_order_acquire);
     if (failed != 0) {
@@ -380,6 +367,16 @@ class ShmCommunicator final : public TimedCommunicator {
         why += " (" + std::string(h.reason, strnlen(h.reason, sizeof(h.reason))) + ")";
       }
       return Fail(Unavailable(why + "; the group is unusable"));
+    }
+    for (int k = 0; k < world_; ++k) {
+      if (k != rank_ && layout_.line(k).left.load(std::memory_order_acquire) != 0 &&
+          !Reached(k, gen_)) {
+        return Fail(Unavailable("rank " + std::to_string(k) + " left the group"));
+      }
+    }
+    if (int dead = watch_.FirstDead(); dead >= 0) {
+      return Fail(Unavailable("rank " + std::to_string(dead) + " (pid " +
+                              std::to_string(watch_.pid(dead)) + ") died"));
     }
     return Status::Ok();
   }
