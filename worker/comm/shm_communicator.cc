@@ -62,8 +62,8 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-// dst[i] = src[0][i] + src[1][i] + ... + src[world - 1][i], added in exactly that order. Blocks
-// keep dst in L1 while the later ranks are added.
+// dst[i] = src[0][i] + src[1][i] + ... + src[world - 1][i], added in exactly that order
+// (world >= 2). Blocks keep dst in L1 while the later ranks are added.
 void SumInRankOrder(float* __restrict dst, const float* const* src, int world, int64_t n) {
   constexpr int64_t kBlock = 2048;
   for (int64_t b = 0; b < n; b += kBlock) {
@@ -176,7 +176,8 @@ class ShmCommunicator final : public TimedCommunicator {
         slot_bytes_(layout_.slot_bytes()),
         timeout_(options.timeout),
         spin_(options.spin),
-        watch_(std::move(watch)) {}
+        watch_(std::move(watch)),
+        src_(static_cast<size_t>(world_)) {}
 
   ~ShmCommunicator() override {
     // A peer waiting for this rank fails at once instead of at its timeout.
@@ -238,7 +239,7 @@ class ShmCommunicator final : public TimedCommunicator {
     if (n == 0 || world_ == 1) return Status::Ok();
     const uint64_t post = Post(Op::kAllReduce, 0, static_cast<uint64_t>(n));
     const int64_t per = static_cast<int64_t>(slot_bytes_ / sizeof(float));
-    std::vector<const float*> src(static_cast<size_t>(world_));
+    std::vector<const float*>& src = src_;
     for (int64_t off = 0; off < n; off += per) {
       const int64_t m = std::min(per, n - off);
       float* mine = data + off;
@@ -407,7 +408,8 @@ class ShmCommunicator final : public TimedCommunicator {
   const std::chrono::milliseconds timeout_;
   const std::chrono::microseconds spin_;
   PeerWatch watch_;
-  uint32_t gen_ = 0;  // the last barrier generation this rank arrived at
+  std::vector<const float*> src_;  // the all-reduce's sources, kept to spare an allocation
+  uint32_t gen_ = 0;               // the last barrier generation this rank arrived at
   Status failure_;
 };
 
