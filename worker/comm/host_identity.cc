@@ -13,13 +13,11 @@ std::string HostIdentity() {
   if (boot.empty()) return "unknown";
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
-  std::string shm = "none";
+  // Without a /dev/shm (glibc's shm_open lives there) there is nothing to share.
   struct stat st = {};
-  if (::stat("/dev/shm", &st) == 0) {
-    shm = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
-  }
+  if (::stat("/dev/shm", &st) != 0) return "unknown";
   return "boot_id=" + boot + " host=" + host + " uid=" + std::to_string(::geteuid()) +
-         " shm=" + shm;
+         " shm=" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
 }
 
 StatusOr<SameHostCheck> CheckSameHost(KeyValueStore& store, const std::string& key_prefix, int rank,
@@ -32,7 +30,7 @@ StatusOr<SameHostCheck> CheckSameHost(KeyValueStore& store, const std::string& k
   DEJA_RETURN_IF_ERROR(store.Set(key_prefix + "/" + std::to_string(rank), mine));
   SameHostCheck check;
   check.same = mine != "unknown";
-  check.detail = mine;
+  check.detail = check.same ? mine : "no boot id or no /dev/shm here";
   for (int k = 0; k < world_size; ++k) {
     const std::string key = key_prefix + "/" + std::to_string(k);
     StatusOr<std::string> theirs = store.Get(key, timeout);

@@ -14,8 +14,8 @@ namespace deja::worker::comm {
 // What must be equal for two processes to share a POSIX shared-memory segment: the kernel's
 // boot id, the host name (containers of one machine share the boot id but not, normally, the
 // host name), the effective user (the segment is private to it) and the /dev/shm file system
-// (a container may have its own). An unreadable boot id makes the identity "unknown", which
-// matches nothing.
+// (a container may have its own). An unreadable boot id or a missing /dev/shm makes the
+// identity "unknown", which matches nothing.
 std::string HostIdentity();
 
 struct SameHostCheck {
