@@ -1,6 +1,6 @@
 // comm_peer: one rank of a Gloo (default) or shared-memory group in its own process, started by
 // the multi-process tests.
-//   comm_peer [--shm] <mode> <rank> <world> <store_dir> <out_file> <timeout_ms>
+//   comm_peer [--shm [--spin-us N]] <mode> <rank> <world> <store_dir> <out_file> <timeout_ms>
 //             [model_dir golden_file]
 // Modes: check (collective grid), loop (all-reduce until an error), bench (all-reduce timing),
 // model (tensor-parallel OPT cases). Results go to <out_file> as JSON; exit code 0 = success,
@@ -125,9 +125,16 @@ int Main(int argc, char** argv) {
     --argc;
     ++argv;
   }
+  // --spin-us N: the shared-memory ranks' polling time (ShmOptions::spin).
+  long spin_us = -1;
+  if (argc > 2 && std::string(argv[1]) == "--spin-us") {
+    spin_us = std::atol(argv[2]);
+    argc -= 2;
+    argv += 2;
+  }
   if (argc < 7) {
-    std::cerr << "usage: comm_peer [--shm] <check|loop|bench|model> <rank> <world> <store_dir> "
-                 "<out> <timeout_ms> [model_dir golden_file]\n";
+    std::cerr << "usage: comm_peer [--shm [--spin-us N]] <check|loop|bench|model> <rank> <world> "
+                 "<store_dir> <out> <timeout_ms> [model_dir golden_file]\n";
     return 2;
   }
   const std::string mode = argv[1], out = argv[5];
@@ -144,6 +151,7 @@ int Main(int argc, char** argv) {
     opt.rank = rank;
     opt.world_size = world;
     opt.timeout = timeout;
+    if (spin_us >= 0) opt.spin = std::chrono::microseconds(spin_us);
     comm = worker::comm::MakeShmCommunicator(**store, opt);
   } else {
     worker::comm::GlooOptions opt;

@@ -3,14 +3,15 @@
 // sums and across slot sizes, so rounds and both all-reduce algorithms add in the same order),
 // rendezvous and option errors, disagreeing calls, a peer that leaves, is killed (SIGKILL) or
 // hangs (SIGSTOP) turning into an error Status on the survivors, no segment left in /dev/shm
-// after any of it, and the same-host check. Also prints the all-reduce latency of two processes
-// over shared memory and over Gloo.
+// after any of it, a long wait that sleeps instead of burning a core, and the same-host check. Also
+// prints the all-reduce latency of two processes over shared memory and over Gloo.
 #include "worker/comm/shm_communicator.h"
 
 #include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -306,6 +307,26 @@ TEST(ShmTest, PeerThatNeverArrivesTimesOut) {
   EXPECT_NE(s.message().find("rank 0 failed"), std::string::npos) << s.ToString();
 }
 
+// A rank that waits long for its peer sleeps rather than polling: half a second of waiting costs
+// it little CPU time.
+TEST(ShmTest, WaitingRankSleeps) {
+  auto store = MakeInMemoryStore();
+  Group g = MakeThreadGroup(*store, 2, "sleep");
+  double cpu_seconds = -1;
+  std::thread waiter([&] {
+    timespec a, b;
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+    EXPECT_TRUE(g[0]->Barrier().ok());
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    cpu_seconds = (b.tv_sec - a.tv_sec) + 1e-9 * (b.tv_nsec - a.tv_nsec);
+  });
+  std::this_thread::sleep_for(500ms);
+  EXPECT_TRUE(g[1]->Barrier().ok());
+  waiter.join();
+  std::cout << "CPU time of a rank waiting 500 ms: " << cpu_seconds * 1e3 << " ms\n";
+  EXPECT_LT(cpu_seconds, 0.05);
+}
+
 TEST(ShmTest, SameHostCheck) {
   auto store = MakeInMemoryStore();
   const std::string me = HostIdentity();
@@ -401,22 +422,23 @@ TEST(ShmProcessTest, CreatorKilledDuringRendezvousLeavesNothing) {
   EXPECT_TRUE(Leftovers(peers[0]->pid()).empty()) << Leftovers(peers[0]->pid())[0];
 }
 
-// The all-reduce latency of two processes at decode sizes, over shared memory and over Gloo.
+// The all-reduce latency of two processes at decode sizes, over shared memory (polling first, as
+// by default, and sleeping on the futex at once) and over Gloo.
 TEST(ShmProcessTest, AllReduceLatencyTwoProcesses) {
-  for (const bool shm : {true, false}) {
+  for (const std::string name : {"shm", "shm-nopoll", "gloo"}) {
     TempDir dir;
     std::vector<std::unique_ptr<ChildProcess>> peers;
     for (int r = 0; r < 2; ++r) {
       const std::string rs = std::to_string(r);
       std::vector<std::string> args = {DEJA_COMM_PEER,       "bench", rs, "2", dir.File("store"),
                                        dir.File("out" + rs), "20000"};
-      if (shm) args.insert(args.begin() + 1, "--shm");
+      if (name == "shm") args.insert(args.begin() + 1, "--shm");
+      if (name == "shm-nopoll") args.insert(args.begin() + 1, {"--shm", "--spin-us", "0"});
       peers.push_back(std::make_unique<ChildProcess>(args, dir.File("log" + rs)));
     }
     for (int r = 0; r < 2; ++r) ASSERT_EQ(peers[r]->ExitCode(120s), 0) << peers[r]->Log();
     nlohmann::json out = ReadJson(dir.File("out0"));
     ASSERT_TRUE(out.is_array());
-    const std::string name = shm ? "shm" : "gloo";
     for (const auto& row : out) {
       const double mean = row["mean_us"].get<double>();
       std::cout << name << " all-reduce, 2 processes, " << row["floats"] << " floats: mean " << mean

@@ -31,10 +31,12 @@ struct ShmOptions {
   // rank (consecutive rounds alternate), so the segment is about 2 * world * slot_bytes. Taken
   // from rank 0; a multiple of 64, at least 4 KiB.
   size_t slot_bytes = size_t{1} << 20;
-  // How long a waiting rank polls its peers' counters (yielding the CPU between polls) before
-  // it sleeps on a futex. A rank wakes from the futex tens of microseconds later than from
-  // polling, which is more than a decode step's all-reduce takes, while the peers normally
-  // arrive within this time.
+  // The longest a waiting rank polls its peers' counters before it sleeps on a futex. Waking
+  // from the futex takes microseconds more than seeing the counter while polling, and on an
+  // idle machine the peers arrive within the polling time. The polling time adapts: halved
+  // after each wait that ended asleep (on a machine whose cores are busy with other work, the
+  // late peer is often waiting for a core, which polling would only keep from it), doubled
+  // after each that ended while polling.
   std::chrono::microseconds spin = std::chrono::microseconds(100);
 };
 
