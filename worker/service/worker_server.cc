@@ -173,7 +173,7 @@ StatusOr<CpuComm> ParseCpuComm(const std::string& text) {
   if (text == "auto") return CpuComm::kAuto;
   if (text == "shm") return CpuComm::kShm;
   if (text == "gloo") return CpuComm::kGloo;
-  return InvalidArgument("--cpu-comm must be auto, shm or gloo, not '" + text + "'");
+  return InvalidArgument("--cpu-comm must be auto, shm or gloo, got '" + text + "'");
 }
 
 Status WorkerServer::StartGrpc() {
