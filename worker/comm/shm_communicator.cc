@@ -1,22 +1,16 @@
 #include "worker/comm/shm_communicator.h"
 
-#include <glog/logging.h>
 #include <linux/futex.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <cerrno>
 #include <climits>
-#include <cstdio>
 #include <cstring>
-#include <new>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -88,7 +82,6 @@ void SumInRankOrder(float* __restrict dst, const float* const* src, int world, i
 // or not; without pidfds (kernels before 5.3), kill(pid, 0) sees reaped processes only.
 class PeerWatch {
  public:
-  PeerWatch() = default;
   PeerWatch(const ShmLayout& layout, int rank) {
     const pid_t self = ::getpid();
     const uint64_t ns = layout.line(rank).pid_ns.load(std::memory_order_relaxed);
@@ -107,10 +100,8 @@ class PeerWatch {
       if (p.fd >= 0) ::close(p.fd);
     }
   }
-  PeerWatch(PeerWatch&& o) noexcept : peers_(std::move(o.peers_)) { o.peers_.clear(); }
   PeerWatch(const PeerWatch&) = delete;
   PeerWatch& operator=(const PeerWatch&) = delete;
-  PeerWatch& operator=(PeerWatch&&) = delete;
 
   // A watched rank whose process has ended, or -1.
   int FirstDead() const {
@@ -171,7 +162,7 @@ std::string DescribePost(uint64_t post) {
 
 class ShmCommunicator final : public TimedCommunicator {
  public:
-  ShmCommunicator(SharedSegment segment, int rank, const ShmOptions& options, PeerWatch watch)
+  ShmCommunicator(SharedSegment segment, int rank, const ShmOptions& options)
       : segment_(std::move(segment)),
         layout_(segment_.data()),
         rank_(rank),
@@ -179,7 +170,7 @@ class ShmCommunicator final : public TimedCommunicator {
         slot_bytes_(layout_.slot_bytes()),
         timeout_(options.timeout),
         spin_(options.spin),
-        watch_(std::move(watch)),
+        watch_(layout_, rank),
         src_(static_cast<size_t>(world_)),
         min_spin_(std::min<Clock::duration>(kMinSpin, spin_)),
         spin_now_(spin_) {}
@@ -422,127 +413,9 @@ class ShmCommunicator final : public TimedCommunicator {
 
 }  // namespace
 
-namespace {
-
-// Best effort on the failure paths (the error being returned matters more).
-void UnlinkOrWarn(const std::string& name) {
-  if (Status s = SharedSegment::Unlink(name); !s.ok()) LOG(WARNING) << s.ToString();
-}
-
-uint64_t PidNamespace() {
-  struct stat st = {};
-  if (::stat("/proc/self/ns/pid", &st) != 0) return 0;
-  return static_cast<uint64_t>(st.st_ino);
-}
-
-// A name no other group can have picked: the key prefix (made name-safe) for the reader of
-// /dev/shm, this process's id and random bits.
-StatusOr<std::string> NewSegmentName(const std::string& key_prefix) {
-  uint64_t bits = 0;
-  if (::getentropy(&bits, sizeof(bits)) != 0) {
-    return Internal(std::string("getentropy failed: ") + std::strerror(errno));
-  }
-  std::string tag;
-  for (char c : key_prefix.substr(0, 64)) {
-    tag += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ? c : '-';
-  }
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(bits));
-  return "/deja-" + tag + "-" + std::to_string(::getpid()) + "-" + hex;
-}
-
-// Rank 0 creates and publishes the segment; the others open what it published.
-StatusOr<SharedSegment> CreateOrOpen(KeyValueStore& store, const ShmOptions& o) {
-  const std::string key = o.key_prefix + "/segment";
-  if (o.rank == 0) {
-    DEJA_ASSIGN_OR_RETURN(std::string name, NewSegmentName(o.key_prefix));
-    DEJA_ASSIGN_OR_RETURN(
-        SharedSegment s,
-        SharedSegment::Create(name, ShmLayout::TotalBytes(o.world_size, o.slot_bytes)));
-    ShmLayout::Init(s.data(), o.world_size, o.slot_bytes, name);
-    if (Status st = store.Set(key, name); !st.ok()) {
-      UnlinkOrWarn(name);
-      return st.WithContext("publishing the segment's name");
-    }
-    return s;
-  }
-  StatusOr<std::string> name = store.Get(key, o.timeout);
-  if (!name.ok()) return name.status().WithContext("waiting for rank 0's segment");
-  StatusOr<SharedSegment> s = SharedSegment::Open(*name);
-  if (!s.ok()) return s.status().WithContext("is every rank on one host?");
-  DEJA_RETURN_IF_ERROR(ShmLayout::Check(s->data(), s->size(), o.world_size, *name));
-  return s;
-}
-
-// Maps the segment, publishes this rank's process, and waits until every rank has mapped it;
-// the name is unlinked once they all have (or when this rank gives up).
-StatusOr<std::unique_ptr<comm::Communicator>> Join(KeyValueStore& store, const ShmOptions& o) {
-  DEJA_ASSIGN_OR_RETURN(SharedSegment segment, CreateOrOpen(store, o));
-  const std::string name = segment.name();
-  ShmLayout layout(segment.data());
-  RankLine& me = layout.line(o.rank);
-  me.pid.store(static_cast<int32_t>(::getpid()), std::memory_order_relaxed);
-  me.pid_ns.store(PidNamespace(), std::memory_order_relaxed);
-  ShmHeader& h = layout.header();
-  // The last rank to map the segment removes its name: from then on it lives only as long as
-  // the mappings, so no process death can leave it behind in /dev/shm.
-  if (h.attached.fetch_add(1, std::memory_order_acq_rel) + 1 ==
-      static_cast<uint32_t>(o.world_size)) {
-    UnlinkOrWarn(name);
-  }
-  const Clock::time_point deadline = Clock::now() + o.timeout;
-  auto sleep = std::chrono::microseconds(50);
-  for (;;) {
-    const uint32_t attached = h.attached.load(std::memory_order_acquire);
-    if (h.failed.load(std::memory_order_acquire) != 0) {
-      UnlinkOrWarn(name);
-      return Unavailable("another rank gave up on segment " + name);
-    }
-    if (attached >= static_cast<uint32_t>(o.world_size)) break;
-    if (Clock::now() >= deadline) {
-      // Fails the ranks that did map it at once, and keeps late ones from joining a group that
-      // has failed.
-      h.failed.store(static_cast<uint32_t>(o.rank + 1), std::memory_order_release);
-      UnlinkOrWarn(name);
-      return Unavailable("only " + std::to_string(attached) + " of " +
-                         std::to_string(o.world_size) + " ranks mapped segment " + name +
-                         " within " + std::to_string(o.timeout.count()) + " ms");
-    }
-    std::this_thread::sleep_for(sleep);
-    sleep = std::min<std::chrono::microseconds>(sleep * 2, std::chrono::milliseconds(5));
-  }
-  PeerWatch watch(layout, o.rank);
-  LOG(INFO) << "shm rank " << o.rank << "/" << o.world_size << " mapped " << name << " ("
-            << segment.size() << " bytes, " << layout.slot_bytes() << " per slot)";
-  return std::unique_ptr<comm::Communicator>(
-      std::make_unique<ShmCommunicator>(std::move(segment), o.rank, o, std::move(watch)));
-}
-
-}  // namespace
-
-StatusOr<std::unique_ptr<comm::Communicator>> MakeShmCommunicator(KeyValueStore& store,
-                                                                  const ShmOptions& options) {
-  if (options.world_size < 1 || options.world_size > kShmMaxWorld || options.rank < 0 ||
-      options.rank >= options.world_size) {
-    return InvalidArgument("shm: rank " + std::to_string(options.rank) + " is outside world size " +
-                           std::to_string(options.world_size) + " (at most " +
-                           std::to_string(kShmMaxWorld) + ")");
-  }
-  if (options.timeout.count() <= 0) return InvalidArgument("shm: timeout must be positive");
-  if (options.spin.count() < 0) return InvalidArgument("shm: spin must be >= 0");
-  if (options.slot_bytes < 4096 || options.slot_bytes % kShmLine != 0 ||
-      options.slot_bytes > (size_t{1} << 30)) {
-    return InvalidArgument("shm: slot_bytes " + std::to_string(options.slot_bytes) +
-                           " must be a multiple of 64 in [4 KiB, 1 GiB]");
-  }
-  StatusOr<std::unique_ptr<comm::Communicator>> comm = Join(store, options);
-  if (!comm.ok()) {
-    const Status& s = comm.status();
-    return Status(s.code() == StatusCode::kDeadlineExceeded ? StatusCode::kUnavailable : s.code(),
-                  "shm rendezvous: " + s.message() + " (rank " + std::to_string(options.rank) +
-                      " of " + std::to_string(options.world_size) + ")");
-  }
-  return comm;
+std::unique_ptr<comm::Communicator> NewShmCommunicator(SharedSegment segment,
+                                                       const ShmOptions& options) {
+  return std::make_unique<ShmCommunicator>(std::move(segment), options.rank, options);
 }
 
 }  // namespace deja::worker::comm

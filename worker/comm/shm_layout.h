@@ -1,6 +1,7 @@
-// The layout of the same-host communicator's segment (internal to shm_communicator.cc): a
-// header, one cache line of counters per rank, then two sets of one data slot per rank
-// (consecutive rounds alternate between the sets). Rank 0 constructs it; the others check it.
+// The layout of the same-host communicator's segment (internal to shm_communicator.cc and
+// shm_rendezvous.cc): a header, one cache line of counters per rank, then two sets of one data
+// slot per rank (consecutive rounds alternate between the sets). Rank 0 constructs it; the
+// others check it.
 #pragma once
 
 #include <algorithm>
@@ -8,10 +9,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <string>
 
 #include "common/status.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/shm_communicator.h"
+#include "worker/comm/shm_segment.h"
 
 namespace deja::worker::comm {
 
@@ -126,5 +131,10 @@ class ShmLayout {
 
   uint8_t* base_;
 };
+
+// The communicator of rank `options.rank` over a segment that every rank has mapped and
+// published its process in (shm_communicator.cc).
+std::unique_ptr<comm::Communicator> NewShmCommunicator(SharedSegment segment,
+                                                       const ShmOptions& options);
 
 }  // namespace deja::worker::comm
