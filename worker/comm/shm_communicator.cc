@@ -404,8 +404,8 @@ class ShmCommunicator final : public TimedCommunicator {
   const std::chrono::milliseconds timeout_;
   const std::chrono::microseconds spin_;
   PeerWatch watch_;
-  std::vector<const float*> src_;  // the all-reduce's sources, kept to spare an allocation
-  uint32_t gen_ = 0;               // the last barrier generation this rank arrived at
+  std::vector<const float*> src_;   // the all-reduce's sources, kept to spare an allocation
+  uint32_t gen_ = 0;                // the last barrier generation this rank arrived at
   const Clock::duration min_spin_;  // kMinSpin, or less if spin_ is
   Clock::duration spin_now_;        // the current polling time, in [min_spin_, spin_]
   Status failure_;

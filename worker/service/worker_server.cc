@@ -246,8 +246,8 @@ StatusOr<std::unique_ptr<comm::Communicator>> WorkerServer::MakeCpuCommunicator(
     why = host.same ? "every rank on this host (" + host.detail + ")"
                     : "not every rank on this host: " + host.detail;
   }
-  LOG(INFO) << "rank " << options_.rank << ": CPU communicator "
-            << (shm ? "shared memory" : "Gloo") << " (" << why << ")";
+  LOG(INFO) << "rank " << options_.rank << ": CPU communicator " << (shm ? "shared memory" : "Gloo")
+            << " (" << why << ")";
   if (shm) {
     *kind = "shared-memory";
     comm::ShmOptions o;
