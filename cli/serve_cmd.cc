@@ -17,12 +17,13 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/common_flags.h"
-#include "cli/security_flags.h"
 #include "cli/internal_flags.h"
+#include "cli/security_flags.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/launcher.h"
 #include "proto/internal_plane.h"
 #include "worker/kv/policy_table.h"
+#include "worker/service/worker_server.h"
 
 namespace deja::cli {
 namespace {
@@ -239,6 +240,10 @@ int RunServe(int argc, char** argv, int first) {
   args.Flag("kv-memory-mb", "KV cache budget of each worker, MiB (0: the worker's default)", "0")
       .Flag("threads", "CPU threads per worker (0: this host's cores split evenly)", "0")
       .Flag("worker-host", "address the workers listen on", "127.0.0.1")
+      .Flag("cpu-comm",
+            "how CPU workers all-reduce: auto (shared memory, as they share this host), shm or "
+            "gloo (TCP on loopback)",
+            "auto")
       .Flag("gpus",
             "with --device cuda: the GPU of each rank, comma-separated (default: rank r on GPU "
             "r, or all on N with --device cuda:N and --tp 1)",
@@ -273,6 +278,9 @@ int RunServe(int argc, char** argv, int first) {
     lo.sparsity_default = sparsity.default_flag;
     DEJA_RETURN_IF_ERROR(LoadOptionsFromFlags(args).status());
     lo.extra_worker_args = {"--dtype", args.Str("dtype"), "--kv-dtype", args.Str("kv-dtype")};
+    DEJA_RETURN_IF_ERROR(worker::service::ParseCpuComm(args.Str("cpu-comm")).status());
+    lo.extra_worker_args.push_back("--cpu-comm");
+    lo.extra_worker_args.push_back(args.Str("cpu-comm"));
     if (!args.Str("kv-memory-fraction").empty()) {
       lo.extra_worker_args.push_back("--kv-memory-fraction");
       lo.extra_worker_args.push_back(args.Str("kv-memory-fraction"));

@@ -82,7 +82,11 @@ int RunWorker(int argc, char** argv, int first) {
       .Flag("coordinator-timeout-ms",
             "after warm-up, exit when the coordinator has not called for this long (0: never)",
             "10000")
-      .Flag("gloo-host", "address Gloo listens on for its peers", "127.0.0.1");
+      .Flag("gloo-host", "address Gloo listens on for its peers", "127.0.0.1")
+      .Flag("cpu-comm",
+            "how CPU ranks all-reduce: auto (shared memory when every rank is on this host, "
+            "else Gloo), shm or gloo",
+            "auto");
   AddGroupSecretFlags(args);
   AddInternalTlsFlags(args);
   AddSparsityFlags(args);
@@ -118,6 +122,7 @@ int RunWorker(int argc, char** argv, int first) {
     o.collective_timeout = std::chrono::milliseconds(collective_ms);
     o.coordinator_timeout = std::chrono::milliseconds(coordinator_ms);
     o.gloo_hostname = args.Str("gloo-host");
+    DEJA_ASSIGN_OR_RETURN(o.cpu_comm, worker::service::ParseCpuComm(args.Str("cpu-comm")));
     DEJA_ASSIGN_OR_RETURN(SparsityFlags sparsity, SparsityFromFlags(args));
     o.sparsity = sparsity.options;
     o.sparsity_default = sparsity.default_on;

@@ -1,5 +1,7 @@
-// comm_peer: one rank of a Gloo group in its own process, started by the multi-process tests.
-//   comm_peer <mode> <rank> <world> <store_dir> <out_file> <timeout_ms> [model_dir golden_file]
+// comm_peer: one rank of a Gloo (default) or shared-memory group in its own process, started by
+// the multi-process tests.
+//   comm_peer [--shm [--spin-us N]] <mode> <rank> <world> <store_dir> <out_file> <timeout_ms>
+//             [model_dir golden_file]
 // Modes: check (collective grid), loop (all-reduce until an error), bench (all-reduce timing),
 // model (tensor-parallel OPT cases). Results go to <out_file> as JSON; exit code 0 = success,
 // 1 = wrong results, 2 = setup failed, 3 = a collective failed (expected in the kill test).
@@ -18,6 +20,7 @@
 #include "tests/comm/tp_util.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/key_value_store.h"
+#include "worker/comm/shm_communicator.h"
 #include "worker/comm/timed_communicator.h"
 #include "worker/model/model.h"
 
@@ -58,7 +61,8 @@ int Loop(worker::comm::Communicator& comm, const std::string& out) {
 // All-reduce latency per length: mean (from the communicator's own stats), median and p90.
 int Bench(worker::comm::Communicator& comm, const std::string& out) {
   nlohmann::json j = nlohmann::json::array();
-  for (int64_t n : {256, 2048, 8192}) {
+  // 2048 floats: a decode step of one sequence at hidden size 2048; 32768 and 65536: 16 and 32.
+  for (int64_t n : {256, 2048, 8192, 32768, 65536}) {
     std::vector<float> v(static_cast<size_t>(n));
     for (int i = 0; i < 100; ++i) {
       if (!comm.AllReduceSum(v.data(), n).ok()) return 3;
@@ -116,22 +120,46 @@ int Model(std::unique_ptr<worker::comm::Communicator> comm, const std::string& m
 }
 
 int Main(int argc, char** argv) {
+  const bool shm = argc > 1 && std::string(argv[1]) == "--shm";
+  if (shm) {
+    --argc;
+    ++argv;
+  }
+  // --spin-us N: the shared-memory ranks' polling time (ShmOptions::spin).
+  long spin_us = -1;
+  if (argc > 2 && std::string(argv[1]) == "--spin-us") {
+    spin_us = std::atol(argv[2]);
+    argc -= 2;
+    argv += 2;
+  }
   if (argc < 7) {
-    std::cerr << "usage: comm_peer <check|loop|bench|model> <rank> <world> <store_dir> <out> "
-                 "<timeout_ms> [model_dir golden_file]\n";
+    std::cerr << "usage: comm_peer [--shm [--spin-us N]] <check|loop|bench|model> <rank> <world> "
+                 "<store_dir> <out> <timeout_ms> [model_dir golden_file]\n";
     return 2;
   }
   const std::string mode = argv[1], out = argv[5];
-  worker::comm::GlooOptions opt;
-  opt.rank = std::atoi(argv[2]);
-  opt.world_size = std::atoi(argv[3]);
-  opt.timeout = std::chrono::milliseconds(std::atoll(argv[6]));
+  const int rank = std::atoi(argv[2]), world = std::atoi(argv[3]);
+  const auto timeout = std::chrono::milliseconds(std::atoll(argv[6]));
   auto store = worker::comm::MakeFileStore(argv[4]);
   if (!store.ok()) {
     std::cerr << store.status().ToString() << "\n";
     return 2;
   }
-  auto comm = worker::comm::MakeGlooCommunicator(**store, opt);
+  StatusOr<std::unique_ptr<worker::comm::Communicator>> comm = Internal("unset");
+  if (shm) {
+    worker::comm::ShmOptions opt;
+    opt.rank = rank;
+    opt.world_size = world;
+    opt.timeout = timeout;
+    if (spin_us >= 0) opt.spin = std::chrono::microseconds(spin_us);
+    comm = worker::comm::MakeShmCommunicator(**store, opt);
+  } else {
+    worker::comm::GlooOptions opt;
+    opt.rank = rank;
+    opt.world_size = world;
+    opt.timeout = timeout;
+    comm = worker::comm::MakeGlooCommunicator(**store, opt);
+  }
   if (!comm.ok()) {
     std::cerr << comm.status().ToString() << "\n";
     WriteJson(out, {{"error", comm.status().ToString()}});

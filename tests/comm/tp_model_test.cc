@@ -1,6 +1,7 @@
 // Tensor parallelism end to end: the OPT fixture at TP 1, 2 and 4, as threads over the
-// in-process communicator and as separate processes over Gloo on loopback, gives identical
-// greedy tokens and last-position logits within 1e-4 of each other, matching the HF goldens;
+// in-process communicator and as separate processes over Gloo on loopback and over shared
+// memory, gives identical greedy tokens and last-position logits within 1e-4 of each other,
+// matching the HF goldens (and shared memory's logits equal the in-process ones bit for bit);
 // heads or ffn that N does not divide are a clear InvalidArgument at load, on every rank.
 #include <gtest/gtest.h>
 
@@ -198,18 +199,27 @@ TEST_F(TpModelTest, Bf16ThreadsAtTp124Agree) {
   }
 }
 
-// Runs `world` comm_peer processes in model mode; returns their exit codes and outputs.
+// Runs `world` comm_peer processes in model mode, over Gloo or shared memory; returns their exit
+// codes and outputs.
 std::vector<std::pair<int, nlohmann::json>> RunProcesses(const std::string& model,
-                                                         const std::string& dir, int world) {
+                                                         const std::string& dir, int world,
+                                                         bool shm = false) {
   test_util::TempDir tmp;
   const std::string golden = test_util::SourceDir() + "/tests/golden/" + model + "/cases.json";
   std::vector<std::unique_ptr<test_util::ChildProcess>> peers;
   for (int r = 0; r < world; ++r) {
     const std::string rs = std::to_string(r);
-    peers.push_back(std::make_unique<test_util::ChildProcess>(
-        std::vector<std::string>{DEJA_COMM_PEER, "model", rs, std::to_string(world),
-                                 tmp.File("store"), tmp.File("out" + rs), "30000", dir, golden},
-        tmp.File("log" + rs)));
+    std::vector<std::string> args = {DEJA_COMM_PEER,
+                                     "model",
+                                     rs,
+                                     std::to_string(world),
+                                     tmp.File("store"),
+                                     tmp.File("out" + rs),
+                                     "30000",
+                                     dir,
+                                     golden};
+    if (shm) args.insert(args.begin() + 1, "--shm");
+    peers.push_back(std::make_unique<test_util::ChildProcess>(args, tmp.File("log" + rs)));
   }
   std::vector<std::pair<int, nlohmann::json>> results;
   for (int r = 0; r < world; ++r) {
@@ -233,6 +243,29 @@ TEST_F(TpModelTest, GlooProcessesAtTp1248Agree) {
       ASSERT_EQ(results[r].first, 0) << results[r].second.dump();
       ExpectMatches(test_util::TpCasesFromJson(results[r].second["cases"]),
                     "gloo TP " + std::to_string(world) + " rank " + std::to_string(r));
+    }
+  }
+}
+
+// Shared memory sums in rank order like the in-process communicator, so the processes' logits
+// are the threads' bit for bit.
+TEST_F(TpModelTest, ShmProcessesAtTp124Agree) {
+  for (int world : {1, 2, 4}) {
+    if (heads_ % world != 0) continue;
+    ThreadRun threads = RunThreads(dir_, world, prompts_);
+    auto results = RunProcesses(name_, dir_, world, /*shm=*/true);
+    for (int r = 0; r < world; ++r) {
+      ASSERT_EQ(results[r].first, 0) << results[r].second.dump();
+      const std::string what = "shm TP " + std::to_string(world) + " rank " + std::to_string(r);
+      std::vector<TpCase> got = test_util::TpCasesFromJson(results[r].second["cases"]);
+      ExpectMatches(got, what);
+      ASSERT_TRUE(threads.load[r].ok()) << threads.load[r].ToString();
+      ASSERT_EQ(got.size(), threads.cases[r].size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(got[i].tokens, threads.cases[r][i].tokens) << what << " case " << i;
+        EXPECT_EQ(got[i].last_logits, threads.cases[r][i].last_logits)
+            << what << " case " << i << ": not bitwise equal to the in-process threads";
+      }
     }
   }
 }

@@ -1,8 +1,8 @@
 // RendezvousService: blocking Get/Wait with timeouts, cancellation and shutdown; Register's
 // validation, idempotence and group epochs; the store's limits (keys, bytes, value and key size,
 // blocking calls, the longest wait); the group secret on every RPC; and GrpcStore reaching it
-// over loopback gRPC, good enough for Gloo to build a group of 8 through it within the default
-// limits.
+// over loopback gRPC, good enough for Gloo, and for the same-host check and the shared-memory
+// communicator, to build a group of 8 through it within the default limits.
 #include "coordinator/rendezvous_service.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +16,8 @@
 #include "proto/internal_plane.h"
 #include "tests/worker_service/grpc_rendezvous.h"
 #include "worker/comm/gloo_communicator.h"
+#include "worker/comm/host_identity.h"
+#include "worker/comm/shm_communicator.h"
 #include "worker/service/grpc_store.h"
 
 namespace deja::coordinator {
@@ -340,6 +342,53 @@ TEST(GrpcStoreTest, GlooGroupOfEightFitsTheDefaultLimits) {
       "at most %d blocking calls at once\n",
       u.keys, u.bytes, u.largest_key, u.largest_value, u.peak_blocking_calls);
   EXPECT_GE(u.peak_blocking_calls, 1);  // the staggered start made ranks wait
+  EXPECT_LE(u.keys * 32, d.max_keys);
+  EXPECT_LE(u.bytes * 64, d.max_total_bytes);
+  EXPECT_LE(u.largest_value * 64, d.max_value_bytes);
+  EXPECT_LE(u.largest_key * 8, d.max_key_bytes);
+  EXPECT_LE(u.peak_blocking_calls * 4, d.max_blocking_calls);
+}
+
+// What a CPU worker does by default: the same-host check, then the shared-memory rendezvous.
+TEST(GrpcStoreTest, ShmGroupOfEightFitsTheDefaultLimits) {
+  constexpr int kRanks = 8;
+  const std::string secret = *proto::GenerateGroupSecret();
+  GrpcRendezvous rv(kRanks, secret);
+  std::vector<std::thread> ranks;
+  std::vector<Status> status(kRanks);
+  std::vector<float> sums(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    ranks.emplace_back([&, r] {
+      std::this_thread::sleep_for(r * 30ms);
+      GrpcStore store(rv.Channel(), 10s, secret);
+      auto host = worker::comm::CheckSameHost(store, "epoch1/host", r, kRanks, 30s);
+      status[r] = host.status();
+      if (!host.ok()) return;
+      EXPECT_TRUE(host->same) << host->detail;
+      worker::comm::ShmOptions o;
+      o.rank = r;
+      o.world_size = kRanks;
+      o.timeout = 30s;
+      o.key_prefix = "epoch1/shm";
+      auto c = worker::comm::MakeShmCommunicator(store, o);
+      status[r] = c.status();
+      if (!c.ok()) return;
+      float x = static_cast<float>(r + 1);
+      status[r] = (*c)->AllReduceSum(&x, 1);
+      sums[r] = x;
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r].ToString();
+    EXPECT_EQ(sums[r], kRanks * (kRanks + 1) / 2.f);
+  }
+  const RendezvousService::Usage u = rv.service().usage();
+  const RendezvousLimits d;
+  std::printf(
+      "8-rank host check + shm rendezvous: %zu keys, %zu bytes, largest key %zu, largest value "
+      "%zu, at most %d blocking calls at once\n",
+      u.keys, u.bytes, u.largest_key, u.largest_value, u.peak_blocking_calls);
   EXPECT_LE(u.keys * 32, d.max_keys);
   EXPECT_LE(u.bytes * 64, d.max_total_bytes);
   EXPECT_LE(u.largest_value * 64, d.max_value_bytes);

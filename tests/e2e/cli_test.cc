@@ -151,6 +151,11 @@ TEST(CliTest, BadFlagsNameTheFlag) {
   // Enumerated flags list the accepted values from their tables.
   ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --kv-policy lru"),
                      "--kv-policy must be full, window or h2o, got 'lru'");
+  ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --cpu-comm tcp"),
+                     "--cpu-comm must be auto, shm or gloo, got 'tcp'");
+  ExpectCleanFailure(RunDeja("worker --model " + Mini() +
+                             " --rank 0 --world 2 --coordinator 127.0.0.1:1 --cpu-comm tcp"),
+                     "--cpu-comm must be auto, shm or gloo, got 'tcp'");
   ExpectCleanFailure(RunDeja("generate --model " + Mini() +
                              " --prompt hi --sparsity-oracle 0.5 --async-predictors maybe"),
                      "--async-predictors must be on, off or auto, got 'maybe'");

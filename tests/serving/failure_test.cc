@@ -113,9 +113,10 @@ TEST(FailureTest, KilledOrHungWorkerFailsRequestsFastAndTheGroupRecovers) {
 }
 
 TEST(FailureTest, QueueAndKvFullAreRefusedAtOnceThenSigtermDrains) {
-  // One sequence in the batch, one in the queue, 1 MiB of KV per rank.
+  // One sequence in the batch, one in the queue, 3 MiB of KV per rank (768 positions of
+  // opt-mini at TP 2 and f32).
   Server server("limits", ServeArgs({"--max-batch-sequences", "1", "--max-queue", "1",
-                                     "--kv-memory-mb", "1", "--drain-timeout-ms", "20000"}));
+                                     "--kv-memory-mb", "3", "--drain-timeout-ms", "20000"}));
   ASSERT_TRUE(server.WaitListening()) << server.Log();
   ASSERT_TRUE(WaitHealth(server.channel(), kServing)) << server.Log();
 
@@ -125,10 +126,16 @@ TEST(FailureTest, QueueAndKvFullAreRefusedAtOnceThenSigtermDrains) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
   EXPECT_LT(Clock::now() - t0, milliseconds(1000));
 
-  BackgroundStream running(server, Long(120, "running"));
+  // Long enough to be still running when the third request comes, however fast the steps (on
+  // shared memory a step of opt-mini can take well under a millisecond).
+  BackgroundStream running(server, Long(600, "running"));
   ASSERT_TRUE(running.WaitTokens(2)) << server.Log();
   BackgroundStream queued(server, Long(6, "queued"));
-  std::this_thread::sleep_for(milliseconds(200));
+  const auto queued_by = Clock::now() + milliseconds(5000);
+  while (Metric(Scrape(server.metrics_port()), "deja_coordinator_waiting_requests") < 1) {
+    ASSERT_LT(Clock::now(), queued_by) << "the second request never queued";
+    std::this_thread::sleep_for(milliseconds(5));
+  }
   t0 = Clock::now();
   s = Generate(server, Long(6));
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
@@ -145,7 +152,7 @@ TEST(FailureTest, QueueAndKvFullAreRefusedAtOnceThenSigtermDrains) {
   queued.Join();
   EXPECT_TRUE(running.status().ok()) << running.status().error_message();
   EXPECT_EQ(running.last().finish_reason(), v1::FINISH_REASON_LENGTH);
-  EXPECT_EQ(running.last().generated_tokens(), 120u);
+  EXPECT_EQ(running.last().generated_tokens(), 600u);
   EXPECT_TRUE(queued.status().ok()) << queued.status().error_message();
   EXPECT_EQ(queued.last().generated_tokens(), 6u);
   const std::vector<pid_t> workers = server.WorkerPids();

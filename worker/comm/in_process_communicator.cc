@@ -82,7 +82,8 @@ class InProcessCommunicator final : public TimedCommunicator {
   Status AllGather(const float* in, int64_t n, float* out) override {
     DEJA_RETURN_IF_ERROR(Publish(in, n, 0));
     DEJA_RETURN_IF_ERROR(CheckSameCount("all-gather"));
-    for (int r = 0; r < hub_->world(); ++r) {
+    // n == 0 may come with null pointers, which memcpy must not be given even for no bytes.
+    for (int r = 0; n > 0 && r < hub_->world(); ++r) {
       std::memcpy(out + r * n, hub_->post(r).data, static_cast<size_t>(n) * sizeof(float));
     }
     return hub_->Arrive(rank_);

@@ -15,7 +15,9 @@
 #include "proto/grpc_status.h"
 #include "proto/internal_plane.h"
 #include "worker/comm/gloo_communicator.h"
+#include "worker/comm/host_identity.h"
 #include "worker/comm/nccl_communicator.h"
+#include "worker/comm/shm_communicator.h"
 #include "worker/kv/kv_cache.h"
 #include "worker/service/grpc_store.h"
 #include "worker/service/step_engine.h"
@@ -169,6 +171,13 @@ bool WorkerServer::finished() const {
   return done_;
 }
 
+StatusOr<CpuComm> ParseCpuComm(const std::string& text) {
+  if (text == "auto") return CpuComm::kAuto;
+  if (text == "shm") return CpuComm::kShm;
+  if (text == "gloo") return CpuComm::kGloo;
+  return InvalidArgument("--cpu-comm must be auto, shm or gloo, got '" + text + "'");
+}
+
 Status WorkerServer::StartGrpc() {
   service_ = std::make_unique<WorkerServiceImpl>(this);
   grpc::ServerBuilder builder;
@@ -226,6 +235,40 @@ StatusOr<uint64_t> WorkerServer::Register() {
                      " ms: " + last.ToString());
 }
 
+StatusOr<std::unique_ptr<comm::Communicator>> WorkerServer::MakeCpuCommunicator(
+    comm::KeyValueStore& store, const std::string& prefix, std::string* kind) {
+  bool shm = options_.cpu_comm == CpuComm::kShm;
+  std::string why = shm ? "--cpu-comm shm" : "--cpu-comm gloo";
+  if (options_.cpu_comm == CpuComm::kAuto) {
+    // Every rank publishes where it runs and reads the others', so all choose alike.
+    DEJA_ASSIGN_OR_RETURN(comm::SameHostCheck host,
+                          comm::CheckSameHost(store, prefix + "/host", options_.rank,
+                                              options_.world_size, options_.collective_timeout));
+    shm = host.same;
+    why = host.same ? "every rank on this host (" + host.detail + ")"
+                    : "not every rank on this host: " + host.detail;
+  }
+  LOG(INFO) << "rank " << options_.rank << ": CPU communicator " << (shm ? "shared memory" : "Gloo")
+            << " (" << why << ")";
+  if (shm) {
+    *kind = "shared-memory";
+    comm::ShmOptions o;
+    o.rank = options_.rank;
+    o.world_size = options_.world_size;
+    o.timeout = options_.collective_timeout;
+    o.key_prefix = prefix + "/shm";
+    return comm::MakeShmCommunicator(store, o);
+  }
+  *kind = "Gloo";
+  comm::GlooOptions g;
+  g.rank = options_.rank;
+  g.world_size = options_.world_size;
+  g.hostname = options_.gloo_hostname;
+  g.timeout = options_.collective_timeout;
+  g.key_prefix = prefix + "/gloo";
+  return comm::MakeGlooCommunicator(store, g);
+}
+
 Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
   const Clock::time_point t0 = Clock::now();
   if (options_.device.is_host()) {
@@ -238,20 +281,16 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
     }
     backend_ = std::move(*b);
   }
-  // The group: NCCL on the compute stream for GPU ranks, Gloo (TCP) for CPU ranks.
+  // The group: NCCL on the compute stream for GPU ranks; shared memory or Gloo (TCP) for CPU
+  // ranks.
   std::unique_ptr<comm::Communicator> comm;
   if (options_.world_size > 1) {
     GrpcStore store(credentials_.Channel(options_.coordinator), std::chrono::seconds(10),
                     options_.group_secret);
     const std::string prefix = "epoch" + std::to_string(epoch);
+    std::string kind = "NCCL";
     if (options_.device.is_host()) {
-      comm::GlooOptions g;
-      g.rank = options_.rank;
-      g.world_size = options_.world_size;
-      g.hostname = options_.gloo_hostname;
-      g.timeout = options_.collective_timeout;
-      g.key_prefix = prefix + "/gloo";
-      DEJA_ASSIGN_OR_RETURN(comm, comm::MakeGlooCommunicator(store, g));
+      DEJA_ASSIGN_OR_RETURN(comm, MakeCpuCommunicator(store, prefix, &kind));
     } else {
       comm::NcclOptions n;
       n.rank = options_.rank;
@@ -263,8 +302,8 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
       n.key_prefix = prefix + "/nccl";
       DEJA_ASSIGN_OR_RETURN(comm, comm::MakeNcclCommunicator(&store, n));
     }
-    LOG(INFO) << "rank " << options_.rank << ": " << (options_.device.is_host() ? "Gloo" : "NCCL")
-              << " group of " << options_.world_size << " built (epoch " << epoch << ")";
+    LOG(INFO) << "rank " << options_.rank << ": " << kind << " group of " << options_.world_size
+              << " built (epoch " << epoch << ")";
   }
   DEJA_ASSIGN_OR_RETURN(
       model_, model::LoadModel(options_.model_dir, backend_.get(), std::move(comm), options_.load));

@@ -1,6 +1,7 @@
 // WorkerServer: one tensor-parallel rank as a process. Serves deja.v1.Worker on its own address
 // (GetStatus from the first moment, Step once warmed up), registers with the coordinator's
-// Rendezvous, builds the Gloo group through it (keys under the group epoch), loads its shard,
+// Rendezvous, builds the group's communicator through it (keys under the group epoch: shared
+// memory when every CPU rank is on this host, else Gloo; NCCL on GPUs), loads its shard,
 // runs one warm-up step, then answers the coordinator's Step stream until it is stopped, told to
 // shut down, or a collective fails (then it exits non-zero so the launcher restarts the group).
 #pragma once
@@ -17,12 +18,18 @@
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "proto/internal_plane.h"
+#include "worker/comm/key_value_store.h"
 #include "worker/model/model.h"
 
 namespace deja::worker::service {
 
 class StepEngine;
 class WorkerServiceImpl;
+
+// How CPU ranks reach each other (`--cpu-comm`): shared memory when every rank of the group is
+// on this host and Gloo (TCP) otherwise, or one of the two whatever the hosts.
+enum class CpuComm { kAuto, kShm, kGloo };
+StatusOr<CpuComm> ParseCpuComm(const std::string& text);
 
 struct WorkerOptions {
   std::string model_dir;
@@ -42,13 +49,14 @@ struct WorkerOptions {
   Device device = Device::Host();  // --device: the CPU, or a GPU (weights, KV pool, compute)
   uint64_t kv_memory_bytes = 1ull << 30;
   std::chrono::milliseconds connect_timeout{60000};     // reaching the coordinator
-  std::chrono::milliseconds collective_timeout{30000};  // Gloo rendezvous and collectives
+  std::chrono::milliseconds collective_timeout{30000};  // rendezvous and collectives
   // Once warmed up, the worker exits (UNAVAILABLE) when no call has come from its coordinator
   // for this long (it sends GetStatus every 250 ms): the coordinator was killed, stopped or cut
   // off, and a rank cannot rejoin a group, so the supervisor (the launcher, Kubernetes) starts
   // a new one. 0: wait for ever.
   std::chrono::milliseconds coordinator_timeout{10000};
   std::string gloo_hostname = "127.0.0.1";              // where Gloo listens
+  CpuComm cpu_comm = CpuComm::kAuto;
   // Deja Vu: predictors or oracle mode (neither: every step dense, SequenceConfig.sparse is
   // refused), and what requests that leave Sparsity.mode unspecified get (reported to the
   // coordinator in WorkerStatus).
@@ -79,6 +87,10 @@ class WorkerServer {
   Status StartGrpc();
   StatusOr<uint64_t> Register();
   Status LoadAndWarmUp(uint64_t epoch);
+  // Shared memory or Gloo, as --cpu-comm says; `kind` names the one built, for the log.
+  StatusOr<std::unique_ptr<comm::Communicator>> MakeCpuCommunicator(comm::KeyValueStore& store,
+                                                                    const std::string& prefix,
+                                                                    std::string* kind);
   // Wakes Run() with the outcome; the first call wins.
   void Finish(Status status);
   bool finished() const;
