@@ -154,6 +154,46 @@ constexpr int NbFor(int mb) {
   return mb == 16 ? 1 : mb >= 8 ? 24 / mb : (24 / mb > 8 ? 8 : 24 / mb);
 }
 
+// The tiled kernels' epilogue: NB tiles x MB rows of accumulators (acc[b][m] holds output
+// columns n0 + 16 b .. + 16 of row m), times the int8 scale when there is one, plus bias, ReLU,
+// accumulation, stored with a mask on the last partial tile.
+template <int NB, int MB>
+DEJA_BF16_TARGET inline void StoreTiles(__m512 (&acc)[NB][MB], int64_t n0, int64_t n_dim,
+                                        const LinearEpilogue& e, float* out, int64_t ldo) {
+  for (int b = 0; b < NB; ++b) {
+    const int64_t n = n0 + b * kTileRows;
+    const int64_t valid = std::min<int64_t>(kTileRows, n_dim - n);
+    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+    const __m512 bias =
+        e.bias != nullptr ? _mm512_maskz_loadu_ps(mask, e.bias + n) : _mm512_setzero_ps();
+    const __m512 scale =
+        e.scale != nullptr ? _mm512_maskz_loadu_ps(mask, e.scale + n) : _mm512_setzero_ps();
+    for (int m = 0; m < MB; ++m) {
+      __m512 v = e.scale != nullptr ? _mm512_fmadd_ps(acc[b][m], scale, bias)
+                                    : _mm512_add_ps(acc[b][m], bias);
+      if (e.relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+      float* o = out + m * ldo + n;
+      if (e.accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, o));
+      _mm512_mask_storeu_ps(o, mask, v);
+    }
+  }
+}
+
+// `count` tiles in blocks of kNb, then the rest in blocks of 4, 2 and 1: run(block, first tile)
+// with the block size as a std::integral_constant.
+template <int kNb, typename Run>
+inline void ForTileBlocks(int64_t count, Run&& run) {
+  int64_t t = 0;
+  for (; t + kNb <= count; t += kNb) run(std::integral_constant<int, kNb>{}, t);
+  if constexpr (kNb > 4) {
+    if (t + 4 <= count) run(std::integral_constant<int, 4>{}, t), t += 4;
+  }
+  if constexpr (kNb > 2) {
+    if (t + 2 <= count) run(std::integral_constant<int, 2>{}, t), t += 2;
+  }
+  if (t < count) run(std::integral_constant<int, 1>{}, t);
+}
+
 template <int NB, int MB>
 DEJA_BF16_TARGET void TiledTile(const uint16_t* tiles, int64_t tile_stride, const uint32_t* x,
                                 int64_t pairs, int64_t n0, int64_t n_dim, const LinearEpilogue& e,
@@ -178,23 +218,7 @@ DEJA_BF16_TARGET void TiledTile(const uint16_t* tiles, int64_t tile_stride, cons
       for (int b = 0; b < NB; ++b) acc[b][m] = _mm512_dpbf16_ps(acc[b][m], w[b], xv);
     }
   }
-  for (int b = 0; b < NB; ++b) {
-    const int64_t n = n0 + b * kTileRows;
-    const int64_t valid = std::min<int64_t>(kTileRows, n_dim - n);
-    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
-    const __m512 bias =
-        e.bias != nullptr ? _mm512_maskz_loadu_ps(mask, e.bias + n) : _mm512_setzero_ps();
-    const __m512 scale =
-        e.scale != nullptr ? _mm512_maskz_loadu_ps(mask, e.scale + n) : _mm512_setzero_ps();
-    for (int m = 0; m < MB; ++m) {
-      __m512 v = e.scale != nullptr ? _mm512_fmadd_ps(acc[b][m], scale, bias)
-                                    : _mm512_add_ps(acc[b][m], bias);
-      if (e.relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-      float* o = out + m * ldo + n;
-      if (e.accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, o));
-      _mm512_mask_storeu_ps(o, mask, v);
-    }
-  }
+  StoreTiles<NB, MB>(acc, n0, n_dim, e, out, ldo);
 }
 
 // `count` tiles from `tiles` against one block of MB rows of x: groups of NbFor(MB), then the
@@ -204,22 +228,11 @@ template <int MB>
 DEJA_BF16_TARGET void TiledRun(const uint16_t* tiles, int64_t tile_stride, int64_t count,
                                const uint32_t* x, int64_t pairs, int64_t n0, int64_t n_dim,
                                const LinearEpilogue& e, float* out, int64_t ldo, int64_t prefetch) {
-  constexpr int kNb = NbFor(MB);
-  int64_t t = 0;
-  auto run = [&](auto nb) {
+  ForTileBlocks<NbFor(MB)>(count, [&](auto nb, int64_t t) {
     constexpr int kB = decltype(nb)::value;
     TiledTile<kB, MB>(tiles + t * tile_stride, tile_stride, x, pairs, n0 + t * kTileRows, n_dim, e,
                       out, ldo, prefetch);
-    t += kB;
-  };
-  while (t + kNb <= count) run(std::integral_constant<int, kNb>{});
-  if constexpr (kNb > 4) {
-    if (t + 4 <= count) run(std::integral_constant<int, 4>{});
-  }
-  if constexpr (kNb > 2) {
-    if (t + 2 <= count) run(std::integral_constant<int, 2>{});
-  }
-  if (t < count) run(std::integral_constant<int, 1>{});
+  });
 }
 
 // ---- Tiled int8 weights ----
@@ -260,21 +273,7 @@ DEJA_BF16_TARGET void TiledTileI8(const int8_t* tiles, int64_t tile_stride, cons
       for (int b = 0; b < NB; ++b) acc[b][m] = _mm512_dpbf16_ps(acc[b][m], w[b], xv);
     }
   }
-  for (int b = 0; b < NB; ++b) {
-    const int64_t n = n0 + b * kTileRows;
-    const int64_t valid = std::min<int64_t>(kTileRows, n_dim - n);
-    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
-    const __m512 bias =
-        e.bias != nullptr ? _mm512_maskz_loadu_ps(mask, e.bias + n) : _mm512_setzero_ps();
-    const __m512 scale = _mm512_maskz_loadu_ps(mask, e.scale + n);
-    for (int m = 0; m < MB; ++m) {
-      __m512 v = _mm512_fmadd_ps(acc[b][m], scale, bias);
-      if (e.relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-      float* o = out + m * ldo + n;
-      if (e.accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, o));
-      _mm512_mask_storeu_ps(o, mask, v);
-    }
-  }
+  StoreTiles<NB, MB>(acc, n0, n_dim, e, out, ldo);
 }
 
 // With AVX512-VBMI (Zen 4/5, Sapphire Rapids; not Cooper Lake) the widening is a table lookup:
@@ -385,21 +384,7 @@ DEJA_VBMI_TARGET void TiledTileI8Vbmi(const int8_t* tiles, int64_t tile_stride, 
       for (int b = 0; b < NB; ++b) acc[b][m] = _mm512_dpbf16_ps(acc[b][m], w[b], xv);
     }
   }
-  for (int b = 0; b < NB; ++b) {
-    const int64_t n = n0 + b * kTileRows;
-    const int64_t valid = std::min<int64_t>(kTileRows, n_dim - n);
-    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
-    const __m512 bias =
-        e.bias != nullptr ? _mm512_maskz_loadu_ps(mask, e.bias + n) : _mm512_setzero_ps();
-    const __m512 scale = _mm512_maskz_loadu_ps(mask, e.scale + n);
-    for (int m = 0; m < MB; ++m) {
-      __m512 v = _mm512_fmadd_ps(acc[b][m], scale, bias);
-      if (e.relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-      float* o = out + m * ldo + n;
-      if (e.accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, o));
-      _mm512_mask_storeu_ps(o, mask, v);
-    }
-  }
+  StoreTiles<NB, MB>(acc, n0, n_dim, e, out, ldo);
 }
 
 template <int MB>
@@ -407,22 +392,11 @@ DEJA_VBMI_TARGET void TiledRunI8Vbmi(const int8_t* tiles, int64_t tile_stride, i
                                      const uint32_t* x, int64_t pairs, int64_t n0, int64_t n_dim,
                                      const LinearEpilogue& e, float* out, int64_t ldo,
                                      int64_t prefetch) {
-  constexpr int kNb = NbFor(MB);
-  int64_t t = 0;
-  auto run = [&](auto nb) {
+  ForTileBlocks<NbFor(MB)>(count, [&](auto nb, int64_t t) {
     constexpr int kB = decltype(nb)::value;
     TiledTileI8Vbmi<kB, MB>(tiles + t * tile_stride, tile_stride, x, pairs, n0 + t * kTileRows,
                             n_dim, e, out, ldo, prefetch);
-    t += kB;
-  };
-  while (t + kNb <= count) run(std::integral_constant<int, kNb>{});
-  if constexpr (kNb > 4) {
-    if (t + 4 <= count) run(std::integral_constant<int, 4>{});
-  }
-  if constexpr (kNb > 2) {
-    if (t + 2 <= count) run(std::integral_constant<int, 2>{});
-  }
-  if (t < count) run(std::integral_constant<int, 1>{});
+  });
 }
 
 DEJA_VBMI_TARGET void WidenI8LinesVbmi(const int8_t* src, int64_t n, uint16_t* dst) {
@@ -452,22 +426,11 @@ DEJA_BF16_TARGET void TiledRunI8(const int8_t* tiles, int64_t tile_stride, int64
                                  const uint32_t* x, int64_t pairs, int64_t n0, int64_t n_dim,
                                  const LinearEpilogue& e, float* out, int64_t ldo,
                                  int64_t prefetch) {
-  constexpr int kNb = NbFor(MB);
-  int64_t t = 0;
-  auto run = [&](auto nb) {
+  ForTileBlocks<NbFor(MB)>(count, [&](auto nb, int64_t t) {
     constexpr int kB = decltype(nb)::value;
     TiledTileI8<kB, MB>(tiles + t * tile_stride, tile_stride, x, pairs, n0 + t * kTileRows, n_dim,
                         e, out, ldo, prefetch);
-    t += kB;
-  };
-  while (t + kNb <= count) run(std::integral_constant<int, kNb>{});
-  if constexpr (kNb > 4) {
-    if (t + 4 <= count) run(std::integral_constant<int, 4>{});
-  }
-  if constexpr (kNb > 2) {
-    if (t + 2 <= count) run(std::integral_constant<int, 2>{});
-  }
-  if (t < count) run(std::integral_constant<int, 1>{});
+  });
 }
 
 // n int8 values (a multiple of 32: whole tile lines) widened to bf16 bits.
