@@ -16,6 +16,7 @@
 #include "common/safetensors.h"
 #include "common/tokenizer.h"
 #include "kernels/backend.h"
+#include "tests/common/sim_device.h"
 #include "tests/common/temp_dir.h"
 #include "tests/worker/golden_util.h"
 #include "worker/model/generation.h"
@@ -152,6 +153,38 @@ TEST_F(Int8ModelTest, QuantizedCheckpointEqualsQuantizingAtLoad) {
   auto twice = model::QuantizeCheckpoint(out, tmp.path() + "/twice", nullptr);
   EXPECT_EQ(twice.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(twice.status().message().find("already quantized"), std::string::npos);
+}
+
+// A quantized checkpoint on a device (the simulated one, running the reference ops): the int8
+// values and their scales are uploaded as they are, and the logits match the CPU's int8 model up
+// to summation order (f32 against the reference's double sums; bf16-rounded inputs can amplify
+// a last-bit difference: 1e-3, as the bf16 device tests).
+TEST_F(Int8ModelTest, QuantizedCheckpointOnADevice) {
+  TempDir tmp;
+  const std::string out = tmp.path() + "/int8";
+  ASSERT_TRUE(model::QuantizeCheckpoint(ModelDir("opt-mini"), out, nullptr).ok());
+  auto sim = test_util::MakeSimDeviceBackend(size_t{256} << 20);
+  model::LoadOptions o;
+  o.kv_memory_bytes = 16 << 20;
+  auto dev = model::LoadModel(out, sim.get(), nullptr, o);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  EXPECT_EQ((*dev)->weight_dtype(), DType::kI8);
+  auto cpu = Load(backend_.get(), out, DType::kI8);
+  const std::vector<int32_t> ids = {2, 100, 200, 300, 400, 500, 600, 700};
+  const std::vector<float> got = PrefillLogits(**dev, ids), want = PrefillLogits(*cpu, ids);
+  ASSERT_EQ(got.size(), want.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  EXPECT_LE(std::sqrt(num / den), 1e-3);
+  // Quantizing on the way to a device is not done: a clear error instead.
+  o.weight_dtype = DType::kI8;
+  auto refused = model::LoadModel(ModelDir("opt-mini"), sim.get(), nullptr, o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("deja quantize"), std::string::npos)
+      << refused.status().ToString();
 }
 
 TEST_F(Int8ModelTest, DejaVuAndH2oOnInt8Weights) {

@@ -99,7 +99,7 @@ Status OptModel::LoadToDevice(const LoadOptions& options) {
   if (options.weight_dtype.has_value() && *options.weight_dtype != DType::kBF16) {
     return InvalidArgument(std::string("weights can be converted to bf16 only on ") +
                            be.device().ToString() + ", not " + DTypeName(*options.weight_dtype) +
-                           " (int8 weights run on the CPU backend)");
+                           " (for int8 there, load a checkpoint written by `deja quantize`)");
   }
   UploadOptions up;
   up.matrix_dtype = options.weight_dtype;

@@ -60,9 +60,17 @@ std::vector<Entry> Views(OptWeights* w, bool* tied) {
   return v;
 }
 
+// An int8 matrix (a `deja quantize` checkpoint) stays int8: its scales go with it.
 DType Target(const TensorView& v, Kind kind, std::optional<DType> matrix_dtype) {
   if (kind == Kind::kBias) return DType::kF32;
+  if (v.dtype == DType::kI8) return DType::kI8;
   return kind == Kind::kMatrix && matrix_dtype.has_value() ? *matrix_dtype : v.dtype;
+}
+
+// An int8 matrix's scales: one f32 per row (of the full matrix for a column slice).
+const float* ScalesOf(const Entry& e) {
+  if (e.cols != nullptr && e.cols->pending()) return e.cols->full.scale;
+  return e.v->scale;
 }
 
 std::string Mib(int64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
@@ -75,6 +83,7 @@ int64_t DeviceWeightBytes(const OptWeights& w, std::optional<DType> matrix_dtype
   for (const Entry& e : Views(const_cast<OptWeights*>(&w), &tied)) {
     if (!e.present()) continue;
     bytes += e.v->numel() * static_cast<int64_t>(DTypeSize(Target(*e.v, e.kind, matrix_dtype)));
+    if (ScalesOf(e) != nullptr) bytes += e.v->rows() * int64_t{sizeof(float)};
   }
   return bytes;
 }
@@ -89,9 +98,9 @@ Status UploadWeights(OptWeights* w, const Checkpoint& ckpt, kernels::Backend& be
       return InvalidArgument("tiled weights cannot be uploaded; load them row-major");
     }
   }
-  if (w->embed_tokens.dtype == DType::kI8 || w->layers[0].fc1.w.dtype == DType::kI8) {
-    return Unimplemented("int8 weights run on the CPU backend; " + be.device().ToString() +
-                         " takes f32, f16 or bf16 checkpoints");
+  if (options.matrix_dtype == DType::kI8) {
+    return Unimplemented("int8 weights are not quantized on the way to " + be.device().ToString() +
+                         "; quantize the checkpoint once with `deja quantize` and load that");
   }
   const int64_t need = DeviceWeightBytes(*w, options.matrix_dtype);
   size_t free_bytes = 0, total_bytes = 0;
@@ -165,12 +174,21 @@ Status UploadWeights(OptWeights* w, const Checkpoint& ckpt, kernels::Backend& be
       DEJA_RETURN_IF_ERROR(kernels::Convert(be, from, into));
     }
     ckpt.Release(cols ? cols->full : src);
+    const float* host_scale = ScalesOf(e);
     *v = dst.view();
     v->shape = src.shape;
+    st.device_bytes += static_cast<int64_t>(dst.bytes());
     storage.push_back(std::move(dst));
+    if (host_scale != nullptr) {  // the rows' scales, after the values
+      DEJA_ASSIGN_OR_RETURN(Tensor scale, be.Allocate(DType::kF32, {src.rows()}));
+      DEJA_RETURN_IF_ERROR(
+          be.CopyHostToDevice(scale.data(), host_scale, src.rows() * sizeof(float)));
+      v->scale = scale.as<float>();
+      st.device_bytes += static_cast<int64_t>(scale.bytes());
+      storage.push_back(std::move(scale));
+    }
     ++st.tensors;
     st.host_bytes += static_cast<int64_t>(src.bytes());
-    st.device_bytes += static_cast<int64_t>(storage.back().bytes());
     const auto now = Clock::now();
     if (std::chrono::duration<double>(now - last_log).count() >= options.log_every_seconds) {
       const double s = std::chrono::duration<double>(now - start).count();
