@@ -240,6 +240,12 @@ int RunServe(int argc, char** argv, int first) {
   args.Flag("kv-memory-mb", "KV cache budget of each worker, MiB (0: the worker's default)", "0")
       .Flag("threads", "CPU threads per worker (0: this host's cores split evenly)", "0")
       .Flag("worker-host", "address the workers listen on", "127.0.0.1")
+      .Flag("kv-paging",
+            "on: each CPU worker's KV memory is one pool of blocks that sequences take as they "
+            "grow, and admission counts what sequences use (a request that runs out of blocks "
+            "is preempted and later recomputed); off: each sequence reserves prompt + "
+            "max_new_tokens when it is admitted",
+            "on")
       .Flag("cpu-comm",
             "how CPU workers all-reduce: auto (shared memory, as they share this host), shm or "
             "gloo (TCP on loopback)",
@@ -279,6 +285,11 @@ int RunServe(int argc, char** argv, int first) {
     DEJA_RETURN_IF_ERROR(LoadOptionsFromFlags(args).status());
     lo.extra_worker_args = {"--dtype", args.Str("dtype"), "--kv-dtype", args.Str("kv-dtype")};
     DEJA_RETURN_IF_ERROR(worker::service::ParseCpuComm(args.Str("cpu-comm")).status());
+    if (args.Str("kv-paging") != "on" && args.Str("kv-paging") != "off") {
+      return InvalidArgument("--kv-paging must be on or off, not '" + args.Str("kv-paging") + "'");
+    }
+    lo.extra_worker_args.push_back("--kv-paging");
+    lo.extra_worker_args.push_back(args.Str("kv-paging"));
     lo.extra_worker_args.push_back("--cpu-comm");
     lo.extra_worker_args.push_back(args.Str("cpu-comm"));
     if (!args.Str("kv-memory-fraction").empty()) {

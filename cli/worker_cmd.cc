@@ -86,7 +86,12 @@ int RunWorker(int argc, char** argv, int first) {
       .Flag("cpu-comm",
             "how CPU ranks all-reduce: auto (shared memory when every rank is on this host, "
             "else Gloo), shm or gloo",
-            "auto");
+            "auto")
+      .Flag("kv-paging",
+            "on: the CPU KV memory is one pool of blocks that sequences take as they grow (a "
+            "sequence holds what it has used); off: each sequence allocates its maximum length "
+            "when it starts (devices always page)",
+            "on");
   AddGroupSecretFlags(args);
   AddInternalTlsFlags(args);
   AddSparsityFlags(args);
@@ -134,6 +139,10 @@ int RunWorker(int argc, char** argv, int first) {
     if (args.Str("kv-memory-fraction").empty()) {
       o.load.kv_memory_bytes = static_cast<int64_t>(o.kv_memory_bytes);
     }
+    if (args.Str("kv-paging") != "on" && args.Str("kv-paging") != "off") {
+      return InvalidArgument("--kv-paging must be on or off, not '" + args.Str("kv-paging") + "'");
+    }
+    o.load.kv_paged = o.device.is_host() && args.Str("kv-paging") == "on";
     o.internal_tls = InternalTlsFromFlags(args);
     DEJA_ASSIGN_OR_RETURN(o.group_secret, GroupSecretFromFlags(args));
     return Status::Ok();

@@ -34,7 +34,11 @@ Engine::Engine(const EngineOptions& options, const Tokenizer* tokenizer, EngineC
       tokenizer_(tokenizer),
       client_(client),
       metrics_(metrics),
-      scheduler_(options.scheduler),
+      scheduler_([this, o = options.scheduler]() mutable {
+        // Preempted sequences continue under fresh ids from the same counter as new ones.
+        o.next_seq_id = [this] { return next_seq_id_++; };
+        return o;
+      }()),
       rng_(std::random_device{}()) {
   loop_ = std::thread([this] { Loop(); });
 }

@@ -40,6 +40,10 @@ CoordinatorMetrics::CoordinatorMetrics(metrics::Registry* r, const ModelInfoLabe
                         .Add({})),
       generated_tokens(
           r->AddCounter("deja_coordinator_generated_tokens_total", "Tokens generated.").Add({})),
+      preemptions(r->AddCounter("deja_coordinator_preemptions_total",
+                                "Sequences whose KV was dropped because the paged KV memory ran "
+                                "out; each recomputes its tokens later.")
+                      .Add({})),
       running(r->AddGauge("deja_coordinator_running_requests",
                           "Requests in the batch (prefilling or decoding).")
                   .Add({})),

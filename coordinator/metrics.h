@@ -58,6 +58,7 @@ class CoordinatorMetrics {
   metrics::Histogram& inter_token_seconds;
   metrics::Counter& prompt_tokens;
   metrics::Counter& generated_tokens;
+  metrics::Counter& preemptions;
   metrics::Gauge& running;
   metrics::Gauge& waiting;
   metrics::Histogram& batch_sequences;

@@ -38,8 +38,17 @@ void Request::OnPrefillChunk(int32_t tokens, Clock::time_point step_start) {
     first_step_ = step_start;
     metrics_->queue_seconds.Observe(Seconds(step_start - arrival_));
   }
-  prefilled_ = std::min(prefilled_ + tokens, prompt_tokens());
+  prefilled_ = std::min(prefilled_ + tokens, prefill_tokens());
   on_workers_ = true;
+}
+
+void Request::Preempt(uint64_t new_seq_id) {
+  seq_id_ = new_seq_id;
+  prefilled_ = 0;
+  on_workers_ = false;
+  recompute_ = std::max(0, generated() - 1);
+  ++preemptions_;
+  metrics_->preemptions.Increment();
 }
 
 void Request::OnToken(const v1::SequenceResult& result, Clock::time_point now) {

@@ -58,9 +58,23 @@ class Request {
   CancelKind cancel_kind() const { return static_cast<CancelKind>(cancel_.load()); }
 
   // --- Engine thread only. ---
-  // Prompt tokens the workers hold (prefill progress).
+  // Tokens the workers must hold before the next decode token: the prompt, and after a
+  // preemption also the tokens generated before it but the last (which the next decode feeds).
+  int32_t prefill_tokens() const { return prompt_tokens() + recompute_; }
+  // Token i of that stream.
+  int32_t prefill_token(int32_t i) const {
+    return i < prompt_tokens() ? params_.prompt[i] : generated_[i - prompt_tokens()];
+  }
+  // Prefill progress: tokens of prefill_tokens() the workers hold.
   int32_t prefilled() const { return prefilled_; }
-  bool prefill_done() const { return prefilled_ == prompt_tokens(); }
+  bool prefill_done() const { return prefilled_ == prefill_tokens(); }
+  // The prefill's last chunk samples the first new token (false when a preempted sequence
+  // recomputes: its next token is already known).
+  bool prefill_samples() const { return generated_.empty(); }
+  // The workers dropped this sequence's KV (KV memory ran out): it continues as `new_seq_id`,
+  // recomputing prefill_tokens() before it decodes again. The client sees no difference.
+  void Preempt(uint64_t new_seq_id);
+  int32_t preemptions() const { return preemptions_; }
   // The workers hold KV state for this sequence (a step with it completed).
   bool on_workers() const { return on_workers_; }
   int32_t generated() const { return static_cast<int32_t>(generated_.size()); }
@@ -89,7 +103,7 @@ class Request {
   double Ms(Clock::time_point t) const;
 
   const std::string id_;
-  const uint64_t seq_id_;
+  uint64_t seq_id_;
   const ResolvedRequest params_;
   const Tokenizer* tokenizer_;
   CoordinatorMetrics* metrics_;
@@ -100,6 +114,8 @@ class Request {
 
   TextStream text_;
   int32_t prefilled_ = 0;
+  int32_t recompute_ = 0;  // generated tokens re-prefilled after a preemption
+  int32_t preemptions_ = 0;
   bool on_workers_ = false;
   bool done_ = false;
   std::vector<int32_t> generated_;

@@ -1,12 +1,36 @@
 #include "coordinator/scheduler.h"
 
+#include <glog/logging.h>
+
 #include <algorithm>
 #include <unordered_map>
 
 namespace deja::coordinator {
 
+uint64_t Scheduler::Bytes(int64_t positions) const {
+  uint64_t p = static_cast<uint64_t>(std::max<int64_t>(0, positions));
+  if (const uint64_t bt = capacity_.block_tokens; bt > 0) p = (p + bt - 1) / bt * bt;
+  return p * capacity_.bytes_per_token;
+}
+
+bool Scheduler::Grows(const Request& r) const {
+  return capacity_.block_tokens > 0 && !r.params().BoundedCache();
+}
+
 uint64_t Scheduler::NeedBytes(const Request& r) const {
-  return static_cast<uint64_t>(r.params().ReservedPositions()) * capacity_.bytes_per_token;
+  return Grows(r) ? Bytes(r.prefill_tokens()) : MaxBytes(r);
+}
+
+uint64_t Scheduler::MaxBytes(const Request& r) const {
+  return Bytes(r.params().ReservedPositions());
+}
+
+uint64_t Scheduler::Headroom() const {
+  if (capacity_.block_tokens == 0) return 0;
+  uint64_t n = 0;
+  for (const auto& r : running_) n += Grows(*r) && reserved_.count(r->seq_id()) ? 1 : 0;
+  for (const auto& r : waiting_) n += Grows(*r) && reserved_.count(r->seq_id()) ? 1 : 0;
+  return n * Bytes(capacity_.block_tokens);
 }
 
 Status Scheduler::NeverFits(const Request& r, uint64_t need) const {
@@ -29,20 +53,19 @@ Status Scheduler::Admit(std::shared_ptr<Request> request, std::string* reject_re
                              " requests waiting); retry later");
   }
   const uint64_t need = NeedBytes(*request);
-  if (capacity_.bytes_per_token > 0 && need > capacity_.total_bytes) {
+  if (capacity_.bytes_per_token > 0 && MaxBytes(*request) > capacity_.total_bytes) {
     *reject_reason = "kv_full";
-    return NeverFits(*request, need);
+    return NeverFits(*request, MaxBytes(*request));
   }
   // Reserved now when it fits (and, when requests wait for KV, none is queued unreserved ahead
   // of it: first come, first served); else it waits for KV (wait_for_kv: Plan reserves it when
   // enough is free) or is refused.
-  const bool fits =
-      capacity_.bytes_per_token == 0 || reserved_bytes_ + need <= capacity_.total_bytes;
-  // Only wait_for_kv queues requests without a reservation.
-  const bool queued_for_kv =
-      options_.wait_for_kv && std::any_of(waiting_.begin(), waiting_.end(), [&](const auto& w) {
-        return reserved_.count(w->seq_id()) == 0;
-      });
+  const bool fits = capacity_.bytes_per_token == 0 ||
+                    reserved_bytes_ + need + Headroom() <= capacity_.total_bytes;
+  // Requests without a reservation wait ahead (queued by wait_for_kv, or preempted).
+  const bool queued_for_kv = std::any_of(waiting_.begin(), waiting_.end(), [&](const auto& w) {
+    return reserved_.count(w->seq_id()) == 0;
+  });
   if (fits && !queued_for_kv) {
     reserved_[request->seq_id()] = need;
     reserved_bytes_ += need;
@@ -76,6 +99,7 @@ void Scheduler::Sweep(Clock::time_point now) {
 
 StepPlan Scheduler::Plan(Clock::time_point now) {
   Sweep(now);
+  if (capacity_.block_tokens > 0 && capacity_.bytes_per_token > 0) GrowReservations();
   StepPlan plan;
   plan.start = now;
   for (const auto& r : running_) {
@@ -99,15 +123,16 @@ StepPlan Scheduler::Plan(Clock::time_point now) {
     // so a long request is not starved by short ones.
     const bool reserved = reserved_.count(waiting_.front()->seq_id()) != 0;
     const uint64_t need = reserved ? 0 : NeedBytes(*waiting_.front());
-    if (!reserved && capacity_.bytes_per_token > 0 && need > capacity_.total_bytes) {
+    if (!reserved && capacity_.bytes_per_token > 0 &&
+        MaxBytes(*waiting_.front()) > capacity_.total_bytes) {
       // Admitted under a larger worker group (the capacity shrank with a new epoch).
       std::shared_ptr<Request> r = waiting_.front();
-      r->Fail(NeverFits(*r, need), now);
+      r->Fail(NeverFits(*r, MaxBytes(*r)), now);
       Remove(r, false);
       continue;
     }
     if (!reserved && capacity_.bytes_per_token > 0 &&
-        reserved_bytes_ + need > capacity_.total_bytes) {
+        reserved_bytes_ + need + Headroom() > capacity_.total_bytes) {
       break;
     }
     std::shared_ptr<Request> r = std::move(waiting_.front());
@@ -126,19 +151,74 @@ StepPlan Scheduler::Plan(Clock::time_point now) {
 
 void Scheduler::AddPrefill(const std::shared_ptr<Request>& r, int32_t* budget, StepPlan* plan) {
   const int32_t start = r->prefilled();
-  const int32_t chunk = std::min(r->prompt_tokens() - start, *budget);
+  const int32_t total = r->prefill_tokens();
+  const int32_t chunk = std::min(total - start, *budget);
   if (chunk <= 0) return;
   *budget -= chunk;
-  const bool last = start + chunk == r->prompt_tokens();
+  const bool sample = start + chunk == total && r->prefill_samples();
   v1::SequenceWork* w = plan->step.add_sequences();
   w->set_seq_id(r->seq_id());
-  const std::vector<int32_t>& prompt = r->params().prompt;
-  w->mutable_tokens()->Add(prompt.begin() + start, prompt.begin() + start + chunk);
+  w->mutable_tokens()->Reserve(chunk);
+  for (int32_t i = start; i < start + chunk; ++i) w->add_tokens(r->prefill_token(i));
   w->set_start_position(static_cast<uint32_t>(start));
-  if (start == 0) *w->mutable_config() = r->params().config;
-  w->set_sample(last);
-  plan->work.push_back({r, chunk, last});
+  if (start == 0) {
+    v1::SequenceConfig* c = w->mutable_config();
+    *c = r->params().config;
+    // A recomputing sequence's generated tokens count as prompt; its length limit stays.
+    const int32_t again = total - r->prompt_tokens();
+    c->set_prompt_tokens(static_cast<uint32_t>(total));
+    c->set_max_new_tokens(c->max_new_tokens() - static_cast<uint32_t>(again));
+  }
+  w->set_sample(sample);
+  plan->work.push_back({r, chunk, sample});
   plan->tokens += chunk;
+}
+
+void Scheduler::GrowReservations() {
+  // Oldest first: the newest give way.
+  for (const auto& r : std::vector<std::shared_ptr<Request>>(running_)) {
+    if (!Grows(*r) || !r->prefill_done() || r->done()) continue;
+    auto it = reserved_.find(r->seq_id());
+    if (it == reserved_.end()) continue;
+    // This step writes next_position.
+    const uint64_t need = Bytes(r->next_position() + 1);
+    if (need <= it->second) continue;
+    bool preempted_self = false;
+    while (reserved_bytes_ + (need - reserved_[r->seq_id()]) > capacity_.total_bytes) {
+      std::shared_ptr<Request> victim;
+      for (auto v = running_.rbegin(); v != running_.rend(); ++v) {
+        if (Grows(**v) && !(*v)->done() && reserved_.count((*v)->seq_id())) {
+          victim = *v;
+          break;
+        }
+      }
+      if (victim == nullptr) break;  // cannot happen: r itself qualifies
+      preempted_self = victim == r;
+      Preempt(victim);
+      if (preempted_self) break;
+    }
+    if (preempted_self) continue;
+    uint64_t& have = reserved_[r->seq_id()];
+    reserved_bytes_ += need - have;
+    have = need;
+  }
+}
+
+void Scheduler::Preempt(const std::shared_ptr<Request>& r) {
+  auto res = reserved_.find(r->seq_id());
+  if (res != reserved_.end()) {
+    reserved_bytes_ -= res->second;
+    reserved_.erase(res);
+  }
+  if (r->on_workers()) pending_release_.push_back(r->seq_id());
+  const uint64_t old_id = r->seq_id();
+  r->Preempt(options_.next_seq_id ? options_.next_seq_id() : own_seq_ids_++);
+  ++preemptions_;
+  VLOG(1) << "request " << r->id() << ": seq " << old_id << " preempted (KV memory full), "
+          << "continues as seq " << r->seq_id() << " after recomputing " << r->prefill_tokens()
+          << " tokens";
+  running_.erase(std::find(running_.begin(), running_.end(), r));
+  waiting_.push_front(r);
 }
 
 void Scheduler::Complete(const StepPlan& plan, const std::vector<v1::StepResponse>& responses,
@@ -194,7 +274,7 @@ void Scheduler::ShrinkReservation(const Request& r) {
   auto it = reserved_.find(r.seq_id());
   if (it == reserved_.end()) return;
   const uint64_t after =
-      static_cast<uint64_t>(r.params().PositionsAfterPrefill()) * capacity_.bytes_per_token;
+      Grows(r) ? Bytes(r.prefill_tokens()) : Bytes(r.params().PositionsAfterPrefill());
   if (after >= it->second) return;
   reserved_bytes_ -= it->second - after;
   it->second = after;

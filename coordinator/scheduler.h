@@ -7,16 +7,24 @@
 //      their prompt (oldest first), then for waiting requests while the batch has room.
 // So long prompts are spread over several steps and never stall running streams.
 //
-// Each request reserves its worst-case KV bytes (prompt + max_new_tokens positions, or a bounded
-// cache policy's budget plus its prompt, as every worker reserves at a sequence's first step and
-// frees at its release) against the KV memory the workers report; a bounded policy's
-// reservation shrinks to budget + 1 positions once its prompt is in, as the workers' caches do.
+// KV memory is reserved against what the workers report. When they page it (KvCapacity::
+// block_tokens > 0, a block pool on every rank), a full-policy sequence reserves the blocks its
+// positions reach: its prompt at admission, then one more block each time decoding crosses a
+// block boundary. When a block is wanted and none is free, the newest full-policy sequence is
+// preempted: its KV is released and it waits at the head of the queue to recompute its prompt
+// and the tokens it generated (the client sees the stream continue). New requests are admitted
+// only while one block per reserved sequence stays free, so that running ones can grow.
+// Without paging, and for bounded policies always, a request reserves its worst case (prompt +
+// max_new_tokens positions, or a bounded policy's budget plus its prompt, as every worker
+// reserves at a sequence's first step and frees at its release); a bounded policy's reservation
+// shrinks to budget + 1 positions once its prompt is in, as the workers' caches do.
 // Admission refuses at once (RESOURCE_EXHAUSTED) when the queue is full, when the request could
 // never fit, and when the memory is taken, unless wait_for_kv queues it until it is free.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -40,6 +48,9 @@ struct SchedulerOptions {
   // max_waiting) until enough is free, first come first served, as vLLM and TGI do.
   // `deja serve --wait-for-kv`.
   bool wait_for_kv = false;
+  // Sequence ids for preempted sequences (each continues under a new id, as its old one is
+  // released on the workers); unset: the scheduler counts from 2^62.
+  std::function<uint64_t()> next_seq_id;
 };
 
 // KV memory of the worker group: the smallest rank budget and the largest per-position cost.
@@ -47,6 +58,9 @@ struct SchedulerOptions {
 struct KvCapacity {
   uint64_t total_bytes = 0;
   uint64_t bytes_per_token = 0;
+  // The workers page their KV in blocks of this many positions (0: a sequence reserves its
+  // maximum when it starts).
+  uint32_t block_tokens = 0;
 };
 
 struct PlannedWork {
@@ -101,10 +115,25 @@ class Scheduler {
   bool has_requests() const { return !running_.empty() || !waiting_.empty(); }
   // KV bytes reserved by admitted requests (not by those queued for KV).
   uint64_t reserved_bytes() const { return reserved_bytes_; }
+  uint64_t preemptions() const { return preemptions_; }
   size_t pending_releases() const { return pending_release_.size(); }
 
  private:
+  // Bytes of `positions` cache positions, in whole blocks when the workers page.
+  uint64_t Bytes(int64_t positions) const;
+  // Whether r's reservation follows its length (paged workers, full policy).
+  bool Grows(const Request& r) const;
+  // What r reserves when it enters the batch: its prefill tokens when it grows, else its worst
+  // case.
   uint64_t NeedBytes(const Request& r) const;
+  // The most r can ever hold (prompt + max_new_tokens, or a bounded policy's worst case).
+  uint64_t MaxBytes(const Request& r) const;
+  // Memory a new request must leave free: one block per reserved sequence that grows.
+  uint64_t Headroom() const;
+  // Paged: reserves the block each decoding sequence's next position reaches, preempting the
+  // newest growing sequences while none is free.
+  void GrowReservations();
+  void Preempt(const std::shared_ptr<Request>& r);
   // RESOURCE_EXHAUSTED for a request needing more KV memory than the workers have in all.
   Status NeverFits(const Request& r, uint64_t need) const;
   void AddPrefill(const std::shared_ptr<Request>& r, int32_t* budget, StepPlan* plan);
@@ -122,6 +151,8 @@ class Scheduler {
   std::unordered_map<uint64_t, uint64_t> reserved_;  // seq_id -> bytes
   uint64_t reserved_bytes_ = 0;
   std::vector<uint64_t> pending_release_;
+  uint64_t preemptions_ = 0;
+  uint64_t own_seq_ids_ = uint64_t{1} << 62;
 };
 
 }  // namespace deja::coordinator

@@ -80,13 +80,19 @@ void WorkerGroup::TryConnect() {
   pending_.reset();
   KvCapacity kv;
   kv.total_bytes = UINT64_MAX;
+  kv.block_tokens = UINT32_MAX;
   bool sparsity_available = true, sparsity_default = true;
   for (const v1::WorkerStatus& st : statuses) {
     kv.total_bytes = std::min<uint64_t>(kv.total_bytes, st.kv().total_bytes());
     kv.bytes_per_token = std::max<uint64_t>(kv.bytes_per_token, st.kv_bytes_per_token());
+    // Paged admission only when every rank pages, in blocks of the same size.
+    kv.block_tokens = kv.block_tokens == UINT32_MAX || kv.block_tokens == st.kv_block_tokens()
+                          ? st.kv_block_tokens()
+                          : 0;
     sparsity_available &= st.sparsity_available();
     sparsity_default &= st.sparsity_default();
   }
+  if (kv.block_tokens == UINT32_MAX) kv.block_tokens = 0;
   sparsity_default &= sparsity_available;
   if (sparsity_available) {
     LOG(INFO) << "worker group epoch " << epoch << ": Deja Vu sparsity available, default "
@@ -163,7 +169,10 @@ void WorkerGroup::TryConnect() {
     if (link->kv_published_ns.load() == 0) PublishKv(link->rank, statuses[link->rank].kv());
   }
   LOG(INFO) << "worker group: epoch " << epoch << " ready, " << n << " ranks, KV " << kv.total_bytes
-            << " bytes per rank, " << kv.bytes_per_token << " bytes per position";
+            << " bytes per rank, " << kv.bytes_per_token << " bytes per position, "
+            << (kv.block_tokens > 0
+                    ? "paged in blocks of " + std::to_string(kv.block_tokens) + " positions"
+                    : std::string("not paged"));
 }
 
 }  // namespace deja::coordinator

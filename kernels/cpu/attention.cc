@@ -2,6 +2,8 @@
 // gathered (position known and <= the query's), scored, soft-maxed in f32 and used to weight V.
 // With head_ids (head-sparse attention) head h of q/out reads cache head head_ids[h]; the ids are
 // distinct (kernels/ops.cc checks), so the split below still gives each score row one writer.
+// Paged caches (KvView::blocks) are read through the same slot lists: each list entry is the slot's
+// index from the view's base (KvSlotIndex), so a head's slots may lie in any blocks.
 // Work is split over heads when H2O scores are accumulated (each head's score row then has one
 // writer, and tokens add into it in order, as the reference does) and over (token, head) pairs
 // otherwise. Calls with many query tokens (prefill) take a GEMM path per head instead.
@@ -20,37 +22,50 @@
 namespace deja::kernels::cpu {
 namespace {
 
+// Calls f(index) for every slot [0, used) of cache head `ch`, in slot order, where index is
+// KvSlotIndex(kv, ch, s): the slot's element of slot_pos and score, and its row of k and v.
+template <typename F>
+inline void ForEachSlot(const KvView& kv, int64_t ch, F&& f) {
+  if (kv.blocks == nullptr) {
+    const int64_t base = ch * kv.capacity;
+    for (int64_t s = 0; s < kv.used; ++s) f(base + s);
+    return;
+  }
+  const int64_t bs = kv.block_slots;
+  for (int64_t s0 = 0, b = 0; s0 < kv.used; s0 += bs, ++b) {
+    const int64_t base = kv.blocks[b] * kv.block_stride + ch * bs;
+    const int64_t n = std::min(bs, kv.used - s0);
+    for (int64_t i = 0; i < n; ++i) f(base + i);
+  }
+}
+
 void AttendOne(const AttentionArgs& a, int64_t t, int64_t h, std::vector<float>& probs,
                std::vector<int32_t>& slots) {
   const KvView& kv = a.kv;
   const int64_t d = a.head_dim;
   const int64_t width = static_cast<int64_t>(a.heads) * d;
   // h indexes q and out (compact when head-sparse); the cache is indexed by the cache head.
-  const int64_t base = (a.head_ids != nullptr ? a.head_ids[h] : h) * kv.capacity;
+  const int64_t ch = a.head_ids != nullptr ? a.head_ids[h] : h;
   const float* q = a.q.as<float>() + t * width + h * d;
   float* out = a.out.as<float>() + t * width + h * d;
   const int32_t q_pos = a.q_pos[t];
 
   int64_t count = 0;
-  for (int64_t s = 0; s < kv.used; ++s) {
-    const int32_t pos = kv.slot_pos[base + s];
-    if (pos < 0 || pos > q_pos) continue;
-    slots[count++] = static_cast<int32_t>(s);
-  }
+  ForEachSlot(kv, ch, [&](int64_t at) {
+    const int32_t pos = kv.slot_pos[at];
+    if (pos >= 0 && pos <= q_pos) slots[count++] = static_cast<int32_t>(at);
+  });
   if (count == 0) {
     std::memset(out, 0, static_cast<size_t>(d) * sizeof(float));
     return;
   }
-  const size_t es = DTypeSize(kv.dtype);
-  const char* k_head = static_cast<const char*>(kv.k) + base * d * es;
-  const char* v_head = static_cast<const char*>(kv.v) + base * d * es;
-  DotRows(q, k_head, kv.dtype, slots.data(), count, d, a.scale, probs.data());
+  DotRows(q, kv.k, kv.dtype, slots.data(), count, d, a.scale, probs.data());
   const float max_score = MaxOf(probs.data(), count);
   const float inv_sum = 1.f / ExpShiftInPlace(probs.data(), count, max_score);
   for (int64_t j = 0; j < count; ++j) probs[j] *= inv_sum;
-  WeightedSumRows(probs.data(), v_head, kv.dtype, slots.data(), count, d, out);
+  WeightedSumRows(probs.data(), kv.v, kv.dtype, slots.data(), count, d, out);
   if (kv.score != nullptr) {
-    for (int64_t j = 0; j < count; ++j) kv.score[base + slots[j]] += probs[j];
+    for (int64_t j = 0; j < count; ++j) kv.score[slots[j]] += probs[j];
   }
 }
 
@@ -75,13 +90,13 @@ void AttendHeadGemm(const AttentionArgs& a, int64_t h, GemmScratch& g) {
   const int64_t d = a.head_dim;
   const int64_t width = static_cast<int64_t>(a.heads) * d;
   const int64_t tokens = a.q.rows();
-  const int64_t base = (a.head_ids != nullptr ? a.head_ids[h] : h) * kv.capacity;
-  const int32_t* slot_pos = kv.slot_pos + base;
+  const int64_t ch = a.head_ids != nullptr ? a.head_ids[h] : h;
+  const int32_t* slot_pos = kv.slot_pos;
 
   g.slots.clear();
-  for (int64_t s = 0; s < kv.used; ++s) {
-    if (slot_pos[s] >= 0) g.slots.push_back(static_cast<int32_t>(s));
-  }
+  ForEachSlot(kv, ch, [&](int64_t at) {
+    if (slot_pos[at] >= 0) g.slots.push_back(static_cast<int32_t>(at));
+  });
   std::stable_sort(g.slots.begin(), g.slots.end(),
                    [slot_pos](int32_t x, int32_t y) { return slot_pos[x] < slot_pos[y]; });
   const int64_t n = static_cast<int64_t>(g.slots.size());
@@ -90,8 +105,8 @@ void AttendHeadGemm(const AttentionArgs& a, int64_t h, GemmScratch& g) {
   g.k.resize(n * d);
   g.v.resize(n * d);
   const size_t es = DTypeSize(kv.dtype);
-  const char* k_head = static_cast<const char*>(kv.k) + base * d * es;
-  const char* v_head = static_cast<const char*>(kv.v) + base * d * es;
+  const char* k_head = static_cast<const char*>(kv.k);
+  const char* v_head = static_cast<const char*>(kv.v);
   for (int64_t j = 0; j < n; ++j) {
     ConvertToF32(k_head + g.slots[j] * d * es, kv.dtype, d, g.k.data() + j * d, false);
     ConvertToF32(v_head + g.slots[j] * d * es, kv.dtype, d, g.v.data() + j * d, false);
@@ -130,7 +145,7 @@ void AttendHeadGemm(const AttentionArgs& a, int64_t h, GemmScratch& g) {
                 static_cast<int>(d), static_cast<int>(nb), 1.f, p, static_cast<int>(nb), g.v.data(),
                 static_cast<int>(d), 0.f, out + t0 * width, static_cast<int>(width));
     if (kv.score != nullptr) {
-      float* score = kv.score + base;
+      float* score = kv.score;
       for (int64_t i = 0; i < tb; ++i) {
         const float* row = p + i * nb;
         for (int64_t j = 0; j < visible[i]; ++j) score[g.slots[j]] += row[j];

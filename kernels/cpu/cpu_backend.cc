@@ -163,13 +163,14 @@ class CpuBackend final : public Backend {
     table_.top_k = CpuTopK;
     table_.gather_linear = CpuGatherLinear;
     table_.gather_linear_t = CpuGatherLinearT;
-    // Host caches write through worker/kv/kv_cache.cc; these serve callers of the ops.
+    // Paged caches (a host KV block pool) write and evict through these.
     table_.kv_write = ref::KvWrite;
-    table_.kv_evict = ref::KvEvict;
+    table_.kv_evict = CpuKvEvict;
     table_.convert = ref::Convert;
     table_.mask_units = ref::MaskUnits;
   }
   BackendKind kind() const override { return BackendKind::kCpu; }
+  bool SupportsPagedKv() const override { return true; }
   std::string name() const override {
     return std::string("cpu(") + SimdTargetName() + ", " + std::to_string(pool_->num_threads()) +
            " threads)";

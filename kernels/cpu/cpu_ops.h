@@ -11,6 +11,8 @@ namespace deja::kernels::cpu {
 Status CpuLinear(Backend& backend, TensorView x, TensorView w, TensorView bias, Activation act,
                  bool accumulate, TensorView out);
 Status CpuAttention(Backend& backend, const AttentionArgs& args);
+Status CpuKvEvict(Backend& backend, const KvView& kv, int32_t heads, const KvEvictArgs& args,
+                  int32_t* victims);
 Status CpuGatherLinear(Backend& backend, TensorView x, TensorView w, TensorView bias,
                        const int32_t* rows, int64_t n_rows, Activation act, bool accumulate,
                        TensorView out);

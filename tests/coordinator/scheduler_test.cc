@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+#include <unordered_map>
+
 #include "coordinator_test_util.h"
 
 namespace deja::coordinator {
@@ -324,6 +327,74 @@ TEST_F(SchedulerTest, BoundedPolicyReservationShrinksAfterPrefill) {
   ASSERT_EQ(p.step.sequences_size(), 2);
   EXPECT_EQ(p.step.sequences(1).seq_id(), full.request->seq_id());
   EXPECT_EQ(s.reserved_bytes(), 950u);
+}
+
+// Paged workers (blocks of 4 positions): a full-policy request reserves its prompt's blocks, so
+// five fit where one would without paging; each grows a block at a time while decoding, and
+// when none is free the newest is preempted: released on the workers, it recomputes its prompt
+// and the tokens it had (no sampling), then decodes on. Every request gets all its tokens, the
+// reservations never pass the memory, and the workers' view stays consistent (each step
+// continues a sequence where the last left it; no released id comes back).
+TEST_F(SchedulerTest, PagedKvGrowsByBlocksAndPreemptsTheNewest) {
+  options_.max_prefill_tokens = 64;
+  options_.max_batch_sequences = 8;
+  options_.max_waiting = 8;
+  Scheduler s(options_);
+  s.SetKvCapacity({400, 10, 4});  // 10 blocks of 4 positions of 10 bytes
+  std::string reason;
+  std::vector<Made> m;
+  for (int i = 0; i < 5; ++i) {
+    m.push_back(Make("r" + std::to_string(i), 4, 36));  // 40 positions: all 10 blocks
+    ASSERT_TRUE(s.Admit(m.back().request, &reason).ok()) << i;
+  }
+  // Its prompt's block plus one free block for each reserved sequence: no room for a sixth.
+  Made extra = Make("x", 4, 36);
+  EXPECT_EQ(s.Admit(extra.request, &reason).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(reason, "kv_full");
+  // Without paging the same requests reserve their worst case: one at a time.
+  Scheduler old(options_);
+  old.SetKvCapacity({400, 10});
+  EXPECT_TRUE(old.Admit(Make("o1", 4, 36).request, &reason).ok());
+  EXPECT_FALSE(old.Admit(Make("o2", 4, 36).request, &reason).ok());
+
+  std::unordered_map<uint64_t, uint32_t> next_position;  // what the workers hold
+  std::set<uint64_t> released;
+  bool recomputed = false;
+  for (int step = 0; step < 2000 && s.has_requests(); ++step) {
+    StepPlan plan = s.Plan(Clock::now());
+    for (uint64_t id : Releases(plan)) {
+      released.insert(id);
+      next_position.erase(id);
+    }
+    for (const v1::SequenceWork& w : plan.step.sequences()) {
+      ASSERT_EQ(released.count(w.seq_id()), 0u) << "step " << step;
+      const uint32_t at = next_position.count(w.seq_id()) ? next_position[w.seq_id()] : 0;
+      ASSERT_EQ(w.start_position(), at) << "step " << step << " seq " << w.seq_id();
+      ASSERT_EQ(w.has_config(), at == 0);
+      if (at == 0 && w.config().prompt_tokens() > 4) {
+        // A preempted sequence: its tokens so far, the length limit unchanged, no sample.
+        recomputed = true;
+        EXPECT_EQ(w.config().prompt_tokens() + w.config().max_new_tokens(), 40u);
+        if (static_cast<uint32_t>(w.tokens_size()) == w.config().prompt_tokens()) {
+          EXPECT_FALSE(w.sample());
+        }
+      }
+      next_position[w.seq_id()] = at + static_cast<uint32_t>(w.tokens_size());
+    }
+    EXPECT_LE(s.reserved_bytes(), 400u);
+    s.Complete(plan, Answer(plan), Clock::now());
+  }
+  EXPECT_FALSE(s.has_requests());
+  EXPECT_GT(s.preemptions(), 0u);
+  EXPECT_TRUE(recomputed);
+  for (const Made& r : m) {
+    EXPECT_EQ(r.request->generated(), 36) << r.request->id();
+    EXPECT_TRUE(r.sink->done()) << r.request->id();
+    EXPECT_TRUE(r.sink->error().ok()) << r.sink->error().ToString();
+    EXPECT_TRUE(r.sink->last().finished()) << r.request->id();
+    EXPECT_EQ(r.sink->last().generated_tokens(), 36u) << r.request->id();
+  }
+  EXPECT_EQ(s.reserved_bytes(), 0u);
 }
 
 TEST_F(SchedulerTest, DuplicateIdIsRefused) {

@@ -29,13 +29,13 @@ constexpr int32_t kNewTokens = 8;
 class StepEngineTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    auto b = GetParam() == "cpu"
-                 ? StatusOr<std::unique_ptr<kernels::Backend>>(kernels::MakeCpuBackend(1))
-                 : test_util::MakeTestBackend(GetParam());
+    auto b = host() ? StatusOr<std::unique_ptr<kernels::Backend>>(kernels::MakeCpuBackend(1))
+                    : test_util::MakeTestBackend(GetParam());
     if (!b.ok()) GTEST_SKIP() << GetParam() << ": " << b.status().ToString();
     backend_ = std::move(*b);
     model::LoadOptions options;
-    options.kv_memory_bytes = 64ll << 20;  // a device's KV pool: the engine's budget
+    options.kv_memory_bytes = 64ll << 20;  // the KV pool (devices, cpu_paged): the engine's budget
+    options.kv_paged = GetParam() == "cpu_paged";
     auto m = model::LoadModel(test_util::ModelDir(test_util::TpModelName()), backend_.get(),
                               nullptr, options);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
@@ -49,9 +49,12 @@ class StepEngineTest : public ::testing::TestWithParam<std::string> {
     ASSERT_GE(prompts_.size(), 2u);
   }
 
-  // What a sequence of `positions` reserves: whole 32-slot pool blocks on a device.
-  uint64_t Reserved(uint64_t positions) const {
-    if (GetParam() != "cpu") positions = (positions + 31) / 32 * 32;
+  bool host() const { return GetParam() == "cpu" || GetParam() == "cpu_paged"; }
+  bool paged() const { return GetParam() != "cpu"; }
+  // What a sequence of `prompt` + `max_new` positions takes once its prompt is in: all of it,
+  // without a pool; with one, the whole 32-slot blocks its prompt reaches.
+  uint64_t Taken(uint64_t prompt, uint64_t max_new) const {
+    const uint64_t positions = paged() ? (prompt + 31) / 32 * 32 : prompt + max_new;
     return engine_->kv_bytes_per_token() * positions;
   }
 
@@ -101,7 +104,7 @@ TEST_P(StepEngineTest, PrefillAndDecodeMatchGenerate) {
   EXPECT_EQ(resp.results(0).top(0).id(), resp.results(0).token_id());
   EXPECT_LE(resp.results(0).logprob(), 0.f);
   EXPECT_EQ(resp.kv().sequences(), 1u);
-  EXPECT_EQ(baseline - resp.kv().free_bytes(), Reserved(p.size() + kNewTokens));
+  EXPECT_EQ(baseline - resp.kv().free_bytes(), Taken(p.size(), kNewTokens));
   auto got = Decode(resp, {7}, {static_cast<uint32_t>(p.size())});
   EXPECT_EQ(got[0], test_util::ReferenceGreedy(*model_, p, kNewTokens));
 
@@ -130,7 +133,7 @@ TEST_P(StepEngineTest, BudgetsReachingTheLengthActAsTheFullCache) {
   *req.add_sequences() = first;
   StepResponse resp = Run(req);
   ASSERT_EQ(resp.error_code(), 0) << resp.error_message();
-  EXPECT_EQ(baseline - resp.kv().free_bytes(), Reserved(p.size() + kNewTokens));
+  EXPECT_EQ(baseline - resp.kv().free_bytes(), Taken(p.size(), kNewTokens));
   auto got = Decode(resp, {11}, {static_cast<uint32_t>(p.size())});
   EXPECT_EQ(got[0], test_util::ReferenceGreedy(*model_, p, kNewTokens));
 }
@@ -150,9 +153,13 @@ TEST_P(StepEngineTest, H2OSequenceMatchesGenerateAndShrinksAfterPrefill) {
   *req.add_sequences() = first;
   StepResponse resp = Run(req);
   ASSERT_EQ(resp.error_code(), 0) << resp.error_message();
-  if (GetParam() == "cpu") {  // a device cache keeps budget + chunk slots, in whole blocks
+  // A host cache compacts to budget + 1 slots (in whole blocks from a pool); a device cache
+  // keeps budget + chunk slots, in whole blocks.
+  if (GetParam() == "cpu") {
     EXPECT_EQ(baseline - resp.kv().free_bytes(),
               engine_->kv_bytes_per_token() * (heavy + recent + 1));
+  } else if (GetParam() == "cpu_paged") {
+    EXPECT_EQ(baseline - resp.kv().free_bytes(), engine_->kv_bytes_per_token() * 32);
   }
   auto got = Decode(resp, {9}, {static_cast<uint32_t>(p.size())});
   const uint64_t heads = model_->config().num_hidden_layers * model_->config().num_attention_heads;
@@ -268,10 +275,13 @@ TEST_P(StepEngineTest, BadSequencesAreRefusedAloneAndChangeNothing) {
 // A step whose sequences pass the KV budget together creates those that fit, in order, and
 // refuses the rest; a sequence repeated in a step runs once and its repeat is refused.
 TEST_P(StepEngineTest, BudgetAndRepeatsAreRefusedPerSequence) {
-  const std::vector<int32_t>& p = prompts_.back();
+  // With a pool a sequence takes the blocks of its prompt: long prompts, so that few fill it.
+  std::vector<int32_t> p = prompts_.back();
+  const size_t limit = static_cast<size_t>(model_->config().max_position_embeddings);
+  while (paged() && p.size() < limit / 2) p.push_back(p[p.size() % prompts_.back().size()]);
   const deja::v1::KvUsage before = engine_->Usage();
-  const uint32_t room = static_cast<uint32_t>(model_->config().max_position_embeddings - p.size());
-  const uint64_t each = Reserved(p.size() + room);
+  const uint32_t room = static_cast<uint32_t>(limit - p.size());
+  const uint64_t each = Taken(p.size(), room);
   const uint64_t fit = before.free_bytes() / each;
   ASSERT_GE(fit, 1u);
   StepRequest req;
@@ -342,7 +352,7 @@ TEST_P(StepEngineTest, AFailingSequenceLeavesTheOthersTokensUnchanged) {
 // are free is refused for that sequence, which stays as it was. It used to pass the checks and
 // fail the forward pass, which is fatal to the worker (found by fuzz_step).
 TEST_P(StepEngineTest, ChunkPastABoundedCacheAfterItsPromptIsRefused) {
-  if (GetParam() != "cpu") {
+  if (!host()) {
     GTEST_SKIP() << "a device cache keeps budget + chunk slots after its prompt: the chunk fits";
   }
   const std::vector<int32_t> p(prompts_.back().begin(), prompts_.back().begin() + 3);
@@ -394,7 +404,14 @@ TEST_P(StepEngineTest, AllLogprobsAreLogSoftmaxRows) {
               r.results(0).logprob(), 1e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, StepEngineTest, ::testing::ValuesIn(test_util::TestDevices()),
+// cpu_paged: the CPU with its KV in a block pool (deja worker --kv-paging on).
+std::vector<std::string> EngineDevices() {
+  std::vector<std::string> d = test_util::TestDevices();
+  d.insert(d.begin() + 1, "cpu_paged");
+  return d;
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, StepEngineTest, ::testing::ValuesIn(EngineDevices()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

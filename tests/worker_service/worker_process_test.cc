@@ -165,8 +165,11 @@ TEST(WorkerProcessTest, ServesStepsLikeOneProcess) {
   EXPECT_EQ(st0.world_size(), 2u);
   EXPECT_TRUE(st0.loaded());
   EXPECT_EQ(st0.group_epoch(), 1u);
-  EXPECT_EQ(st0.kv().total_bytes(), uint64_t{kKvMb} << 20);
+  // The KV pool (--kv-paging on, the default): whole blocks of 32 positions of the budget.
   EXPECT_GT(st0.kv_bytes_per_token(), 0u);
+  EXPECT_EQ(st0.kv_block_tokens(), 32u);
+  EXPECT_LE(st0.kv().total_bytes(), uint64_t{kKvMb} << 20);
+  EXPECT_GT(st0.kv().total_bytes(), (uint64_t{kKvMb} << 20) - 32 * st0.kv_bytes_per_token());
   const uint64_t baseline = st0.kv().free_bytes();
   EXPECT_EQ(baseline, st0.kv().total_bytes());
 

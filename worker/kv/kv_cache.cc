@@ -227,6 +227,28 @@ Status SequenceKv::AppendPositions(int32_t n) {
   return Status::Ok();
 }
 
+StatusOr<int64_t> SequenceKv::BytesToAppend(int32_t n) {
+  if (pool_ == nullptr || n <= 0) return int64_t{0};
+  DEJA_RETURN_IF_ERROR(FetchVictims());
+  // The slots AppendPositions pops: the last n of each free list.
+  int32_t used = 0;
+  for (int32_t l = 0; l < geometry_.layers; ++l) {
+    used = std::max(used, used_[l]);
+    for (int32_t h = 0; h < geometry_.heads; ++h) {
+      const auto& f = free_[HeadIndex(l, h)];
+      if (static_cast<int32_t>(f.size()) < n) {
+        return OutOfRange("appending " + std::to_string(n) + " tokens to a sequence of " +
+                          std::to_string(length_) + " exceeds its KV capacity of " +
+                          std::to_string(capacity_) + " slots per head");
+      }
+      for (auto it = f.end() - n; it != f.end(); ++it) used = std::max(used, *it + 1);
+    }
+  }
+  const int64_t bs = pool_->block_slots();
+  const int64_t need = (used + bs - 1) / bs - static_cast<int64_t>(blocks_.size());
+  return std::max<int64_t>(0, need) * pool_->block_bytes();
+}
+
 Status SequenceKv::EnsureBlocks(int32_t slots) {
   const int32_t bs = pool_->block_slots();
   const size_t need = static_cast<size_t>((slots + bs - 1) / bs);
@@ -374,7 +396,12 @@ Status SequenceKv::Resize(int32_t capacity) {
                         " tokens per head to " + std::to_string(capacity) + " slots");
     }
   }
-  if (pool_ != nullptr) return Status::Ok();  // keeps its slots; holds only the blocks used
+  if (pool_ != nullptr) {
+    // A device cache keeps its slots (it holds only the blocks it has used); a host pool's cache
+    // compacts in place and gives back the blocks it no longer reaches.
+    if (!pool_->backend().device().is_host()) return Status::Ok();
+    return CompactPooled(capacity);
+  }
   const KvGeometry g = geometry_;
   std::vector<Tensor> old_k = std::move(k_), old_v = std::move(v_), old_score = std::move(score_);
   std::vector<int32_t> old_pos = std::move(slot_pos_);
@@ -411,6 +438,58 @@ Status SequenceKv::Resize(int32_t capacity) {
   GiveAll(&old_k);
   GiveAll(&old_v);
   GiveAll(&old_score);
+  return Status::Ok();
+}
+
+Status SequenceKv::CompactPooled(int32_t capacity) {
+  DEJA_RETURN_IF_ERROR(FetchVictims());
+  const KvGeometry& g = geometry_;
+  const size_t row = static_cast<size_t>(g.head_dim) * DTypeSize(g.kv_dtype);
+  std::vector<int32_t> table(static_cast<size_t>(g.layers) * g.heads * capacity, -1);
+  int32_t most = 0;
+  for (int32_t l = 0; l < g.layers; ++l) {
+    const kernels::KvView view = View(l);
+    char* k = static_cast<char*>(view.k);
+    char* v = static_cast<char*>(view.v);
+    int32_t* pos = const_cast<int32_t*>(view.slot_pos);
+    float* score = pool_->LayerView(l).score;  // the pool's, whether or not the policy reads it
+    int32_t used = 0;
+    for (int32_t h = 0; h < g.heads; ++h) {
+      const size_t hi = HeadIndex(l, h);
+      // Occupied slots move down in slot order (to <= from, so in place), the rest empty.
+      int32_t dst = 0;
+      for (int32_t s = 0; s < used_[l]; ++s) {
+        const int32_t p = slot_pos_[hi * capacity_ + s];
+        if (p < 0) continue;
+        if (s != dst) {
+          const int64_t from = kernels::KvSlotIndex(view, h, s);
+          const int64_t to = kernels::KvSlotIndex(view, h, dst);
+          std::memcpy(k + to * row, k + from * row, row);
+          std::memcpy(v + to * row, v + from * row, row);
+          pos[to] = p;
+          score[to] = score[from];
+        }
+        table[hi * capacity + dst] = p;
+        ++dst;
+      }
+      for (int32_t s = dst; s < used_[l]; ++s) pos[kernels::KvSlotIndex(view, h, s)] = -1;
+      auto& f = free_[hi];
+      f.clear();
+      for (int32_t s = capacity - 1; s >= dst; --s) f.push_back(s);
+      used = std::max(used, dst);
+    }
+    used_[l] = used;
+    most = std::max(most, used);
+  }
+  slot_pos_ = std::move(table);
+  capacity_ = capacity;
+  const size_t bs = static_cast<size_t>(pool_->block_slots());
+  const size_t keep = (static_cast<size_t>(most) + bs - 1) / bs;
+  if (keep < blocks_.size()) {
+    pool_->Give(
+        std::vector<int32_t>(blocks_.begin() + static_cast<std::ptrdiff_t>(keep), blocks_.end()));
+    blocks_.resize(keep);
+  }
   return Status::Ok();
 }
 

@@ -4,7 +4,8 @@
 // head), never compacted during a step. The eviction policy plans which slots go; this class
 // applies the plan. With the full policy, slot == position.
 //
-// On a device (a KvBlockPool given to Create) the slot bookkeeping stays on the host and the data
+// With a KvBlockPool given to Create (every device cache; a host cache when the worker pages its
+// KV memory) the slot bookkeeping stays on the host and the data
 // stays on the device: K, V, scores and the slot -> position table live in the pool's blocks,
 // taken as the sequence's slots grow; WriteLayer and EvictLayer run the backend's KvWrite and
 // KvEvict ops. The device picks each head's eviction victims (a lowest-(score, position)
@@ -72,6 +73,9 @@ class SequenceKv {
   // Positions [length, length + n) take a free slot in every (layer, head). OutOfRange when a
   // head has fewer than n free slots.
   Status AppendPositions(int32_t n);
+  // Pool bytes AppendPositions(n) would take now (the blocks its new slots reach past those held;
+  // 0 without a pool). OutOfRange as AppendPositions.
+  StatusOr<int64_t> BytesToAppend(int32_t n);
   // The free slots of the fullest head: the most tokens AppendPositions takes now.
   int32_t free_slots() const;
   // Writes the keys/values of the last-appended `n` tokens of one layer, rounded to the cache's
@@ -83,8 +87,9 @@ class SequenceKv {
   // Applies the policy to every head of `layer` (after that layer's attention of the step).
   Status EvictLayer(int32_t layer);
   // Moves occupied slots to the front and reallocates to `capacity` slots (after a prefill, a
-  // bounded policy needs only budget + 1). OutOfRange when a head holds more than that. On a
-  // device the cache keeps its slots (it holds only the blocks it has used).
+  // bounded policy needs only budget + 1). OutOfRange when a head holds more than that. A cache
+  // in a host pool compacts in place and gives back the blocks past its last slot; on a device
+  // the cache keeps its slots (it holds only the blocks it has used).
   Status Resize(int32_t capacity);
 
  private:
@@ -92,6 +97,9 @@ class SequenceKv {
   // slots [0, slots).
   Status FetchVictims();
   Status EnsureBlocks(int32_t slots);
+  // Host pool mode's Resize: occupied slots to the front of each head, blocks past the last
+  // one back to the pool.
+  Status CompactPooled(int32_t capacity);
   SequenceKv(const KvGeometry& g, int32_t capacity, std::unique_ptr<EvictionPolicy> policy);
   Status Allocate();
   size_t HeadIndex(int32_t layer, int32_t head) const {

@@ -34,6 +34,11 @@ StatusOr<std::shared_ptr<KvBlockPool>> KvBlockPool::Create(kernels::Backend* bac
   p->block_bytes_ = BlockBytes(g, block_slots);
   p->block_stride_ = static_cast<int64_t>(g.layers) * g.heads * block_slots;
   const int64_t slots = p->block_stride_ * blocks;
+  // Attention kernels index slots from the layer's base with int32 (the CPU's slot lists).
+  if (slots > (int64_t{1} << 31) - 1) {
+    return InvalidArgument("a KV pool of " + std::to_string(blocks) + " blocks has " +
+                           std::to_string(slots) + " slots, more than 2^31 - 1");
+  }
   auto fail = [&](const Status& st) {
     return ResourceExhausted("cannot allocate a KV pool of " + std::to_string(blocks) +
                              " blocks (" + std::to_string(p->block_bytes_ * blocks >> 20) +

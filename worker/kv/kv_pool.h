@@ -1,7 +1,8 @@
-// A device's KV memory (docs/architecture.md#kv-cache): one allocation per part (keys, values,
-// scores, slot positions) cut into blocks of `block_slots` slots for every (layer, head). A
-// sequence on that device takes blocks as its slots grow and gives them back when it ends, so it
-// holds the memory it has used rather than its maximum length. Blocks are laid out
+// A device's KV memory, or a host worker's when it pages its KV (docs/architecture.md#kv-cache):
+// one allocation per part (keys, values, scores, slot positions) cut into blocks of `block_slots`
+// slots for every (layer, head). A sequence takes blocks as its slots grow and gives them back
+// when it ends, so it holds the memory it has used rather than its maximum length. Blocks are
+// laid out
 //   k, v:            [block][layer][head][block_slots][head_dim]  (kv_dtype)
 //   score, slot_pos: [block][layer][head][block_slots]            (f32, int32)
 // so one block table per sequence serves every layer and head (kernels/op_table.h KvSlotIndex).

@@ -106,6 +106,10 @@ struct LoadOptions {
   // device memory free after the weights (`--kv-memory-fraction`), in blocks of kv_block_slots
   // slots per (layer, head) (worker/kv/kv_pool.h).
   int64_t kv_memory_bytes = 0;
+  // Host backends: the caches draw from a pool of kv_memory_bytes too (paged, as on a device: a
+  // sequence holds the blocks it has used), rather than one allocation per sequence of its
+  // maximum length. `deja worker --kv-paging on` (the default).
+  bool kv_paged = false;
   float kv_memory_fraction = 0.8f;
   int32_t kv_block_slots = 32;
   // Device backends: the pinned buffer weights stream through (worker/model/weight_upload.h).
@@ -123,9 +127,12 @@ class Model {
   virtual int64_t weight_bytes() const = 0;
   virtual DType weight_dtype() const = 0;
   virtual comm::Communicator& comm() = 0;
-  // Bytes of the device KV block pool the caches draw from (worker/kv/kv_pool.h); 0 on host
-  // backends, whose caches are allocated per sequence.
+  // Bytes of the KV block pool the caches draw from (worker/kv/kv_pool.h: every device, and a
+  // host with LoadOptions::kv_paged); 0 when caches are allocated per sequence.
   virtual int64_t kv_pool_bytes() const { return 0; }
+  // The pool's free bytes and its block size in slots (0: no pool).
+  virtual int64_t kv_pool_free_bytes() const { return 0; }
+  virtual int32_t kv_block_slots() const { return 0; }
   // What a cache of `capacity` slots per head reserves (SequenceKv::bytes of one from
   // NewSequence): exact on the host, whole pool blocks on a device.
   virtual uint64_t KvReserveBytes(int32_t capacity) const {

@@ -55,8 +55,16 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
   m->kv_dtype_ = options.kv_dtype;
   if (m->on_device_) {
     DEJA_RETURN_IF_ERROR(m->LoadToDevice(options));
-  } else if (options.weight_dtype.has_value()) {
-    DEJA_RETURN_IF_ERROR(ConvertMatrices(&m->w_, *options.weight_dtype, backend->pool()));
+  } else {
+    if (options.weight_dtype.has_value()) {
+      DEJA_RETURN_IF_ERROR(ConvertMatrices(&m->w_, *options.weight_dtype, backend->pool()));
+    }
+    if (options.kv_paged) {
+      if (options.kv_memory_bytes <= 0) {
+        return InvalidArgument("a paged KV cache needs a KV memory size (--kv-memory-mb)");
+      }
+      DEJA_RETURN_IF_ERROR(m->CreateKvPool(options.kv_memory_bytes, options.kv_block_slots));
+    }
   }
   if (!m->on_device_ &&
       backend->PrefersTiled(m->w_.layers.empty() ? DType::kF32 : m->w_.layers[0].fc1.w.dtype)) {
@@ -107,8 +115,6 @@ Status OptModel::LoadToDevice(const LoadOptions& options) {
   DEJA_RETURN_IF_ERROR(UploadWeights(&w_, *ckpt_, be, up, nullptr));
   ckpt_.reset();  // every tensor is on the device now: unmap the files
 
-  const kv::KvGeometry g = kv_geometry();
-  const int64_t block_bytes = kv::KvBlockPool::BlockBytes(g, options.kv_block_slots);
   int64_t bytes = options.kv_memory_bytes;
   if (bytes <= 0) {
     if (!(options.kv_memory_fraction > 0.f && options.kv_memory_fraction < 1.f)) {
@@ -119,16 +125,22 @@ Status OptModel::LoadToDevice(const LoadOptions& options) {
     DEJA_RETURN_IF_ERROR(be.MemoryInfo(&free_bytes, &total_bytes));
     bytes = static_cast<int64_t>(static_cast<double>(free_bytes) * options.kv_memory_fraction);
   }
+  return CreateKvPool(bytes, options.kv_block_slots);
+}
+
+Status OptModel::CreateKvPool(int64_t bytes, int32_t block_slots) {
+  const kv::KvGeometry g = kv_geometry();
+  if (block_slots <= 0) return InvalidArgument("kv block size must be positive");
+  const int64_t block_bytes = kv::KvBlockPool::BlockBytes(g, block_slots);
   const int64_t blocks = bytes / block_bytes;
   if (blocks < 1) {
     return ResourceExhausted("a KV pool of " + std::to_string(bytes >> 20) +
                              " MiB holds no block of " + std::to_string(block_bytes) + " bytes");
   }
-  DEJA_ASSIGN_OR_RETURN(kv_pool_,
-                        kv::KvBlockPool::Create(backend_, g, options.kv_block_slots, blocks));
-  LOG(INFO) << "KV pool on " << be.device().ToString() << ": " << blocks << " blocks of "
-            << options.kv_block_slots << " slots, " << (blocks * block_bytes >> 20) << " MiB ("
-            << blocks * options.kv_block_slots << " tokens per head)";
+  DEJA_ASSIGN_OR_RETURN(kv_pool_, kv::KvBlockPool::Create(backend_, g, block_slots, blocks));
+  LOG(INFO) << "KV pool on " << backend_->device().ToString() << ": " << blocks << " blocks of "
+            << block_slots << " slots, " << (blocks * block_bytes >> 20) << " MiB ("
+            << blocks * block_slots << " tokens per head)";
   return Status::Ok();
 }
 

@@ -48,6 +48,10 @@ class OptModel final : public Model {
   int64_t kv_pool_bytes() const override {
     return kv_pool_ ? kv_pool_->total_blocks() * kv_pool_->block_bytes() : 0;
   }
+  int64_t kv_pool_free_bytes() const override {
+    return kv_pool_ ? kv_pool_->free_blocks() * kv_pool_->block_bytes() : 0;
+  }
+  int32_t kv_block_slots() const override { return kv_pool_ ? kv_pool_->block_slots() : 0; }
   void set_observer(LayerObserver* observer) override { observer_ = observer; }
 
   StatusOr<std::unique_ptr<kv::SequenceKv>> NewSequence(int32_t max_tokens) const override;
@@ -74,6 +78,8 @@ class OptModel final : public Model {
   // Host memory on host backends, the device's otherwise.
   StatusOr<Tensor> Alloc(DType dtype, Shape shape) const;
   Status LoadToDevice(const LoadOptions& options);
+  // The KV block pool of `bytes` (whole blocks of `block_slots` slots) on backend_.
+  Status CreateKvPool(int64_t bytes, int32_t block_slots);
 
   OptConfig config_;
   std::unique_ptr<Checkpoint> ckpt_;

@@ -50,7 +50,10 @@ StatusOr<std::unique_ptr<StepEngine>> StepEngine::Create(model::Model* model,
 }
 
 StepEngine::StepEngine(model::Model* model, uint64_t kv_budget_bytes, uint64_t bytes_per_token)
-    : model_(model), budget_(kv_budget_bytes), bytes_per_token_(bytes_per_token) {
+    : model_(model),
+      budget_(kv_budget_bytes),
+      bytes_per_token_(bytes_per_token),
+      paged_(model->kv_block_slots() > 0) {
   vocab_ = static_cast<int32_t>(model_->config().vocab_size);
   rank_ = model_->comm().rank();
   PublishUsage();
@@ -132,8 +135,10 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
   sp.top_n = static_cast<int32_t>(c.top_n());
   if (Status v = sp.Validate(); !v.ok())
     return InvalidArgument(Seq(id) + "config.sampling." + v.message());
-  const uint64_t bytes = model_->KvReserveBytes(static_cast<int32_t>(capacity));
-  if (reserved_bytes_ + *new_bytes + bytes > budget_) {
+  // A paged cache takes pool blocks as it grows (checked per step in PlanOne), so nothing is
+  // reserved for its maximum.
+  const uint64_t bytes = paged_ ? 0 : model_->KvReserveBytes(static_cast<int32_t>(capacity));
+  if (!paged_ && reserved_bytes_ + *new_bytes + bytes > budget_) {
     return ResourceExhausted(Seq(id) + "needs " + std::to_string(bytes) + " KV bytes, " +
                              std::to_string(budget_ - reserved_bytes_ - *new_bytes) +
                              " of the budget are free");
@@ -175,7 +180,7 @@ Status StepEngine::PlanOne(const deja::v1::SequenceWork& w,
                                           std::max(1, p->fresh->prompt_tokens)));
     p->seq = p->fresh.get();
     *new_bytes = bytes;
-    return Status::Ok();
+    return CheckPoolRoom(id, w.tokens_size(), p->seq, new_bytes);
   }
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return NotFound(Seq(id) + "unknown sequence");
@@ -198,6 +203,21 @@ Status StepEngine::PlanOne(const deja::v1::SequenceWork& w,
                       " free slots of the sequence's KV cache");
   }
   p->seq = seq;
+  return CheckPoolRoom(id, w.tokens_size(), seq, new_bytes);
+}
+
+Status StepEngine::CheckPoolRoom(uint64_t id, int32_t n, Sequence* seq, uint64_t* new_bytes) {
+  if (!paged_) return Status::Ok();
+  StatusOr<int64_t> need = seq->kv->BytesToAppend(n);
+  if (!need.ok()) return Status(need.status().code(), Seq(id) + need.status().message());
+  const int64_t free_bytes =
+      std::max<int64_t>(0, model_->kv_pool_free_bytes() - static_cast<int64_t>(*new_bytes));
+  if (*need > free_bytes) {
+    return ResourceExhausted(Seq(id) + std::to_string(n) + " tokens need " + std::to_string(*need) +
+                             " more KV bytes; the pool has " + std::to_string(free_bytes) +
+                             " free");
+  }
+  *new_bytes += static_cast<uint64_t>(*need);
   return Status::Ok();
 }
 
@@ -393,7 +413,11 @@ void StepEngine::PublishUsage() {
   }
   std::lock_guard<std::mutex> lock(usage_mu_);
   usage_.set_total_bytes(budget_);
-  usage_.set_free_bytes(budget_ > reserved_bytes_ ? budget_ - reserved_bytes_ : 0);
+  if (paged_) {
+    usage_.set_free_bytes(static_cast<uint64_t>(model_->kv_pool_free_bytes()));
+  } else {
+    usage_.set_free_bytes(budget_ > reserved_bytes_ ? budget_ - reserved_bytes_ : 0);
+  }
   usage_.set_cached_tokens(cached);
   usage_.set_evicted_tokens_total(evicted);
   usage_.set_sequences(static_cast<uint32_t>(seqs_.size()));

@@ -80,6 +80,9 @@ class StepEngine {
   // A bounded-policy sequence whose prompt is complete keeps only budget + 1 slots per head.
   void ShrinkAfterPrefill(Sequence* seq);
   Status PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t* new_bytes);
+  // Paged: RESOURCE_EXHAUSTED unless the pool, less *new_bytes taken by earlier sequences of
+  // the step, has the blocks n more tokens of `seq` reach; adds them to *new_bytes.
+  Status CheckPoolRoom(uint64_t id, int32_t n, Sequence* seq, uint64_t* new_bytes);
   // Fills results[i] for every sequence planned to run; `run` holds their indices in `plan`, in
   // the order of the forward batch.
   void Sample(const std::vector<Planned>& plan, const std::vector<size_t>& run,
@@ -90,6 +93,9 @@ class StepEngine {
   model::Model* model_;
   const uint64_t budget_;
   const uint64_t bytes_per_token_;
+  // The caches draw from the model's KV block pool: no reservation for a sequence's maximum,
+  // each step checks the pool has the blocks its tokens reach.
+  const bool paged_;
   int32_t vocab_ = 0;
   int rank_ = 0;
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;

@@ -133,6 +133,7 @@ class WorkerServiceImpl final : public deja::v1::Worker::Service {
     if (warmed_up.load()) {
       *st->mutable_kv() = owner_->engine_->Usage();
       st->set_kv_bytes_per_token(owner_->engine_->kv_bytes_per_token());
+      st->set_kv_block_tokens(static_cast<uint32_t>(owner_->model_->kv_block_slots()));
     } else {
       st->mutable_kv()->set_total_bytes(o.kv_memory_bytes);
       st->mutable_kv()->set_free_bytes(o.kv_memory_bytes);
@@ -324,8 +325,9 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
                                  ? static_cast<uint64_t>(model_->kv_pool_bytes())
                                  : options_.kv_memory_bytes;
   DEJA_ASSIGN_OR_RETURN(engine_, StepEngine::Create(model_.get(), kv_budget));
-  // Freed sequences' caches are kept for the next ones up to the budget the admission allows.
-  kv::SetKvTensorPoolLimit(kv_budget);
+  // Freed sequences' caches are kept for the next ones up to the budget the admission allows
+  // (none are freed when the caches come from a pool).
+  kv::SetKvTensorPoolLimit(model_->kv_pool_bytes() > 0 ? 0 : kv_budget);
   service_->loaded.store(true);
   LOG(INFO) << "rank " << options_.rank << ": shard of " << options_.model_dir << " loaded ("
             << model_->weight_bytes() << " weight bytes)";
