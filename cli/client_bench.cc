@@ -77,7 +77,7 @@ struct Level {
 };
 
 Level RunLevel(const ClientConnection& connection, v1::TextGeneration::Stub& stub, int streams,
-               int max_new, const std::string& prompt) {
+               int max_new, const std::string& prompt, int stop_after = 0) {
   Level level;
   level.streams = streams;
   std::atomic<int64_t> tokens{0};
@@ -91,12 +91,30 @@ Level RunLevel(const ClientConnection& connection, v1::TextGeneration::Stub& stu
       req.set_text(prompt);
       req.mutable_stopping()->set_max_new_tokens(max_new);
       req.mutable_stopping()->set_ignore_eos(true);
+      if (stop_after > 0) {
+        // Cancelled by id once stop_after tokens arrived: the stream ends with its final message.
+        req.set_request_id("bench-" + std::to_string(streams) + "-" + std::to_string(i) + "-" +
+                           std::to_string(t0.time_since_epoch().count()));
+        req.mutable_response()->set_return_tokens(true);
+      }
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(30));
       connection.Authorize(&ctx);
       auto reader = stub.GenerateStream(&ctx, req);
       v1::GenerateStreamResponse msg;
+      int received = 0;
+      bool cancelled = false;
       while (reader->Read(&msg)) {
+        received += msg.tokens_size();
+        if (stop_after > 0 && !cancelled && received >= stop_after) {
+          cancelled = true;
+          grpc::ClientContext cctx;
+          connection.Authorize(&cctx);
+          v1::CancelRequest creq;
+          creq.set_request_id(req.request_id());
+          v1::CancelResponse cresp;
+          if (!stub.Cancel(&cctx, creq, &cresp).ok()) ++failed;
+        }
         if (msg.finished()) {
           tokens += msg.generated_tokens();
           ttft[i] = msg.timings().time_to_first_token_ms();
@@ -116,7 +134,8 @@ Level RunLevel(const ClientConnection& connection, v1::TextGeneration::Stub& stu
 }  // namespace
 
 Status RunClientBench(const ClientConnection& connection, const std::string& metrics_target,
-                      const std::vector<int>& levels, int max_new, const std::string& prompt) {
+                      const std::vector<int>& levels, int max_new, const std::string& prompt,
+                      int stop_after) {
   auto stub = v1::TextGeneration::NewStub(connection.channel);
   auto scrape = [&] {
     return metrics_target.empty() ? "" : Scrape(metrics_target, connection.authorization);
@@ -125,7 +144,7 @@ Status RunClientBench(const ClientConnection& connection, const std::string& met
   double single_rate = 0;
   for (int streams : levels) {
     const std::string before = scrape();
-    Level level = RunLevel(connection, *stub, streams, max_new, prompt);
+    Level level = RunLevel(connection, *stub, streams, max_new, prompt, stop_after);
     const std::string after = scrape();
     if (level.failed > 0) {
       return Unavailable(std::to_string(level.failed) + " of " + std::to_string(streams) +
@@ -134,6 +153,7 @@ Status RunClientBench(const ClientConnection& connection, const std::string& met
     nlohmann::json j;
     j["streams"] = streams;
     j["max_new_tokens"] = max_new;
+    if (stop_after > 0) j["stop_after_tokens"] = stop_after;
     j["generated_tokens"] = level.tokens;
     j["seconds"] = level.seconds;
     const double rate = level.tokens / std::max(level.seconds, 1e-9);

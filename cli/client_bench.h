@@ -11,8 +11,10 @@ namespace deja::cli {
 
 // Prints one JSON line per concurrency level. `metrics_target` (host:port, may be empty) adds
 // the server's overhead and all-reduce fractions over each level (scraped with the connection's
-// token, if any).
+// token, if any). `stop_after` > 0: each stream cancels its request once it has received that
+// many tokens (requests that stop early, as with stop sequences).
 Status RunClientBench(const ClientConnection& connection, const std::string& metrics_target,
-                      const std::vector<int>& levels, int max_new, const std::string& prompt);
+                      const std::vector<int>& levels, int max_new, const std::string& prompt,
+                      int stop_after = 0);
 
 }  // namespace deja::cli

@@ -221,8 +221,14 @@ Status Run(const std::string& action, const Args& args) {
       DEJA_ASSIGN_OR_RETURN(max_new, args.Int("max-new-tokens"));
     }
     if (max_new < 1) return InvalidArgument("--max-new-tokens must be >= 1");
+    int64_t stop_after = 0;
+    if (args.Has("stop-after")) {
+      DEJA_ASSIGN_OR_RETURN(stop_after, args.Int("stop-after"));
+    }
+    if (stop_after < 0) return InvalidArgument("--stop-after must be >= 0");
     return RunClientBench(connection, args.Str("metrics-target"), levels, static_cast<int>(max_new),
-                          args.Has("prompt") ? args.Str("prompt") : "And God said");
+                          args.Has("prompt") ? args.Str("prompt") : "And God said",
+                          static_cast<int>(stop_after));
   }
   if (action == "soak") {
     SoakOptions o;
@@ -291,6 +297,8 @@ int RunClient(int argc, char** argv, int first) {
             "bench: comma-separated concurrency levels (default 1,8,32); soak: concurrent "
             "streams (default 200)")
       .Flag("seconds", "soak: how long to run", "600")
+      .Flag("stop-after",
+            "bench: each stream cancels its request after this many tokens (0: never)")
       .Flag("cancel-fraction", "soak: streams the client cancels part-way", "0.1")
       .Flag("check-fraction", "soak: finished streams replayed as unary calls and compared", "0.1")
       .Flag("prompt-file", "soak: prompts, one per line (default: a few built in)", "")

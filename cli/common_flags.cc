@@ -35,8 +35,8 @@ const WeightDTypeRow kWeightDTypes[] = {
      "CPU has them",
      DType::kBF16},
     {DTypeName(DType::kI8),
-     "weight-only int8, quantized at load per output channel (half of bf16's bytes); "
-     "activations meet them as bf16; CPU only",
+     "weight-only int8, quantized at load per output channel (half of bf16's bytes; on a GPU "
+     "on the host as the weights stream to it); activations meet them as bf16 on the CPU",
      DType::kI8},
 };
 

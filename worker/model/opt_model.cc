@@ -104,10 +104,10 @@ Status OptModel::LoadToDevice(const LoadOptions& options) {
     // Gloo or in-process: collectives through host buffers (NCCL takes device memory itself).
     comm_ = comm::MakeStagedCommunicator(backend_, std::move(comm_));
   }
-  if (options.weight_dtype.has_value() && *options.weight_dtype != DType::kBF16) {
-    return InvalidArgument(std::string("weights can be converted to bf16 only on ") +
-                           be.device().ToString() + ", not " + DTypeName(*options.weight_dtype) +
-                           " (for int8 there, load a checkpoint written by `deja quantize`)");
+  if (options.weight_dtype.has_value() && *options.weight_dtype != DType::kBF16 &&
+      *options.weight_dtype != DType::kI8) {
+    return InvalidArgument(std::string("weights can be converted to bf16 or int8 only on ") +
+                           be.device().ToString() + ", not " + DTypeName(*options.weight_dtype));
   }
   UploadOptions up;
   up.matrix_dtype = options.weight_dtype;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/quantize.h"
 #include "kernels/ops.h"
 
 namespace deja::worker::model {
@@ -24,6 +25,9 @@ struct Entry {
   TensorView* v;
   Kind kind;
   const ColumnSlice* cols = nullptr;
+  // A matrix matrix_dtype int8 quantizes (not the position embeddings), and its name in errors.
+  bool quantizable = false;
+  std::string name;
   bool present() const { return v->data != nullptr || (cols != nullptr && cols->pending()); }
 };
 
@@ -35,36 +39,52 @@ std::vector<Entry> Views(OptWeights* w, bool* tied) {
   *tied = table != nullptr && head >= table && head < table + w->embed_tokens.bytes() &&
           w->lm_head.w.dtype == w->embed_tokens.dtype;
   std::vector<Entry> v;
-  auto linear = [&](LinearWeights* l) {
-    v.push_back({&l->w, Kind::kMatrix, &l->columns});
+  auto linear = [&](LinearWeights* l, std::string name) {
+    v.push_back({&l->w, Kind::kMatrix, &l->columns, true, std::move(name)});
     v.push_back({&l->bias, Kind::kBias});
   };
-  v.push_back({&w->embed_tokens, Kind::kMatrix});
+  v.push_back({&w->embed_tokens, Kind::kMatrix, nullptr, true, "embed_tokens"});
   v.push_back({&w->embed_positions, Kind::kMatrix});
-  linear(&w->project_in);
-  linear(&w->project_out);
+  linear(&w->project_in, "project_in");
+  linear(&w->project_out, "project_out");
   v.push_back({&w->final_ln.gamma, Kind::kNorm});
   v.push_back({&w->final_ln.beta, Kind::kNorm});
-  for (OptLayerWeights& l : w->layers) {
+  for (size_t i = 0; i < w->layers.size(); ++i) {
+    OptLayerWeights& l = w->layers[i];
     for (NormWeights* n : {&l.attn_ln, &l.ffn_ln}) {
       v.push_back({&n->gamma, Kind::kNorm});
       v.push_back({&n->beta, Kind::kNorm});
     }
-    for (LinearWeights* lw : {&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2}) linear(lw);
+    const std::string layer = "layers." + std::to_string(i) + ".";
+    linear(&l.q, layer + "q_proj");
+    linear(&l.k, layer + "k_proj");
+    linear(&l.v, layer + "v_proj");
+    linear(&l.out, layer + "out_proj");
+    linear(&l.fc1, layer + "fc1");
+    linear(&l.fc2, layer + "fc2");
   }
   if (!*tied) {
-    linear(&w->lm_head);
+    linear(&w->lm_head, "lm_head");
   } else {
     v.push_back({&w->lm_head.bias, Kind::kBias});
   }
   return v;
 }
 
-// An int8 matrix (a `deja quantize` checkpoint) stays int8: its scales go with it.
-DType Target(const TensorView& v, Kind kind, std::optional<DType> matrix_dtype) {
-  if (kind == Kind::kBias) return DType::kF32;
+// An int8 matrix (a `deja quantize` checkpoint) stays int8: its scales go with it. Under int8
+// the position embeddings keep their dtype (as on the CPU).
+DType Target(const Entry& e, std::optional<DType> matrix_dtype) {
+  const TensorView& v = *e.v;
+  if (e.kind == Kind::kBias) return DType::kF32;
   if (v.dtype == DType::kI8) return DType::kI8;
-  return kind == Kind::kMatrix && matrix_dtype.has_value() ? *matrix_dtype : v.dtype;
+  if (e.kind != Kind::kMatrix || !matrix_dtype.has_value()) return v.dtype;
+  if (*matrix_dtype == DType::kI8 && !e.quantizable) return v.dtype;
+  return *matrix_dtype;
+}
+
+// Whether the upload quantizes e (a float matrix under int8).
+bool Quantizes(const Entry& e, std::optional<DType> matrix_dtype) {
+  return Target(e, matrix_dtype) == DType::kI8 && e.v->dtype != DType::kI8;
 }
 
 // An int8 matrix's scales: one f32 per row (of the full matrix for a column slice).
@@ -82,8 +102,10 @@ int64_t DeviceWeightBytes(const OptWeights& w, std::optional<DType> matrix_dtype
   int64_t bytes = 0;
   for (const Entry& e : Views(const_cast<OptWeights*>(&w), &tied)) {
     if (!e.present()) continue;
-    bytes += e.v->numel() * static_cast<int64_t>(DTypeSize(Target(*e.v, e.kind, matrix_dtype)));
-    if (ScalesOf(e) != nullptr) bytes += e.v->rows() * int64_t{sizeof(float)};
+    bytes += e.v->numel() * static_cast<int64_t>(DTypeSize(Target(e, matrix_dtype)));
+    if (ScalesOf(e) != nullptr || Quantizes(e, matrix_dtype)) {
+      bytes += e.v->rows() * int64_t{sizeof(float)};
+    }
   }
   return bytes;
 }
@@ -97,10 +119,6 @@ Status UploadWeights(OptWeights* w, const Checkpoint& ckpt, kernels::Backend& be
     if (l.qkv.w.data != nullptr || l.q.w.layout != Layout::kRowMajor) {
       return InvalidArgument("tiled weights cannot be uploaded; load them row-major");
     }
-  }
-  if (options.matrix_dtype == DType::kI8) {
-    return Unimplemented("int8 weights are not quantized on the way to " + be.device().ToString() +
-                         "; quantize the checkpoint once with `deja quantize` and load that");
   }
   const int64_t need = DeviceWeightBytes(*w, options.matrix_dtype);
   size_t free_bytes = 0, total_bytes = 0;
@@ -127,19 +145,24 @@ Status UploadWeights(OptWeights* w, const Checkpoint& ckpt, kernels::Backend& be
     if (!e.present()) continue;
     TensorView* v = e.v;
     const TensorView src = *v;
-    const DType to = Target(src, e.kind, options.matrix_dtype);
+    const DType to = Target(e, options.matrix_dtype);
     DEJA_ASSIGN_OR_RETURN(Tensor dst, be.Allocate(to, src.shape));
     const size_t src_es = DTypeSize(src.dtype), dst_es = DTypeSize(to);
     const int64_t n = src.numel();
+    // A float matrix under int8 is quantized on the host, row by row as the CPU does at load
+    // (each rank's slice of a row-parallel matrix gets its own row scales), and its int8 values
+    // and scales are uploaded.
+    const bool quantize = Quantizes(e, options.matrix_dtype);
+    std::vector<float> row_scales;
     // A column slice moves in whole rows: each row's segment is gathered from the mapping.
     const ColumnSlice* cols = e.cols != nullptr && e.cols->pending() ? e.cols : nullptr;
-    const int64_t row = cols ? src.shape[1] : 1;
+    const int64_t row = cols || quantize ? src.shape[1] : 1;
     if (cols && static_cast<size_t>(row) * src_es > staging) {
       return InvalidArgument("a row of " + std::to_string(row * src_es) +
                              " bytes does not fit the staging buffer");
     }
     const int64_t chunk = static_cast<int64_t>(staging / src_es) / row * row;
-    if (to != src.dtype && dev_stage.empty()) {
+    if (to != src.dtype && !quantize && dev_stage.empty()) {
       DEJA_ASSIGN_OR_RETURN(dev_stage,
                             be.Allocate(DType::kF32, {static_cast<int64_t>(staging / 4)}));
     }
@@ -162,6 +185,13 @@ Status UploadWeights(OptWeights* w, const Checkpoint& ckpt, kernels::Backend& be
              static_cast<char*>(pinned.data()));
       }
       char* out = static_cast<char*>(dst.data()) + i0 * dst_es;
+      if (quantize) {
+        const TensorView rows{pinned.data(), src.dtype, Shape{m / row, row}};
+        DEJA_ASSIGN_OR_RETURN(QuantizedMatrix q, QuantizeRowsInt8(rows, e.name.c_str()));
+        DEJA_RETURN_IF_ERROR(be.CopyHostToDevice(out, q.q.data(), static_cast<size_t>(m)));
+        row_scales.insert(row_scales.end(), q.scale.as<float>(), q.scale.as<float>() + m / row);
+        continue;
+      }
       if (to == src.dtype) {
         DEJA_RETURN_IF_ERROR(be.CopyHostToDevice(out, pinned.data(), len));
         continue;
@@ -174,7 +204,7 @@ Status UploadWeights(OptWeights* w, const Checkpoint& ckpt, kernels::Backend& be
       DEJA_RETURN_IF_ERROR(kernels::Convert(be, from, into));
     }
     ckpt.Release(cols ? cols->full : src);
-    const float* host_scale = ScalesOf(e);
+    const float* host_scale = quantize ? row_scales.data() : ScalesOf(e);
     *v = dst.view();
     v->shape = src.shape;
     st.device_bytes += static_cast<int64_t>(dst.bytes());

@@ -23,7 +23,8 @@ namespace deja::worker::model {
 struct UploadOptions {
   // The matrices' dtype on the device (Linear weights, embeddings, lm head); unset: as stored.
   // Biases become f32 (the GEMM epilogue adds them in the output's dtype); LayerNorms keep
-  // theirs.
+  // theirs. int8 quantizes float matrices on the host, per row, as they stream (the position
+  // embeddings keep their dtype); int8 matrices of a `deja quantize` checkpoint stay as they are.
   std::optional<DType> matrix_dtype;
   size_t staging_bytes = size_t{64} << 20;
   // Progress is logged at most this often (and at the end).
