@@ -7,14 +7,45 @@
 # changes perplexity: at 20% and 10% the heavy share goes from 0 (every slot recent: the window
 # policy, run as h2o) to 3/4 with the reference's summed scores, and the half/half split also runs
 # with --h2o-score mean (the age-normalised alternative). One JSON line per run.
+# With VARIANTS=1 it compares, at a 20% budget, full and window with h2o as the reference runs it
+# (half heavy, half recent, summed scores) and the alternatives: a smaller heavy share, the mean
+# score, decayed scores (--h2o-decay) and sinks (--sink-tokens). One JSON line per run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEJA=${1:-build/release/cli/deja}
 shift || true
 FILES=("$@")
-[ ${#FILES[@]} -gt 0 ] || FILES=(tests/data/heldout/tinyshakespeare.txt tests/data/heldout/kjv.txt)
+[ ${#FILES[@]} -gt 0 ] || FILES=(tests/data/heldout/tinyshakespeare.txt tests/data/heldout/kjv.txt
+  tests/data/heldout/war_and_peace.txt)
 MODEL=models/opt-mini
 CTX=1024
+if [ "${VARIANTS:-0}" = 1 ]; then
+  budget=$((CTX / 5))
+  for f in "${FILES[@]}"; do
+    # label:policy:heavy:flags
+    for run in "full:full:0:" "window:window:0:" "h2o:h2o:$((budget / 2)):" \
+      "h2o_decay0.95:h2o:$((budget / 2)):--h2o-decay 0.95" \
+      "h2o_sinks4:h2o:$((budget / 2)):--sink-tokens 4" \
+      "h2o_mean:h2o:$((budget / 2)):--h2o-score mean" \
+      "h2o_heavy1/8:h2o:$((budget / 8)):" "h2o_heavy1/16_mean:h2o:$((budget / 16)):--h2o-score mean" \
+      "h2o_heavy4:h2o:4:"; do
+      IFS=: read -r label policy heavy flags <<<"$run"
+      recent=$((budget - heavy))
+      budget_flags=()
+      [ "$policy" = full ] || budget_flags=(--heavy-tokens "$heavy" --recent-tokens "$recent")
+      [ "$policy" = window ] && budget_flags=(--heavy-tokens 0 --recent-tokens "$budget")
+      # shellcheck disable=SC2086  # flags is a list of flags
+      "$DEJA" ppl --model $MODEL --text "$f" --context $CTX --kv-policy "$policy" \
+        "${budget_flags[@]}" --prompt-tokens 256 $flags --json 2>/dev/null | tail -1 |
+        python3 -c "
+import json, sys
+j = json.load(sys.stdin)
+print(json.dumps({'text': '$(basename "$f" .txt)', 'run': '$label', 'heavy': $heavy,
+                  'recent': $recent, 'perplexity': round(j['perplexity'], 2)}))"
+    done
+  done
+  exit 0
+fi
 if [ "${SPLIT:-0}" = 1 ]; then
   for f in "${FILES[@]}"; do
     for pct in 20 10; do

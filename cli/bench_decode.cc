@@ -132,12 +132,18 @@ int RunBenchDecode(int argc, char** argv, int first) {
             "untimed decode rounds per batch size first (their freed KV caches are reused, as "
             "in a worker that has served sequences of this size)",
             "1")
+      .Flag("kv-paging-mb",
+            "0: each sequence's KV cache is its own allocation; > 0: the caches come from a "
+            "block pool of this many MiB, as in a worker with --kv-paging on",
+            "0")
       .Bool("json", "print one JSON object as the last line");
   AddSparsityRunFlags(args);
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("bench decode", s);
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
   auto run = [&]() -> StatusOr<nlohmann::json> {
-    DEJA_ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromFlags(args));
+    DEJA_ASSIGN_OR_RETURN(int64_t kv_paging_mb, args.Int("kv-paging-mb"));
+    if (kv_paging_mb < 0) return InvalidArgument("--kv-paging-mb must be >= 0");
+    DEJA_ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromFlags(args, kv_paging_mb));
     DEJA_ASSIGN_OR_RETURN(std::optional<worker::model::SparsityOptions> sparsity,
                           SparsityRunOptions(args));
     if (sparsity) DEJA_RETURN_IF_ERROR(m.model->EnableSparsity(*sparsity));
@@ -155,6 +161,7 @@ int RunBenchDecode(int argc, char** argv, int first) {
     std::mt19937 rng(1);
     nlohmann::json j;
     j["model"] = args.Str("model");
+    j["kv_paging_mb"] = kv_paging_mb;
     j["blas"] = openblas_get_config();
     j["threads"] = m.backend->pool() ? m.backend->pool()->num_threads() : 1;
     j["device"] = m.backend->device().ToString();

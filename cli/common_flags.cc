@@ -286,10 +286,14 @@ StatusOr<SparsityFlags> SparsityFromFlags(const Args& args) {
   return f;
 }
 
-StatusOr<LoadedModel> LoadModelFromFlags(const Args& args) {
+StatusOr<LoadedModel> LoadModelFromFlags(const Args& args, int64_t kv_pool_mb) {
   LoadedModel m;
   DEJA_ASSIGN_OR_RETURN(int64_t threads, args.Int("threads"));
   DEJA_ASSIGN_OR_RETURN(worker::model::LoadOptions load, LoadOptionsFromFlags(args));
+  if (kv_pool_mb > 0) {
+    load.kv_paged = true;
+    load.kv_memory_bytes = kv_pool_mb << 20;
+  }
   DEJA_ASSIGN_OR_RETURN(Device device, DeviceFromFlags(args));
   DEJA_ASSIGN_OR_RETURN(m.backend, MakeBackend(device, static_cast<int>(threads)));
   DEJA_ASSIGN_OR_RETURN(

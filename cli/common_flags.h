@@ -62,7 +62,8 @@ struct LoadedModel {
   std::unique_ptr<kernels::Backend> backend;
   std::unique_ptr<worker::model::Model> model;
 };
-StatusOr<LoadedModel> LoadModelFromFlags(const Args& args);
+// kv_pool_mb > 0: the KV caches come from a block pool of that size (paged, as a worker's).
+StatusOr<LoadedModel> LoadModelFromFlags(const Args& args, int64_t kv_pool_mb = 0);
 
 // Reads a whole file; NotFound naming it.
 StatusOr<std::string> ReadFile(const std::string& path);

@@ -17,12 +17,19 @@ int RunPerplexity(int argc, char** argv, int first) {
   AddModelFlags(args);
   args.Flag("text", "UTF-8 text file", "", true)
       .Flag("context", "window length in tokens, BOS included", "1024")
-      .Flag("prompt-tokens", "with --kv-policy: prompt length per window; the rest is decoded "
-            "token by token and only those tokens are scored", "256")
+      .Flag("prompt-tokens",
+            "with --kv-policy: prompt length per window; the rest is decoded "
+            "token by token and only those tokens are scored",
+            "256")
       .Flag("h2o-score",
             "with --kv-policy h2o: rank heavy hitters by accumulated attention (sum, the "
             "reference) or by it divided by the queries that saw the token (mean, an alternative)",
-            "sum");
+            "sum")
+      .Flag("h2o-decay",
+            "with --kv-policy h2o: each step multiplies the accumulated scores by this factor "
+            "before adding the step's attention (1: the reference's plain sum)",
+            "1")
+      .Flag("sink-tokens", "with --kv-policy h2o: the first positions never evicted", "0");
   AddCachePolicyFlags(args, std::nullopt);
   AddSparsityRunFlags(args);
   args.Bool("json", "print one JSON object (perplexity, tokens, ...) as the last line");
@@ -51,6 +58,16 @@ int RunPerplexity(int argc, char** argv, int first) {
         return InvalidArgument("--h2o-score must be sum or mean");
       }
       cache.h2o_mean_score = score == "mean";
+      DEJA_ASSIGN_OR_RETURN(double decay, args.Double("h2o-decay"));
+      DEJA_ASSIGN_OR_RETURN(int64_t sinks, args.Int("sink-tokens"));
+      if (!(decay > 0.0 && decay <= 1.0)) return InvalidArgument("--h2o-decay must be in (0, 1]");
+      if (sinks < 0) return InvalidArgument("--sink-tokens must be >= 0");
+      if ((decay != 1.0 || sinks > 0) &&
+          (cache.kind != worker::kv::CachePolicyKind::kH2O || !m.backend->device().is_host())) {
+        return InvalidArgument("--h2o-decay and --sink-tokens apply to --kv-policy h2o on the CPU");
+      }
+      cache.h2o_decay = static_cast<float>(decay);
+      cache.sink_tokens = static_cast<int32_t>(sinks);
       DEJA_ASSIGN_OR_RETURN(int64_t prompt, args.Int("prompt-tokens"));
       DEJA_ASSIGN_OR_RETURN(worker::model::PolicyPerplexityResult pr,
                             worker::model::PolicyPerplexity(

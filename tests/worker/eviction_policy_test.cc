@@ -73,6 +73,56 @@ TEST(EvictionPolicyTest, H2OMeanScoreRanksByAttentionPerQuery) {
   EXPECT_EQ(evict, (std::vector<int32_t>{1}));
 }
 
+// Sinks: the first positions stay whatever their scores, in the decode path (one victim) and
+// the prefill path (several).
+TEST(EvictionPolicyTest, H2OSinksAreNeverEvicted) {
+  std::vector<int32_t> pos = {0, 1, 2, 3, 4};
+  std::vector<float> score = {0.0f, 0.1f, 5.0f, 4.0f, 0.0f};
+  std::vector<int32_t> evict;
+  kv::MakeH2OPolicy(/*heavy=*/3, /*recent=*/1)->Plan(Head(pos, score, 5), &evict);
+  EXPECT_EQ(evict, (std::vector<int32_t>{0}));
+  evict.clear();
+  kv::MakeH2OPolicy(3, 1, false, 1.0f, /*sinks=*/1)->Plan(Head(pos, score, 5), &evict);
+  EXPECT_EQ(evict, (std::vector<int32_t>{1}));
+  evict.clear();
+  // Sinks count within the heavy budget: heavy 2 with 2 sinks keeps positions 0, 1 and 4.
+  kv::MakeH2OPolicy(2, 1, false, 1.0f, /*sinks=*/2)->Plan(Head(pos, score, 5), &evict);
+  EXPECT_EQ(std::set<int32_t>(evict.begin(), evict.end()), (std::set<int32_t>{2, 3}));
+  // More sinks than heavy slots: only `heavy` of them stay sinks.
+  evict.clear();
+  kv::MakeH2OPolicy(1, 1, false, 1.0f, /*sinks=*/3)->Plan(Head(pos, score, 5), &evict);
+  EXPECT_EQ(std::set<int32_t>(evict.begin(), evict.end()), (std::set<int32_t>{1, 2, 3}));
+}
+
+// Decayed scores through SequenceKv: a token that drew all the attention long ago loses its
+// place to one attended recently, where the plain sum keeps the old one.
+TEST(SequenceKvTest, H2ODecayFavoursRecentAttention) {
+  for (float decay : {1.0f, 0.5f}) {
+    kv::KvGeometry g{1, 1, 4, DType::kF32};
+    auto kv = kv::SequenceKv::Create(g, 8, kv::MakeH2OPolicy(1, 1, false, decay));
+    ASSERT_TRUE(kv.ok());
+    std::vector<float> k(4, 0.f), v(4, 0.f);
+    // Position 0 gets 1.0 at the first step, position 1 gets 0.3 at each of the next steps.
+    for (int step = 0; step < 4; ++step) {
+      ASSERT_TRUE((*kv)->AppendPositions(1).ok());
+      ASSERT_TRUE((*kv)->WriteLayer(0, 1, k.data(), v.data()).ok());
+      kernels::KvView view = (*kv)->View(0);
+      if (step == 0) view.score[0] += 1.0f;
+      if (step >= 1) view.score[1] += 0.3f;
+      ASSERT_TRUE((*kv)->EvictLayer(0).ok());
+    }
+    // Budget 2: the recent token (position 3) and one heavy hitter of positions 0 and 1.
+    const kernels::KvView view = (*kv)->View(0);
+    std::set<int32_t> kept;
+    for (int32_t s = 0; s < view.used; ++s) {
+      if (view.slot_pos[s] >= 0) kept.insert(view.slot_pos[s]);
+    }
+    // Sum: 1.0 against 0.9. Decayed by 0.5 per step: 0.125 against about 0.26.
+    EXPECT_EQ(kept, (decay == 1.0f ? std::set<int32_t>{0, 3} : std::set<int32_t>{1, 3}))
+        << "decay " << decay;
+  }
+}
+
 TEST(EvictionPolicyTest, H2OTiesEvictTheOlderToken) {
   auto p = kv::MakeH2OPolicy(1, 1);
   std::vector<int32_t> pos = {3, 1, 2};  // slot order differs from position order

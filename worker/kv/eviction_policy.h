@@ -31,6 +31,12 @@ struct CachePolicyConfig {
   // the number of queries that have seen the token (its mean attention) instead of by the sum,
   // which favours early tokens. Off in serving.
   bool h2o_mean_score = false;
+  // h2o only, alternatives measured apart from the reference: each step multiplies every
+  // accumulated score by this factor before the step's probabilities add (1: the reference's
+  // plain sum), so a token ranks by its recent attention; and the first `sink_tokens` positions
+  // are never evicted (attention sinks).
+  float h2o_decay = 1.0f;
+  int32_t sink_tokens = 0;
 
   // InvalidArgument naming the field.
   Status Validate() const;
@@ -56,6 +62,9 @@ class EvictionPolicy {
   virtual int32_t recent() const { return 0; }
   // h2o's mean-score ranking (CachePolicyConfig::h2o_mean_score).
   virtual bool mean_score() const { return false; }
+  // CachePolicyConfig::h2o_decay and sink_tokens.
+  virtual float score_decay() const { return 1.0f; }
+  virtual int32_t sinks() const { return 0; }
   // Appends to `evict` the slots to free so that at most budget() remain.
   virtual void Plan(const HeadSlots& head, std::vector<int32_t>* evict) const = 0;
 };
@@ -69,6 +78,7 @@ std::unique_ptr<EvictionPolicy> MakeFullPolicy();
 std::unique_ptr<EvictionPolicy> MakeWindowPolicy(int32_t recent);
 // mean_score: rank by score / (length - position), see CachePolicyConfig::h2o_mean_score.
 std::unique_ptr<EvictionPolicy> MakeH2OPolicy(int32_t heavy, int32_t recent,
-                                              bool mean_score = false);
+                                              bool mean_score = false, float decay = 1.0f,
+                                              int32_t sinks = 0);
 
 }  // namespace deja::worker::kv

@@ -365,6 +365,13 @@ Status SequenceKv::EvictLayer(int32_t layer) {
     return Status::Ok();
   }
   float* score = score_[layer].as<float>();
+  if (const float decay = policy_->score_decay(); decay != 1.0f) {
+    // Older attention counts for less: the next step's probabilities add to decayed sums.
+    for (int32_t h = 0; h < geometry_.heads; ++h) {
+      float* row = score + static_cast<size_t>(h) * capacity_;
+      for (int32_t s = 0; s < used_[layer]; ++s) row[s] *= decay;
+    }
+  }
   for (int32_t h = 0; h < geometry_.heads; ++h) {
     const size_t hi = HeadIndex(layer, h);
     if (occupied_[hi] <= policy_->budget()) continue;

@@ -5,6 +5,8 @@
 // a selection over the candidates otherwise.
 // With mean_score (an alternative, not the reference) a token ranks by its score divided by the
 // number of queries that have attended to it so far (length - position), its mean attention.
+// Two more alternatives (deja ppl only): decayed scores (SequenceKv multiplies them by
+// score_decay() each step) and sinks (the first positions, within the heavy budget, never go).
 #include <algorithm>
 #include <cstdint>
 
@@ -16,19 +18,25 @@ namespace {
 
 class H2OPolicy final : public EvictionPolicy {
  public:
-  H2OPolicy(int32_t heavy, int32_t recent, bool mean_score)
-      : heavy_(heavy), recent_(recent), mean_score_(mean_score) {}
+  H2OPolicy(int32_t heavy, int32_t recent, bool mean_score, float decay, int32_t sinks)
+      : heavy_(heavy),
+        recent_(recent),
+        mean_score_(mean_score),
+        decay_(decay),
+        sinks_(std::min(sinks, heavy)) {}
   CachePolicyKind kind() const override { return CachePolicyKind::kH2O; }
   int32_t budget() const override { return heavy_ + recent_; }
   bool needs_scores() const override { return true; }
   int32_t recent() const override { return recent_; }
   bool mean_score() const override { return mean_score_; }
+  float score_decay() const override { return decay_; }
+  int32_t sinks() const override { return sinks_; }
 
   void Plan(const HeadSlots& head, std::vector<int32_t>* evict) const override {
     if (head.occupied <= budget()) return;
     const int32_t oldest_recent = head.length - recent_;
     const int32_t excess = head.occupied - budget();
-    if (excess == 1) {
+    if (excess == 1 && sinks_ == 0) {
       // A decode step: one slot goes, the lowest-ranked candidate. One pass, no candidate
       // list (the general path below took 27% of a 299-sequence opt-mini decode step).
       const int32_t victim =
@@ -43,7 +51,7 @@ class H2OPolicy final : public EvictionPolicy {
     cand.clear();
     for (size_t s = 0; s < head.slot_pos.size(); ++s) {
       int32_t pos = head.slot_pos[s];
-      if (pos >= 0 && pos < oldest_recent) cand.push_back(static_cast<int32_t>(s));
+      if (pos >= sinks_ && pos < oldest_recent) cand.push_back(static_cast<int32_t>(s));
     }
     if (excess >= static_cast<int32_t>(cand.size())) {
       evict->insert(evict->end(), cand.begin(), cand.end());
@@ -87,12 +95,15 @@ class H2OPolicy final : public EvictionPolicy {
 
   int32_t heavy_, recent_;
   bool mean_score_;
+  float decay_;
+  int32_t sinks_;
 };
 
 }  // namespace
 
-std::unique_ptr<EvictionPolicy> MakeH2OPolicy(int32_t heavy, int32_t recent, bool mean_score) {
-  return std::make_unique<H2OPolicy>(heavy, recent, mean_score);
+std::unique_ptr<EvictionPolicy> MakeH2OPolicy(int32_t heavy, int32_t recent, bool mean_score,
+                                              float decay, int32_t sinks) {
+  return std::make_unique<H2OPolicy>(heavy, recent, mean_score, decay, sinks);
 }
 
 }  // namespace deja::worker::kv

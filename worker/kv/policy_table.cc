@@ -28,7 +28,8 @@ const CachePolicyRow kCachePolicies[] = {
      CachePolicy::KIND_H2O, WorkerCachePolicy::KIND_H2O, /*bounded=*/true,
      /*heavy_hitters=*/true,
      [](int32_t heavy, int32_t recent, const CachePolicyConfig& c) {
-       return MakeH2OPolicy(heavy, std::max<int32_t>(recent, 1), c.h2o_mean_score);
+       return MakeH2OPolicy(heavy, std::max<int32_t>(recent, 1), c.h2o_mean_score, c.h2o_decay,
+                            c.sink_tokens);
      }},
 };
 
