@@ -1,8 +1,9 @@
 // Fuzzes the worker's step handling: the input is a sequence of deja.v1.StepRequest messages,
 // each as a varint length then that many bytes (a short last record takes what is left), run in
 // order through one StepEngine on the tiny model (64 tokens, 32 positions, oracle sparsity), so
-// sequences started by one step are continued, released and refused by the next ones. A step of
-// more than kMaxStepTokens tokens is skipped to keep an execution cheap; at most kMaxSteps run.
+// sequences started by one step are continued, released and refused by the next ones; then the
+// same steps through a second engine whose KV is a block pool (the worker's --kv-paging on). A step
+// of more than kMaxStepTokens tokens is skipped to keep an execution cheap; at most kMaxSteps run.
 //
 // Invariants, checked against a shadow of the sequences the engine should hold:
 // - Run never fails (a single rank has no collective to lose), answers the step's id and has one
@@ -42,6 +43,21 @@ struct ShadowSeq {
 
 TinyModel& Model() {
   static TinyModel m = LoadTinyModel(kTinyOpt, "tiny");
+  return m;
+}
+
+uint64_t BytesPerToken() {
+  static const uint64_t per_token = [] {
+    auto e = worker::service::StepEngine::Create(Model().model.get(), 1);
+    return e.ok() ? (*e)->kv_bytes_per_token() : 0;
+  }();
+  return per_token;
+}
+
+// The same model with its KV in a pool of the same budget (whole blocks of it).
+TinyModel& PagedModel() {
+  static TinyModel m = LoadTinyModel(kTinyOpt, "tiny_paged",
+                                     static_cast<int64_t>(BytesPerToken() * kBudgetPositions));
   return m;
 }
 
@@ -138,34 +154,22 @@ void RunStep(worker::service::StepEngine& engine, const v1::StepRequest& req,
 }  // namespace
 }  // namespace deja::fuzz
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  deja::fuzz::QuietLogging();
-  google::protobuf::SetLogHandler(nullptr);
-  (void)deja::fuzz::Model();
-  return 0;
-}
+namespace deja::fuzz {
+namespace {
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace deja;
-  using fuzz::kTinyOpt;
-  worker::model::Model* model = fuzz::Model().model.get();
-  static const uint64_t per_token = [model] {
-    auto e = worker::service::StepEngine::Create(model, 1);
-    return e.ok() ? (*e)->kv_bytes_per_token() : 0;
-  }();
-  FUZZ_CHECK(per_token > 0);
-  auto engine = worker::service::StepEngine::Create(model, per_token * fuzz::kBudgetPositions);
+void RunAll(worker::model::Model* model, uint64_t budget, const uint8_t* data, size_t size) {
+  auto engine = worker::service::StepEngine::Create(model, budget);
   FUZZ_CHECK_MSG(engine.ok(), engine.status().ToString());
 
-  std::map<uint64_t, fuzz::ShadowSeq> shadow;
+  std::map<uint64_t, ShadowSeq> shadow;
   std::string record;
-  for (int steps = 0; steps < fuzz::kMaxSteps && fuzz::NextRecord(&data, &size, &record);) {
+  for (int steps = 0; steps < kMaxSteps && NextRecord(&data, &size, &record);) {
     v1::StepRequest req;
     if (!req.ParseFromString(record)) continue;
     int tokens = 0;
     for (const v1::SequenceWork& w : req.sequences()) tokens += w.tokens_size();
-    if (tokens > fuzz::kMaxStepTokens) continue;
-    fuzz::RunStep(**engine, req, &shadow);
+    if (tokens > kMaxStepTokens) continue;
+    RunStep(**engine, req, &shadow);
     ++steps;
   }
 
@@ -177,5 +181,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK_MSG(resp.kv().free_bytes() == resp.kv().total_bytes() && resp.kv().sequences() == 0 &&
                      resp.kv().cached_tokens() == 0,
                  resp.kv().ShortDebugString());
+}
+
+}  // namespace
+}  // namespace deja::fuzz
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  deja::fuzz::QuietLogging();
+  google::protobuf::SetLogHandler(nullptr);
+  (void)deja::fuzz::Model();
+  (void)deja::fuzz::PagedModel();
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace deja::fuzz;
+  FUZZ_CHECK(BytesPerToken() > 0);
+  RunAll(Model().model.get(), BytesPerToken() * kBudgetPositions, data, size);
+  deja::worker::model::Model* paged = PagedModel().model.get();
+  FUZZ_CHECK(paged->kv_block_slots() > 0);
+  RunAll(paged, static_cast<uint64_t>(paged->kv_pool_bytes()), data, size);
   return 0;
 }

@@ -1,5 +1,5 @@
 // A tiny OPT model loaded once per fuzzing process (single rank, CPU backend on one thread), with
-// Deja Vu sparsity in oracle mode so sequences may ask for it.
+// Deja Vu sparsity in oracle mode so sequences may ask for it, its KV paged or not.
 #pragma once
 
 #include <filesystem>
@@ -18,7 +18,9 @@ struct TinyModel {
   std::unique_ptr<worker::model::Model> model;
 };
 
-inline TinyModel LoadTinyModel(const TinyOptSpec& spec, const std::string& name) {
+// kv_pool_bytes > 0: the KV caches come from a block pool of that size (paged, as a worker's).
+inline TinyModel LoadTinyModel(const TinyOptSpec& spec, const std::string& name,
+                               int64_t kv_pool_bytes = 0) {
   TinyModel m;
   const std::string dir = ScratchDir() + "/" + name;
   std::filesystem::create_directories(dir);
@@ -26,7 +28,10 @@ inline TinyModel LoadTinyModel(const TinyOptSpec& spec, const std::string& name)
     Fail("WriteTinyOpt", __FILE__, __LINE__, s.ToString());
   }
   m.backend = kernels::MakeCpuBackend(1);
-  auto model = worker::model::LoadModel(dir, m.backend.get());
+  worker::model::LoadOptions options;
+  options.kv_paged = kv_pool_bytes > 0;
+  options.kv_memory_bytes = kv_pool_bytes;
+  auto model = worker::model::LoadModel(dir, m.backend.get(), nullptr, options);
   if (!model.ok()) Fail("LoadModel", __FILE__, __LINE__, model.status().ToString());
   m.model = std::move(*model);
   worker::model::SparsityOptions sparsity;
