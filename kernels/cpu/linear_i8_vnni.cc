@@ -1,0 +1,232 @@
+// Linear over kTiled16 int8 weights against x quantized to int8 per row, on CPUs with
+// AVX512-VNNI (kernels/cpu/i8_vnni.h): the prefill path of weight-only int8.
+//
+// VPDPBUSD multiplies 4 consecutive u8 x s8 pairs per 32-bit lane and adds them into the lane, so
+// a register of weights must hold 4 consecutive K of each of 16 weight rows; the tiles hold K
+// pairs (16 rows x 2, one 32-byte half line each). Each group of kVnniTileGroup tiles is repacked
+// into this thread's scratch as K quads, [K/4][tile][16 rows x 4] (one VPERMW per 64 bytes, the
+// group's tiles interleaved so the micro-kernel reads one sequential stream), once per call and
+// used for every row of x: at prefill sizes the repack is a small fraction of the products.
+// x is signed, VPDPBUSD's first operand unsigned: x goes in as q + 128 (q ^ 0x80) and each
+// accumulator starts at -128 * (sum of its weight row), counted while repacking with one more
+// VPDPBUSD against ones. |q| <= 127 for x and w, so the int32 sums are exact for K < 66,000.
+//
+// The micro-kernel: NB tiles x MB rows of x in registers (4 x 6 = 24 int32 accumulators), x
+// packed in blocks of kVnniRowBlock rows as [K/4][rows][4 bytes], so the MB broadcasts of one
+// step read 24 consecutive bytes. The epilogue converts to f32 times the row's x scale, then the
+// shared tiled epilogue (weight scale, bias, ReLU, accumulation).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "common/tensor.h"
+#include "kernels/cpu/bf16_dot.h"
+#include "kernels/cpu/i8_vnni.h"
+#include "kernels/cpu/linear_tiled.h"
+
+namespace deja::kernels::cpu {
+namespace {
+
+#define DEJA_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni")))
+
+constexpr int64_t Quads(int64_t k_dim) { return (k_dim + 3) / 4; }
+
+// Word i of a quad line from the two pair lines of 16 rows (words 0-15 and 16-31): row r's K
+// pairs side by side.
+struct alignas(64) QuadIndex {
+  uint16_t w[32];
+};
+constexpr QuadIndex MakeQuadIndex() {
+  QuadIndex q{};
+  for (int r = 0; r < 16; ++r) {
+    q.w[2 * r] = static_cast<uint16_t>(r);
+    q.w[2 * r + 1] = static_cast<uint16_t>(16 + r);
+  }
+  return q;
+}
+constexpr QuadIndex kQuadIndex = MakeQuadIndex();
+
+// `count` tiles (tile_stride bytes apart, `pairs` K pairs each) as K quads into dst
+// ([quads][count][64 bytes], 64-byte aligned), and corr[16 b + r] = -128 * sum of row r of tile b.
+DEJA_VNNI_TARGET void RepackGroup(const int8_t* tiles, int64_t tile_stride, int count,
+                                  int64_t pairs, int8_t* dst, int32_t* corr) {
+  const __m512i idx = _mm512_load_si512(kQuadIndex.w);
+  const __m512i ones = _mm512_set1_epi8(1);
+  const int64_t full = pairs / 2;
+  for (int b = 0; b < count; ++b) {
+    const int8_t* t = tiles + b * tile_stride;
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t q = 0; q < full; ++q) {
+      const __m512i v = _mm512_permutexvar_epi16(idx, _mm512_loadu_si512(t + q * 64));
+      _mm512_store_si512(dst + (q * count + b) * 64, v);
+      sum = _mm512_dpbusd_epi32(sum, ones, v);
+    }
+    if (full * 2 < pairs) {  // an odd number of pairs: the last quad's second pair is zeros
+      const __m512i v =
+          _mm512_permutexvar_epi16(idx, _mm512_maskz_loadu_epi8(0xffffffffull, t + full * 64));
+      _mm512_store_si512(dst + (full * count + b) * 64, v);
+      sum = _mm512_dpbusd_epi32(sum, ones, v);
+    }
+    _mm512_storeu_si512(corr + 16 * b, _mm512_mullo_epi32(sum, _mm512_set1_epi32(-128)));
+  }
+}
+
+template <int NB, int MB>
+DEJA_VNNI_TARGET void VnniTile(const int8_t* w, const int32_t* corr, const uint8_t* x,
+                               const float* sx, int64_t quads, int64_t n0, int64_t n_dim,
+                               const LinearEpilogue& e, float* out, int64_t ldo) {
+  __m512i acc[NB][MB];
+  for (int b = 0; b < NB; ++b) {
+    const __m512i c = _mm512_loadu_si512(corr + 16 * b);
+    for (int m = 0; m < MB; ++m) acc[b][m] = c;
+  }
+  for (int64_t q = 0; q < quads; ++q) {
+    __m512i wv[NB];
+    for (int b = 0; b < NB; ++b) wv[b] = _mm512_load_si512(w + (q * NB + b) * 64);
+    for (int m = 0; m < MB; ++m) {
+      int32_t xq;
+      std::memcpy(&xq, x + (q * MB + m) * 4, 4);
+      const __m512i xv = _mm512_set1_epi32(xq);
+      for (int b = 0; b < NB; ++b) acc[b][m] = _mm512_dpbusd_epi32(acc[b][m], xv, wv[b]);
+    }
+  }
+  __m512 f[NB][MB];
+  for (int m = 0; m < MB; ++m) {
+    const __m512 s = _mm512_set1_ps(sx[m]);
+    for (int b = 0; b < NB; ++b) f[b][m] = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[b][m]), s);
+  }
+  StoreTiles<NB, MB>(f, n0, n_dim, e, out, ldo);
+}
+
+using VnniTileFn = void (*)(const int8_t*, const int32_t*, const uint8_t*, const float*, int64_t,
+                            int64_t, int64_t, const LinearEpilogue&, float*, int64_t);
+template <int NB>
+constexpr VnniTileFn kRowsFor[kVnniRowBlock + 1] = {
+    nullptr,         VnniTile<NB, 1>, VnniTile<NB, 2>, VnniTile<NB, 3>,
+    VnniTile<NB, 4>, VnniTile<NB, 5>, VnniTile<NB, 6>};
+static_assert(kVnniRowBlock == 6 && kVnniTileGroup == 4, "the tables below list the blockings");
+constexpr const VnniTileFn* kTiles[kVnniTileGroup + 1] = {nullptr, kRowsFor<1>, kRowsFor<2>,
+                                                          kRowsFor<3>, kRowsFor<4>};
+
+DEJA_VNNI_TARGET float QuantizeRowAvx512(const float* x, int64_t k, int8_t* q) {
+  __m512 amax = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+  const __mmask16 tail = static_cast<__mmask16>((1u << (k - i)) - 1);
+  amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail, x + i)));
+  const float a = _mm512_reduce_max_ps(amax);
+  if (a == 0.f) {
+    std::memset(q, 0, static_cast<size_t>(k));
+    return 0.f;
+  }
+  const __m512 inv = _mm512_set1_ps(127.f / a);
+  for (i = 0; i + 16 <= k; i += 16) {
+    const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtsepi32_epi8(v));
+  }
+  const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + i), inv));
+  _mm_mask_storeu_epi8(q + i, tail, _mm512_cvtsepi32_epi8(v));
+  return a / 127.f;
+}
+
+DEJA_VNNI_TARGET double VnniDotLoopImpl(int64_t iters, float seed) {
+  constexpr int kChains = 16;
+  __m512i acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_epi32(static_cast<int>(seed) + i);
+  __m512i a = _mm512_set1_epi8(1);
+  const __m512i b = _mm512_set1_epi8(1);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+    __asm__ volatile("" : "+v"(a));  // keeps the loop from being folded
+  }
+  __m512i s = acc[0];
+  for (int i = 1; i < kChains; ++i) s = _mm512_add_epi32(s, acc[i]);
+  return _mm512_reduce_add_epi32(s) * 0.0 + 2.0 * 64.0 * kChains * static_cast<double>(iters);
+}
+
+bool Detect() {
+  const char* env = std::getenv("DEJA_CPU_VNNI");
+  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  __builtin_cpu_init();
+  return Bf16DotAvailable() && __builtin_cpu_supports("avx512vnni");
+}
+
+bool& Enabled() {
+  static bool enabled = Detect();
+  return enabled;
+}
+
+}  // namespace
+
+bool VnniAvailable() {
+  static const bool supported = Detect();
+  return supported;
+}
+
+bool VnniEnabled() { return Enabled(); }
+
+void SetVnniEnabled(bool on) { Enabled() = on && VnniAvailable(); }
+
+float QuantizeRowI8(const float* x, int64_t k, int8_t* q) {
+  if (VnniAvailable()) return QuantizeRowAvx512(x, k, q);
+  float amax = 0.f;
+  for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(x[i]));
+  if (amax == 0.f) {
+    std::fill(q, q + k, int8_t{0});
+    return 0.f;
+  }
+  const float inv = 127.f / amax;
+  for (int64_t i = 0; i < k; ++i) q[i] = static_cast<int8_t>(std::nearbyint(x[i] * inv));
+  return amax / 127.f;
+}
+
+int64_t VnniPackedBytes(int64_t m_rows, int64_t k_dim) { return m_rows * Quads(k_dim) * 4; }
+
+void QuantizePackX(const float* x, int64_t m_rows, int64_t k_dim, int64_t m_begin, int64_t m_end,
+                   uint8_t* packed, float* scales) {
+  const int64_t quads = Quads(k_dim);
+  thread_local std::vector<int8_t> row;
+  row.assign(static_cast<size_t>(quads * 4), 0);
+  for (int64_t m = m_begin; m < m_end; ++m) {
+    scales[m] = QuantizeRowI8(x + m * k_dim, k_dim, row.data());
+    const int64_t m0 = m / kVnniRowBlock * kVnniRowBlock;
+    const int64_t mb = std::min(kVnniRowBlock, m_rows - m0), r = m - m0;
+    uint8_t* block = packed + m0 * quads * 4;
+    for (int64_t q = 0; q < quads; ++q) {
+      uint32_t v;
+      std::memcpy(&v, row.data() + 4 * q, 4);
+      v ^= 0x80808080u;  // q + 128 as u8
+      std::memcpy(block + (q * mb + r) * 4, &v, 4);
+    }
+  }
+}
+
+void LinearI8Vnni(const uint8_t* packed, const float* x_scales, int64_t m_rows, int64_t k_dim,
+                  const int8_t* w, int64_t n_dim, int64_t t_begin, int64_t t_end,
+                  const LinearEpilogue& e, float* out, int64_t ldo) {
+  const int64_t kp = TiledCols(k_dim), pairs = kp / 2, tile_stride = kp * kTileRows;
+  const int64_t quads = Quads(k_dim);
+  thread_local std::vector<int8_t> storage;
+  storage.resize(static_cast<size_t>(kVnniTileGroup * quads * 64 + 64));
+  int8_t* scratch = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
+  alignas(64) int32_t corr[kVnniTileGroup * kTileRows];
+  for (int64_t t = t_begin; t < t_end; t += kVnniTileGroup) {
+    const int count = static_cast<int>(std::min(kVnniTileGroup, t_end - t));
+    RepackGroup(w + t * tile_stride, tile_stride, count, pairs, scratch, corr);
+    for (int64_t m0 = 0; m0 < m_rows; m0 += kVnniRowBlock) {
+      const int64_t mb = std::min(kVnniRowBlock, m_rows - m0);
+      kTiles[count][mb](scratch, corr, packed + m0 * quads * 4, x_scales + m0, quads, t * kTileRows,
+                        n_dim, e, out + m0 * ldo, ldo);
+    }
+  }
+}
+
+double VnniDotLoop(int64_t iters, float seed) { return VnniDotLoopImpl(iters, seed); }
+
+}  // namespace deja::kernels::cpu
