@@ -174,7 +174,8 @@ class CompareInt8 : public BackendTest {};
 
 TEST_P(CompareInt8, LinearGrid) {
   // M: decode sizes (widened in registers on AVX512-BF16 CPUs), 16 (one full block of x), 17 and
-  // 40 (the bf16 scratch path), past the small-M switch; N: partial tiles; K: odd (a padded pair).
+  // 40 (the bf16 scratch path; x quantized with AVX512-VNNI, CpuInt8.QuantizedXSwitchedOff keeps
+  // the scratch path), past the small-M switch; N: partial tiles; K: odd (a padded pair).
   const int64_t ms[] = {1, 2, 5, 9, 16, 17, cpu::kLinearSmallMMax + 1, 40};
   const std::pair<int64_t, int64_t> nks[] = {{1, 1}, {17, 3}, {130, 257}, {64, 1000}, {33, 2049}};
   uint32_t seed = BaseSeed();
@@ -357,7 +358,7 @@ TEST(CpuInt8, QuantizedXSwitchedOff) {
   cpu::SetVnniEnabled(false);
   for (const auto& cpu : CpuBackends()) {
     SCOPED_TRACE(cpu.label);
-    for (int64_t m : {cpu::kVnniMinM, int64_t{70}})
+    for (int64_t m : {cpu::kVnniMinM, cpu::kLinearSmallMMax + 1, int64_t{70}})
       CheckLinear(*cpu.backend, {m, 45, 301, true, true, true, true}, seed++);
   }
   cpu::SetVnniEnabled(cpu::VnniAvailable());
