@@ -7,9 +7,11 @@
 // into this thread's scratch as K quads, [K/4][tile][16 rows x 4] (one VPERMW per 64 bytes, the
 // group's tiles interleaved so the micro-kernel reads one sequential stream), once per call and
 // used for every row of x: at prefill sizes the repack is a small fraction of the products.
-// x is signed, VPDPBUSD's first operand unsigned: x goes in as q + 128 (q ^ 0x80) and each
-// accumulator starts at -128 * (sum of its weight row), counted while repacking with one more
-// VPDPBUSD against ones. |q| <= 127 for x and w, so the int32 sums are exact for K < 66,000.
+// x is VPDPBUSD's unsigned operand: a row with negative values goes in as q + 128 (zero point 128,
+// q in [-127, 127]); a row without (ReLU's output, fc2's input) as q in [0, 255] with zero point 0,
+// twice the resolution. Each accumulator starts at -zero * (sum of its weight row), the sums
+// counted while repacking with one more VPDPBUSD against ones. |w| <= 127 and x <= 255, so the
+// int32 sums are exact for K < 66,000.
 //
 // The micro-kernel: NB tiles x MB rows of x in registers (4 x 6 = 24 int32 accumulators), x
 // packed in blocks of kVnniRowBlock rows as [K/4][rows][4 bytes], so the MB broadcasts of one
@@ -61,9 +63,9 @@ constexpr QuadIndex MakeQuadIndex() {
 constexpr QuadIndex kQuadIndex = MakeQuadIndex();
 
 // `count` tiles (tile_stride bytes apart, `pairs` K pairs each) as K quads into dst
-// ([quads][count][64 bytes], 64-byte aligned), and corr[16 b + r] = -128 * sum of row r of tile b.
+// ([quads][count][64 bytes], 64-byte aligned), and sums[16 b + r] = the sum of row r of tile b.
 DEJA_VNNI_TARGET void RepackGroup(const int8_t* tiles, int64_t tile_stride, int count,
-                                  int64_t pairs, int8_t* dst, int32_t* corr) {
+                                  int64_t pairs, int8_t* dst, int32_t* sums) {
   const __m512i idx = _mm512_load_si512(kQuadIndex.w);
   const __m512i ones = _mm512_set1_epi8(1);
   const int64_t full = pairs / 2;
@@ -81,18 +83,18 @@ DEJA_VNNI_TARGET void RepackGroup(const int8_t* tiles, int64_t tile_stride, int 
       _mm512_store_si512(dst + (full * count + b) * 64, v);
       sum = _mm512_dpbusd_epi32(sum, ones, v);
     }
-    _mm512_storeu_si512(corr + 16 * b, _mm512_mullo_epi32(sum, _mm512_set1_epi32(-128)));
+    _mm512_storeu_si512(sums + 16 * b, sum);
   }
 }
 
 template <int NB, int MB>
-DEJA_VNNI_TARGET void VnniTile(const int8_t* w, const int32_t* corr, const uint8_t* x,
-                               const float* sx, int64_t quads, int64_t n0, int64_t n_dim,
-                               const LinearEpilogue& e, float* out, int64_t ldo) {
+DEJA_VNNI_TARGET void VnniTile(const int8_t* w, const int32_t* sums, const uint8_t* x,
+                               const float* sx, const int32_t* zx, int64_t quads, int64_t n0,
+                               int64_t n_dim, const LinearEpilogue& e, float* out, int64_t ldo) {
   __m512i acc[NB][MB];
   for (int b = 0; b < NB; ++b) {
-    const __m512i c = _mm512_loadu_si512(corr + 16 * b);
-    for (int m = 0; m < MB; ++m) acc[b][m] = c;
+    const __m512i sum = _mm512_loadu_si512(sums + 16 * b);
+    for (int m = 0; m < MB; ++m) acc[b][m] = _mm512_mullo_epi32(sum, _mm512_set1_epi32(-zx[m]));
   }
   for (int64_t q = 0; q < quads; ++q) {
     __m512i wv[NB];
@@ -112,8 +114,9 @@ DEJA_VNNI_TARGET void VnniTile(const int8_t* w, const int32_t* corr, const uint8
   StoreTiles<NB, MB>(f, n0, n_dim, e, out, ldo);
 }
 
-using VnniTileFn = void (*)(const int8_t*, const int32_t*, const uint8_t*, const float*, int64_t,
-                            int64_t, int64_t, const LinearEpilogue&, float*, int64_t);
+using VnniTileFn = void (*)(const int8_t*, const int32_t*, const uint8_t*, const float*,
+                            const int32_t*, int64_t, int64_t, int64_t, const LinearEpilogue&,
+                            float*, int64_t);
 template <int NB>
 constexpr VnniTileFn kRowsFor[kVnniRowBlock + 1] = {
     nullptr,         VnniTile<NB, 1>, VnniTile<NB, 2>, VnniTile<NB, 3>,
@@ -122,25 +125,36 @@ static_assert(kVnniRowBlock == 6 && kVnniTileGroup == 4, "the tables below list 
 constexpr const VnniTileFn* kTiles[kVnniTileGroup + 1] = {nullptr, kRowsFor<1>, kRowsFor<2>,
                                                           kRowsFor<3>, kRowsFor<4>};
 
-DEJA_VNNI_TARGET float QuantizeRowAvx512(const float* x, int64_t k, int8_t* q) {
-  __m512 amax = _mm512_setzero_ps();
+DEJA_VNNI_TARGET float QuantizeRowAvx512(const float* x, int64_t k, uint8_t* q, int32_t* zero) {
+  __m512 amax = _mm512_setzero_ps(), lo = _mm512_setzero_ps();
   int64_t i = 0;
-  for (; i + 16 <= k; i += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+  for (; i + 16 <= k; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
+    lo = _mm512_min_ps(lo, v);
+  }
   const __mmask16 tail = static_cast<__mmask16>((1u << (k - i)) - 1);
-  amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail, x + i)));
+  const __m512 v = _mm512_maskz_loadu_ps(tail, x + i);
+  amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
+  lo = _mm512_min_ps(lo, v);
   const float a = _mm512_reduce_max_ps(amax);
+  const bool unsigned_row = _mm512_reduce_min_ps(lo) >= 0.f;
+  const float levels = unsigned_row ? 255.f : 127.f;
+  *zero = unsigned_row ? 0 : 128;
   if (a == 0.f) {
-    std::memset(q, 0, static_cast<size_t>(k));
+    std::memset(q, *zero, static_cast<size_t>(k));
     return 0.f;
   }
-  const __m512 inv = _mm512_set1_ps(127.f / a);
+  const __m512 inv = _mm512_set1_ps(levels / a);
+  const __m512i z = _mm512_set1_epi32(*zero);
   for (i = 0; i + 16 <= k; i += 16) {
-    const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtsepi32_epi8(v));
+    const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i),
+                     _mm512_cvtusepi32_epi8(_mm512_add_epi32(r, z)));
   }
-  const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + i), inv));
-  _mm_mask_storeu_epi8(q + i, tail, _mm512_cvtsepi32_epi8(v));
-  return a / 127.f;
+  const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + i), inv));
+  _mm_mask_storeu_epi8(q + i, tail, _mm512_cvtusepi32_epi8(_mm512_add_epi32(r, z)));
+  return a / levels;
 }
 
 DEJA_VNNI_TARGET double VnniDotLoopImpl(int64_t iters, float seed) {
@@ -181,56 +195,60 @@ bool VnniEnabled() { return Enabled(); }
 
 void SetVnniEnabled(bool on) { Enabled() = on && VnniAvailable(); }
 
-float QuantizeRowI8(const float* x, int64_t k, int8_t* q) {
-  if (VnniAvailable()) return QuantizeRowAvx512(x, k, q);
-  float amax = 0.f;
-  for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(x[i]));
-  if (amax == 0.f) {
-    std::fill(q, q + k, int8_t{0});
-    return 0.f;
+float QuantizeRowU8(const float* x, int64_t k, uint8_t* q, int32_t* zero) {
+  if (VnniAvailable()) return QuantizeRowAvx512(x, k, q, zero);
+  float amax = 0.f, lo = 0.f;
+  for (int64_t i = 0; i < k; ++i) {
+    amax = std::max(amax, std::fabs(x[i]));
+    lo = std::min(lo, x[i]);
   }
-  const float inv = 127.f / amax;
-  for (int64_t i = 0; i < k; ++i) q[i] = static_cast<int8_t>(std::nearbyint(x[i] * inv));
-  return amax / 127.f;
+  const float levels = lo >= 0.f ? 255.f : 127.f;
+  *zero = lo >= 0.f ? 0 : 128;
+  const float inv = amax > 0.f ? levels / amax : 0.f;
+  for (int64_t i = 0; i < k; ++i) {
+    q[i] = static_cast<uint8_t>(static_cast<int>(std::nearbyint(x[i] * inv)) + *zero);
+  }
+  return amax / levels;
 }
 
 int64_t VnniPackedBytes(int64_t m_rows, int64_t k_dim) { return m_rows * Quads(k_dim) * 4; }
 
 void QuantizePackX(const float* x, int64_t m_rows, int64_t k_dim, int64_t m_begin, int64_t m_end,
-                   uint8_t* packed, float* scales) {
+                   uint8_t* packed, float* scales, int32_t* zeros) {
   const int64_t quads = Quads(k_dim);
-  thread_local std::vector<int8_t> row;
-  row.assign(static_cast<size_t>(quads * 4), 0);
+  thread_local std::vector<uint8_t> row;
+  row.resize(static_cast<size_t>(quads * 4));
   for (int64_t m = m_begin; m < m_end; ++m) {
-    scales[m] = QuantizeRowI8(x + m * k_dim, k_dim, row.data());
+    scales[m] = QuantizeRowU8(x + m * k_dim, k_dim, row.data(), &zeros[m]);
+    // K padded to whole quads with x = 0 (the zero point; the padded weights are 0 anyway).
+    std::fill(row.begin() + k_dim, row.end(), static_cast<uint8_t>(zeros[m]));
     const int64_t m0 = m / kVnniRowBlock * kVnniRowBlock;
     const int64_t mb = std::min(kVnniRowBlock, m_rows - m0), r = m - m0;
     uint8_t* block = packed + m0 * quads * 4;
     for (int64_t q = 0; q < quads; ++q) {
       uint32_t v;
       std::memcpy(&v, row.data() + 4 * q, 4);
-      v ^= 0x80808080u;  // q + 128 as u8
       std::memcpy(block + (q * mb + r) * 4, &v, 4);
     }
   }
 }
 
-void LinearI8Vnni(const uint8_t* packed, const float* x_scales, int64_t m_rows, int64_t k_dim,
-                  const int8_t* w, int64_t n_dim, int64_t t_begin, int64_t t_end,
-                  const LinearEpilogue& e, float* out, int64_t ldo) {
+void LinearI8Vnni(const uint8_t* packed, const float* x_scales, const int32_t* x_zeros,
+                  int64_t m_rows, int64_t k_dim, const int8_t* w, int64_t n_dim, int64_t t_begin,
+                  int64_t t_end, const LinearEpilogue& e, float* out, int64_t ldo) {
   const int64_t kp = TiledCols(k_dim), pairs = kp / 2, tile_stride = kp * kTileRows;
   const int64_t quads = Quads(k_dim);
   thread_local std::vector<int8_t> storage;
   storage.resize(static_cast<size_t>(kVnniTileGroup * quads * 64 + 64));
   int8_t* scratch = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
-  alignas(64) int32_t corr[kVnniTileGroup * kTileRows];
+  alignas(64) int32_t sums[kVnniTileGroup * kTileRows];
   for (int64_t t = t_begin; t < t_end; t += kVnniTileGroup) {
     const int count = static_cast<int>(std::min(kVnniTileGroup, t_end - t));
-    RepackGroup(w + t * tile_stride, tile_stride, count, pairs, scratch, corr);
+    RepackGroup(w + t * tile_stride, tile_stride, count, pairs, scratch, sums);
     for (int64_t m0 = 0; m0 < m_rows; m0 += kVnniRowBlock) {
       const int64_t mb = std::min(kVnniRowBlock, m_rows - m0);
-      kTiles[count][mb](scratch, corr, packed + m0 * quads * 4, x_scales + m0, quads, t * kTileRows,
-                        n_dim, e, out + m0 * ldo, ldo);
+      kTiles[count][mb](scratch, sums, packed + m0 * quads * 4, x_scales + m0, x_zeros + m0, quads,
+                        t * kTileRows, n_dim, e, out + m0 * ldo, ldo);
     }
   }
 }

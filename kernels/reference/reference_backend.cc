@@ -306,11 +306,17 @@ Status LinearI8QuantizedX(TensorView x, TensorView w, TensorView bias, Activatio
   float* o = out.as<float>();
   for (int64_t m = 0; m < m_rows; ++m) {
     const float* xm = x.as<float>() + m * k_dim;
-    float amax = 0.f;
-    for (int64_t k = 0; k < k_dim; ++k) amax = std::max(amax, std::fabs(xm[k]));
-    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    float amax = 0.f, lo = 0.f;
+    for (int64_t k = 0; k < k_dim; ++k) {
+      amax = std::max(amax, std::fabs(xm[k]));
+      lo = std::min(lo, xm[k]);
+    }
+    // A row without negative values uses all 255 steps above zero; q is x / scale, the zero
+    // point (0 or 128) left out: it only shifts the kernels' unsigned operand.
+    const float levels = lo >= 0.f ? 255.f : 127.f;
+    const float inv = amax > 0.f ? levels / amax : 0.f;
     for (int64_t k = 0; k < k_dim; ++k) q[k] = static_cast<int>(std::nearbyint(xm[k] * inv));
-    const double x_scale = amax / 127.f;
+    const double x_scale = amax / levels;
     for (int64_t n = 0; n < n_rows; ++n) {
       int64_t dot = 0;
       for (int64_t k = 0; k < k_dim; ++k) {

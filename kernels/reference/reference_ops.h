@@ -16,9 +16,10 @@ Status Convert(Backend&, TensorView src, TensorView dst);
 Status MaskUnits(Backend&, TensorView x, const uint8_t* keep, int32_t unit_width);
 
 // Linear over int8 weights w (TensorView::scale) with x quantized per row to int8 as the CPU's
-// prefill path does (kernels/cpu/i8_vnni.h): per row amax = max |x|, inv = 127.f / amax and
-// q = x * inv (f32) rounded to nearest even, scale amax / 127.f; out = (sum q * w) * scale *
-// w.scale[n] + bias, then ReLU and accumulation as Linear. Exact integer sums, the rest in double.
+// prefill path does (kernels/cpu/i8_vnni.h): per row amax = max |x|, levels = 255 for a row
+// without negative values, else 127, inv = levels / amax and q = x * inv (f32) rounded to nearest
+// even, scale amax / levels; out = (sum q * w) * scale * w.scale[n] + bias, then ReLU and
+// accumulation as Linear. Exact integer sums, the rest in double.
 Status LinearI8QuantizedX(TensorView x, TensorView w, TensorView bias, Activation act,
                           bool accumulate, TensorView out);
 

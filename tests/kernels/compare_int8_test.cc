@@ -82,10 +82,11 @@ Int8Matrix MakeInt8(std::mt19937& rng, Backend& b, int64_t rows, int64_t cols, b
 struct LinearCase {
   int64_t m, n, k;
   bool tiled, bias, relu, accumulate;
+  bool x_nonnegative = false;  // x as after a ReLU (fc2's input)
   std::string Label() const {
     return "M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
            (tiled ? " tiled" : "") + (bias ? " bias" : "") + (relu ? " relu" : "") +
-           (accumulate ? " accumulate" : "");
+           (accumulate ? " accumulate" : "") + (x_nonnegative ? " x>=0" : "");
   }
 };
 
@@ -95,7 +96,8 @@ bool QuantizesX(const Backend& b, const LinearCase& c) {
 }
 
 // Each element of the quantized-x product within the bound of x's quantization of the product
-// with x as given: |x - q * scale| <= scale / 2 per element (scale = max |x_row| / 127), so
+// with x as given: |x - q * scale| <= scale / 2 per element (scale = max |x_row| / 127, or / 255
+// for a row without negative values), so
 // |got - want| <= scale / 2 * sum_k |w[n, k]| (int8 value times its scale), plus a relative
 // 1e-5 for the f32 arithmetic. Also the norm-wise error, against the bf16 rounding of x that the
 // other path makes (2^-9 relative per element).
@@ -108,9 +110,12 @@ bool QuantizesX(const Backend& b, const LinearCase& c) {
   double diff2 = 0, ref2 = 0;
   for (int64_t m = 0; m < m_rows; ++m) {
     const float* xm = x.as<float>() + m * k_dim;
-    double amax = 0;
-    for (int64_t k = 0; k < k_dim; ++k)
+    double amax = 0, lo = 0;
+    for (int64_t k = 0; k < k_dim; ++k) {
       amax = std::max(amax, std::fabs(static_cast<double>(xm[k])));
+      lo = std::min(lo, static_cast<double>(xm[k]));
+    }
+    const double scale = amax / (lo >= 0 ? 255 : 127);
     for (int64_t n = 0; n < n_rows; ++n) {
       double dot = 0, abs_w = 0;
       for (int64_t k = 0; k < k_dim; ++k) {
@@ -122,7 +127,7 @@ bool QuantizesX(const Backend& b, const LinearCase& c) {
       if (c.relu) want = std::max(want, 0.0);  // ReLU is 1-Lipschitz: the bound carries over
       if (c.accumulate) want += init[m * n_rows + n];
       const double g = got[m * n_rows + n];
-      const double bound = amax / 127 / 2 * abs_w * (1 + 1e-6) + 1e-5 * (std::fabs(want) + 1e-6);
+      const double bound = scale / 2 * abs_w * (1 + 1e-6) + 1e-5 * (std::fabs(want) + 1e-6);
       if (!(std::fabs(g - want) <= bound)) {
         return ::testing::AssertionFailure() << "row " << m << " col " << n << ": got " << g
                                              << ", want " << want << ", bound " << bound;
@@ -138,7 +143,7 @@ void CheckLinear(Backend& b, const LinearCase& c, uint32_t seed) {
   SCOPED_TRACE(c.Label() + " seed=" + std::to_string(seed));
   if (!Runs(b, OpId::kLinear, DType::kI8, c.tiled ? Layout::kTiled16 : Layout::kRowMajor)) return;
   std::mt19937 rng(seed);
-  Tensor x = RandomTensor(rng, DType::kF32, {c.m, c.k});
+  Tensor x = RandomTensor(rng, DType::kF32, {c.m, c.k}, c.x_nonnegative ? 0.f : -1.f);
   Int8Matrix w = MakeInt8(rng, b, c.n, c.k, c.tiled);
   Tensor bias = RandomTensor(rng, DType::kF32, {c.n});
   Tensor init = RandomTensor(rng, DType::kF32, {c.m, c.n});
@@ -210,7 +215,8 @@ TEST_P(CompareInt8, LinearModelSized) {
 TEST_P(CompareInt8, LinearQuantizedX) {
   // Prefill sizes over tiled weights, where the CPU quantizes x (with AVX512-VNNI; elsewhere the
   // same cases check the bf16-x path): partial blocks of rows (kVnniRowBlock), partial groups of
-  // tiles and partial tiles, K not a multiple of 4 (odd: a padded pair; 2 mod 4: half a quad).
+  // tiles and partial tiles, K not a multiple of 4 (odd: a padded pair; 2 mod 4: half a quad); a
+  // third of the cases with x >= 0 (quantized to 255 steps).
   const int64_t ms[] = {cpu::kVnniMinM, cpu::kVnniMinM + 1, 37, 64, 131};
   const std::pair<int64_t, int64_t> nks[] = {{1, 1},     {17, 3},    {50, 6},    {130, 257},
                                              {64, 1000}, {33, 2049}, {96, 2050}, {200, 64}};
@@ -219,7 +225,8 @@ TEST_P(CompareInt8, LinearQuantizedX) {
   for (int64_t m : ms) {
     for (auto [n, k] : nks) {
       const int v = i++ % 8;
-      CheckLinear(backend(), {m, n, k, true, (v & 1) != 0, (v & 2) != 0, (v & 4) != 0}, seed++);
+      CheckLinear(backend(), {m, n, k, true, (v & 1) != 0, (v & 2) != 0, (v & 4) != 0, i % 3 == 0},
+                  seed++);
     }
   }
 }
@@ -353,7 +360,8 @@ TEST(CpuInt8, PortablePathAndSimdTargets) {
 
 TEST(CpuInt8, QuantizedXSwitchedOff) {
   // With the VNNI path off (as DEJA_CPU_VNNI=0 does) prefill sizes keep x in bf16: the plain
-  // reference. Then on again: rows of x that are all zero (scale 0) and rows with one outlier.
+  // reference. Then on again: rows of x that are all zero (scale 0), rows with one outlier,
+  // rows without negative values.
   uint32_t seed = BaseSeed() + 6500;
   cpu::SetVnniEnabled(false);
   for (const auto& cpu : CpuBackends()) {
@@ -370,6 +378,9 @@ TEST(CpuInt8, QuantizedXSwitchedOff) {
     Tensor x = RandomTensor(rng, DType::kF32, {m_rows, k});
     for (int64_t c = 0; c < k; ++c) x.as<float>()[3 * k + c] = 0.f;  // row 3: zeros
     x.as<float>()[7 * k + 11] = 300.f;                               // row 7: an outlier
+    for (int64_t r : {9, 20, 39})  // rows without negative values (ReLU's output): 255 steps
+      for (int64_t c = 0; c < k; ++c)
+        x.as<float>()[r * k + c] = std::max(0.f, x.as<float>()[r * k + c]);
     Int8Matrix w = MakeInt8(rng, *cpu.backend, n, k, true);
     Tensor want = Tensor::Empty(DType::kF32, {m_rows, n});
     DEJA_ASSERT_OK(ref::LinearI8QuantizedX(x.view(), w.host_view, TensorView{}, Activation::kNone,
