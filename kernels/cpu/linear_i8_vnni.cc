@@ -22,9 +22,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "common/tensor.h"
@@ -117,13 +119,18 @@ DEJA_VNNI_TARGET void VnniTile(const int8_t* w, const int32_t* sums, const uint8
 using VnniTileFn = void (*)(const int8_t*, const int32_t*, const uint8_t*, const float*,
                             const int32_t*, int64_t, int64_t, int64_t, const LinearEpilogue&,
                             float*, int64_t);
-template <int NB>
-constexpr VnniTileFn kRowsFor[kVnniRowBlock + 1] = {
-    nullptr,         VnniTile<NB, 1>, VnniTile<NB, 2>, VnniTile<NB, 3>,
-    VnniTile<NB, 4>, VnniTile<NB, 5>, VnniTile<NB, 6>};
-static_assert(kVnniRowBlock == 6 && kVnniTileGroup == 4, "the tables below list the blockings");
-constexpr const VnniTileFn* kTiles[kVnniTileGroup + 1] = {nullptr, kRowsFor<1>, kRowsFor<2>,
-                                                          kRowsFor<3>, kRowsFor<4>};
+// kTiles[nb][mb]: the micro-kernel for nb tiles (1..kVnniTileGroup) x mb rows (1..kVnniRowBlock).
+template <int NB, size_t... M>
+constexpr std::array<VnniTileFn, sizeof...(M) + 1> RowsFor(std::index_sequence<M...>) {
+  return {nullptr, VnniTile<NB, static_cast<int>(M) + 1>...};
+}
+template <size_t... B>
+constexpr std::array<std::array<VnniTileFn, kVnniRowBlock + 1>, sizeof...(B) + 1> MakeTiles(
+    std::index_sequence<B...>) {
+  return {std::array<VnniTileFn, kVnniRowBlock + 1>{},
+          RowsFor<static_cast<int>(B) + 1>(std::make_index_sequence<kVnniRowBlock>())...};
+}
+constexpr auto kTiles = MakeTiles(std::make_index_sequence<kVnniTileGroup>());
 
 DEJA_VNNI_TARGET float QuantizeRowAvx512(const float* x, int64_t k, uint8_t* q, int32_t* zero) {
   __m512 amax = _mm512_setzero_ps(), lo = _mm512_setzero_ps();
