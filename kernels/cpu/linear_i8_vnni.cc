@@ -183,7 +183,8 @@ bool Detect() {
   const char* env = std::getenv("DEJA_CPU_VNNI");
   if (env != nullptr && std::strcmp(env, "0") == 0) return false;
   __builtin_cpu_init();
-  return Bf16DotAvailable() && __builtin_cpu_supports("avx512vnni");
+  return Bf16DotAvailable() && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512vnni");
 }
 
 bool& Enabled() {
