@@ -119,6 +119,16 @@ BENCHMARK(BM_Linear)
     ->Args({128, 8192, 2048, kI8, 0, 1})
     ->Args({512, 8192, 2048, kI8, 0, 1})
     ->Args({512, 8192, 2048, kBF16, 0, 1})
+    ->Args({512, 2048, 8192, kI8, 0, 1})
+    ->Args({512, 2048, 2048, kI8, 0, 1})
+    ->Args({32, 8192, 2048, kI8, 0, 1})
+    ->Args({16, 8192, 2048, kI8, 1, 1})
+    ->Args({24, 8192, 2048, kI8, 1, 1})
+    ->Args({32, 8192, 2048, kI8, 1, 1})
+    ->Args({48, 8192, 2048, kI8, 1, 1})
+    ->Args({64, 8192, 2048, kI8, 0, 1})
+    ->Args({512, 8192, 2048, kI8, 1, 1})
+    ->Args({512, 2048, 8192, kI8, 1, 1})
     ->Args({1, 8192, 2048, kI8, 0, 0})
     ->Args({1, 8192, 2048, kI8, 1, 1})
     ->Args({1, 8192, 2048, kBF16, 1, 1})
@@ -155,6 +165,36 @@ BENCHMARK(BM_Linear)
     ->Args({32, 8192, 2048, kF16, 1, 0})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
+
+// The compute peaks the prefill fractions are taken against (kernels/cpu/bandwidth.h): 0 fp32
+// FMA, 1 VDPBF16PS, 2 VPDPBUSD; GOP/s of all threads (0 = one per core) or one.
+void BM_ComputePeak(benchmark::State& state) {
+  ThreadPool* pool = Cpu(static_cast<int>(state.range(1))).pool();
+  double ops = 0;
+  for (auto _ : state) {
+    switch (state.range(0)) {
+      case 0:
+        ops = MeasurePeakFmaFlopsPerSec(pool);
+        break;
+      case 1:
+        ops = MeasurePeakBf16DotFlopsPerSec(pool);
+        break;
+      default:
+        ops = MeasurePeakVnniOpsPerSec(pool);
+    }
+  }
+  if (ops == 0) state.SkipWithError("this CPU lacks the instruction");
+  state.counters["GOP/s"] = ops * 1e-9;
+}
+BENCHMARK(BM_ComputePeak)
+    ->ArgNames({"kind", "threads"})
+    ->Args({0, 0})
+    ->Args({1, 0})
+    ->Args({2, 0})
+    ->Args({1, 1})
+    ->Args({2, 1})
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 
 // Deja Vu gathers at a known sparsity, next to the dense Linear rows above (M = 1, f16, the
 // OPT-1.3B fc1 [8192, 2048] and fc2 stored transposed [8192, 2048]). The kept rows are a random

@@ -18,6 +18,7 @@
 #include "common/thread_pool.h"
 #include "kernels/cpu/bandwidth.h"
 #include "kernels/cpu/bf16_dot.h"
+#include "kernels/cpu/i8_vnni.h"
 
 namespace deja::cli {
 namespace {
@@ -201,6 +202,17 @@ int RunBenchDecode(int argc, char** argv, int first) {
       j["peak_bf16_dot_gflop_per_s"] = peak_flops / 1e9;
       j["compute_peak"] = "bf16_dot";
     }
+    // int8 prefill quantizes x and multiplies with VPDPBUSD where the CPU has AVX512-VNNI
+    // (kernels/cpu/i8_vnni.h): its roofline is that instruction's, twice VDPBF16PS's.
+    double prefill_peak = peak_flops;
+    if (!on_device && wd == DType::kI8 && kernels::cpu::Bf16DotEnabled() &&
+        kernels::cpu::QuantizesX(prefill_tokens)) {
+      prefill_peak = kernels::MeasurePeakVnniOpsPerSec(m.backend->pool());
+      j["peak_vnni_gop_per_s"] = prefill_peak / 1e9;
+      j["prefill_compute_peak"] = "vnni_dot";
+    } else {
+      j["prefill_compute_peak"] = j["compute_peak"];
+    }
     const double weights =
         static_cast<double>(m.model->weight_bytes()) / DTypeSize(m.model->weight_dtype());
     DEJA_ASSIGN_OR_RETURN(double prefill_s,
@@ -209,7 +221,7 @@ int RunBenchDecode(int argc, char** argv, int first) {
     j["prefill_tokens_per_s"] = prefill_tokens / prefill_s;
     // The GEMMs' share of the compute peak (2 FLOPs per weight per token; attention not counted).
     j["prefill_fraction_of_compute_peak"] =
-        2.0 * weights * static_cast<double>(prefill_tokens) / prefill_s / peak_flops;
+        2.0 * weights * static_cast<double>(prefill_tokens) / prefill_s / prefill_peak;
     double batch1 = 0, sparse_batch1 = 0;
     std::vector<double> batch1_bw;
     j["warmup_rounds"] = warmup_rounds;

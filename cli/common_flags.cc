@@ -36,7 +36,9 @@ const WeightDTypeRow kWeightDTypes[] = {
      DType::kBF16},
     {DTypeName(DType::kI8),
      "weight-only int8, quantized at load per output channel (half of bf16's bytes; on a GPU "
-     "on the host as the weights stream to it); activations meet them as bf16 on the CPU",
+     "on the host as the weights stream to it); on the CPU activations meet them as bf16, "
+     "except steps of 17+ tokens (prefill) on CPUs with AVX512-VNNI, which quantize each "
+     "token's activations to int8 (DEJA_CPU_VNNI=0: bf16)",
      DType::kI8},
 };
 

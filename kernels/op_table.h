@@ -4,7 +4,9 @@
 // has a reference implementation (kernels/reference/). Linear and the gathers over bf16 and int8
 // weights multiply x rounded to bf16 (nearest even) and add the products in f32, as a bf16 GEMM
 // does (kernels/cpu/bf16_dot.h), an int8 row's scale multiplying its sum; f16 and f32 weights
-// multiply x.
+// multiply x. One exception: the CPU backend's Linear over tiled int8 weights quantizes x to int8
+// per row from kVnniMinM rows on where the CPU has AVX512-VNNI (kernels/cpu/i8_vnni.h; the
+// reference for it is ref::LinearI8QuantizedX).
 #pragma once
 
 #include <cstdint>

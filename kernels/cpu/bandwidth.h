@@ -35,5 +35,8 @@ double MeasurePeakFmaFlopsPerSec(ThreadPool* pool);
 // The same for VDPBF16PS (4 FLOPs per f32 lane and instruction: two bf16 products and their
 // sums), the compute roofline of bf16 weights on CPUs with AVX512-BF16; 0 without it.
 double MeasurePeakBf16DotFlopsPerSec(ThreadPool* pool);
+// The same for VPDPBUSD (2 int8 operations per u8 x s8 product: 128 per instruction), the compute
+// roofline of int8 prefill with x quantized on CPUs with AVX512-VNNI; 0 without it.
+double MeasurePeakVnniOpsPerSec(ThreadPool* pool);
 
 }  // namespace deja::kernels

@@ -9,13 +9,14 @@
 // clang-format on
 
 #include <algorithm>
+#include <chrono>
 #include <thread>
 #include <vector>
-#include <chrono>
 
 #include "common/thread_pool.h"
 #include "kernels/cpu/bandwidth.h"
 #include "kernels/cpu/bf16_dot.h"
+#include "kernels/cpu/i8_vnni.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace deja::kernels::cpu {
@@ -96,6 +97,10 @@ double MeasurePeakFmaFlopsPerSec(ThreadPool* pool) { return MeasurePeak(pool, Fm
 
 double MeasurePeakBf16DotFlopsPerSec(ThreadPool* pool) {
   return cpu::Bf16DotAvailable() ? MeasurePeak(pool, cpu::Bf16DotLoop) : 0.0;
+}
+
+double MeasurePeakVnniOpsPerSec(ThreadPool* pool) {
+  return cpu::VnniAvailable() ? MeasurePeak(pool, cpu::VnniDotLoop) : 0.0;
 }
 
 }  // namespace deja::kernels

@@ -19,6 +19,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/i8_vnni.h"
 #include "kernels/cpu/simd.h"
 
 namespace deja::kernels::cpu {
@@ -178,6 +179,32 @@ void LinearTiledPortable(const float* x, int64_t m_rows, int64_t k_dim, const T*
   }
 }
 
+// Linear over kTiled16 int8 weights for prefill-sized x on a CPU with AVX512-VNNI: x quantized
+// per row (rows split among the threads), then the tiles split in whole groups.
+Status VnniLinear(ThreadPool* pool, const TensorView& x, const TensorView& w,
+                  const LinearEpilogue& e, float* o) {
+  const int64_t m_rows = x.rows(), k_dim = x.cols(), n_dim = w.rows();
+  thread_local std::vector<uint8_t> packed_storage;  // this thread's: the pool gets pointers
+  thread_local std::vector<float> scale_storage;
+  thread_local std::vector<int32_t> zero_storage;
+  packed_storage.resize(static_cast<size_t>(VnniPackedBytes(m_rows, k_dim)));
+  scale_storage.resize(static_cast<size_t>(m_rows));
+  zero_storage.resize(static_cast<size_t>(m_rows));
+  uint8_t* packed = packed_storage.data();
+  float* scales = scale_storage.data();
+  int32_t* zeros = zero_storage.data();
+  pool->ParallelFor(m_rows, [&](int64_t m0, int64_t m1) {
+    QuantizePackX(x.as<float>(), m_rows, k_dim, m0, m1, packed, scales, zeros);
+  });
+  const int64_t tiles = (n_dim + kTileRows - 1) / kTileRows;
+  const int64_t groups = (tiles + kVnniTileGroup - 1) / kVnniTileGroup;
+  pool->ParallelFor(groups, [&](int64_t g0, int64_t g1) {
+    LinearI8Vnni(packed, scales, zeros, m_rows, k_dim, w.as<int8_t>(), n_dim, g0 * kVnniTileGroup,
+                 std::min(tiles, g1 * kVnniTileGroup), e, o, n_dim);
+  });
+  return Status::Ok();
+}
+
 // Linear over kTiled16 bf16 or int8 weights: x rounded to bf16 and packed in pairs, the tiles
 // split among the threads in whole groups of the kernel's blocking.
 Status TiledLinear(ThreadPool* pool, const TensorView& x, const TensorView& w,
@@ -194,6 +221,7 @@ Status TiledLinear(ThreadPool* pool, const TensorView& x, const TensorView& w,
     });
     return Status::Ok();
   }
+  if (int8 && QuantizesX(m_rows)) return VnniLinear(pool, x, w, e, o);
   thread_local std::vector<uint16_t> packed_storage;  // this thread's: the pool reads xp
   packed_storage.resize(static_cast<size_t>(m_rows * TiledCols(k_dim)));
   const uint16_t* xp = packed_storage.data();

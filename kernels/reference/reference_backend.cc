@@ -299,6 +299,40 @@ Status MaskUnits(Backend&, TensorView x, const uint8_t* keep, int32_t unit_width
   return Status::Ok();
 }
 
+Status LinearI8QuantizedX(TensorView x, TensorView w, TensorView bias, Activation act,
+                          bool accumulate, TensorView out) {
+  const int64_t m_rows = x.rows(), k_dim = x.cols(), n_rows = w.rows();
+  std::vector<int> q(static_cast<size_t>(k_dim));
+  float* o = out.as<float>();
+  for (int64_t m = 0; m < m_rows; ++m) {
+    const float* xm = x.as<float>() + m * k_dim;
+    float amax = 0.f, lo = 0.f;
+    for (int64_t k = 0; k < k_dim; ++k) {
+      amax = std::max(amax, std::fabs(xm[k]));
+      lo = std::min(lo, xm[k]);
+    }
+    // A row without negative values uses all 255 steps above zero; q is x / scale, the zero
+    // point (0 or 128) left out: it only shifts the kernels' unsigned operand.
+    const float levels = lo >= 0.f ? 255.f : 127.f;
+    const float inv = amax > 0.f ? levels / amax : 0.f;
+    for (int64_t k = 0; k < k_dim; ++k) q[k] = static_cast<int>(std::nearbyint(xm[k] * inv));
+    const double x_scale = amax / levels;
+    for (int64_t n = 0; n < n_rows; ++n) {
+      int64_t dot = 0;
+      for (int64_t k = 0; k < k_dim; ++k) {
+        const int64_t i = w.layout == Layout::kTiled16 ? TiledIndex(n, k, k_dim) : n * k_dim + k;
+        dot += q[k] * static_cast<int64_t>(w.as<int8_t>()[i]);
+      }
+      double v = static_cast<double>(dot) * x_scale * w.scale[n] +
+                 (bias.data != nullptr ? At(bias, n) : 0.0);
+      if (act == Activation::kRelu) v = std::max(v, 0.0);
+      if (accumulate) v += o[m * n_rows + n];
+      o[m * n_rows + n] = static_cast<float>(v);
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace ref
 
 namespace {

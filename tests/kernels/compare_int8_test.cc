@@ -2,9 +2,12 @@
 // random inputs: Linear over row-major and kTiled16 int8 weights (decode sizes widened in
 // registers, longer x through the bf16 scratch, odd K and partial tiles), the Deja Vu gathers
 // (row scales for GatherLinear, column scales for GatherLinearT), the embedding lookup, the CPU's
-// portable path (AVX512-BF16 off) and each SIMD target. Also the quantizer itself: the error
-// bound per element, scales, zero rows, and refusal of non-finite weights; and the ops' refusal
-// of int8 without scales.
+// portable path (AVX512-BF16 off) and each SIMD target. The CPU's prefill path over tiled int8
+// (x quantized per row, AVX512-VNNI; kernels/cpu/i8_vnni.h) against the reference that quantizes
+// x alike (ref::LinearI8QuantizedX), and its error against the product with x unquantized within
+// the quantization's bound; the bf16-x path at the same sizes with it switched off. Also the
+// quantizer itself: the error bound per element, scales, zero rows, and refusal of non-finite
+// weights; and the ops' refusal of int8 without scales.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,7 +20,9 @@
 #include "hwy/targets.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/i8_vnni.h"
 #include "kernels/ops.h"
+#include "kernels/reference/reference_ops.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace deja::kernels {
@@ -77,18 +82,68 @@ Int8Matrix MakeInt8(std::mt19937& rng, Backend& b, int64_t rows, int64_t cols, b
 struct LinearCase {
   int64_t m, n, k;
   bool tiled, bias, relu, accumulate;
+  bool x_nonnegative = false;  // x as after a ReLU (fc2's input)
   std::string Label() const {
     return "M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
            (tiled ? " tiled" : "") + (bias ? " bias" : "") + (relu ? " relu" : "") +
-           (accumulate ? " accumulate" : "");
+           (accumulate ? " accumulate" : "") + (x_nonnegative ? " x>=0" : "");
   }
 };
+
+// Whether `b` quantizes x in this case: the CPU's prefill path over tiled int8 weights.
+bool QuantizesX(const Backend& b, const LinearCase& c) {
+  return b.kind() == BackendKind::kCpu && c.tiled && cpu::Bf16DotEnabled() && cpu::QuantizesX(c.m);
+}
+
+// Each element of the quantized-x product within the bound of x's quantization of the product
+// with x as given: |x - q * scale| <= scale / 2 per element (scale = max |x_row| / 127, or / 255
+// for a row without negative values), so
+// |got - want| <= scale / 2 * sum_k |w[n, k]| (int8 value times its scale), plus a relative
+// 1e-5 for the f32 arithmetic. Also the norm-wise error, against the bf16 rounding of x that the
+// other path makes (2^-9 relative per element).
+::testing::AssertionResult WithinQuantizationBound(const float* got, const Tensor& x,
+                                                   const Int8Matrix& w, const Tensor& bias,
+                                                   const LinearCase& c, const float* init) {
+  const int64_t m_rows = c.m, k_dim = c.k, n_rows = c.n;
+  const int8_t* q = w.host.q.as<int8_t>();
+  const float* sw = w.host.scale.as<float>();
+  double diff2 = 0, ref2 = 0;
+  for (int64_t m = 0; m < m_rows; ++m) {
+    const float* xm = x.as<float>() + m * k_dim;
+    double amax = 0, lo = 0;
+    for (int64_t k = 0; k < k_dim; ++k) {
+      amax = std::max(amax, std::fabs(static_cast<double>(xm[k])));
+      lo = std::min(lo, static_cast<double>(xm[k]));
+    }
+    const double scale = amax / (lo >= 0 ? 255 : 127);
+    for (int64_t n = 0; n < n_rows; ++n) {
+      double dot = 0, abs_w = 0;
+      for (int64_t k = 0; k < k_dim; ++k) {
+        const double wk = static_cast<double>(q[n * k_dim + k]) * sw[n];
+        dot += xm[k] * wk;
+        abs_w += std::fabs(wk);
+      }
+      double want = dot + (c.bias ? bias.as<float>()[n] : 0.f);
+      if (c.relu) want = std::max(want, 0.0);  // ReLU is 1-Lipschitz: the bound carries over
+      if (c.accumulate) want += init[m * n_rows + n];
+      const double g = got[m * n_rows + n];
+      const double bound = scale / 2 * abs_w * (1 + 1e-6) + 1e-5 * (std::fabs(want) + 1e-6);
+      if (!(std::fabs(g - want) <= bound)) {
+        return ::testing::AssertionFailure() << "row " << m << " col " << n << ": got " << g
+                                             << ", want " << want << ", bound " << bound;
+      }
+      diff2 += (g - want) * (g - want);
+      ref2 += want * want;
+    }
+  }
+  return ::testing::AssertionSuccess() << "relative error " << std::sqrt(diff2 / ref2);
+}
 
 void CheckLinear(Backend& b, const LinearCase& c, uint32_t seed) {
   SCOPED_TRACE(c.Label() + " seed=" + std::to_string(seed));
   if (!Runs(b, OpId::kLinear, DType::kI8, c.tiled ? Layout::kTiled16 : Layout::kRowMajor)) return;
   std::mt19937 rng(seed);
-  Tensor x = RandomTensor(rng, DType::kF32, {c.m, c.k});
+  Tensor x = RandomTensor(rng, DType::kF32, {c.m, c.k}, c.x_nonnegative ? 0.f : -1.f);
   Int8Matrix w = MakeInt8(rng, b, c.n, c.k, c.tiled);
   Tensor bias = RandomTensor(rng, DType::kF32, {c.n});
   Tensor init = RandomTensor(rng, DType::kF32, {c.m, c.n});
@@ -99,8 +154,15 @@ void CheckLinear(Backend& b, const LinearCase& c, uint32_t seed) {
   const Activation act = c.relu ? Activation::kRelu : Activation::kNone;
   auto ref = MakeReferenceBackend();
   Tensor want = CopyOf(init);
-  DEJA_ASSERT_OK(Linear(*ref, x.view(), w.host_view, c.bias ? bias.view() : TensorView{}, act,
-                        c.accumulate, want.view()));
+  const bool quantized_x = QuantizesX(b, c);
+  if (quantized_x) {
+    DEJA_ASSERT_OK(ref::LinearI8QuantizedX(x.view(), w.host_view,
+                                           c.bias ? bias.view() : TensorView{}, act, c.accumulate,
+                                           want.view()));
+  } else {
+    DEJA_ASSERT_OK(Linear(*ref, x.view(), w.host_view, c.bias ? bias.view() : TensorView{}, act,
+                          c.accumulate, want.view()));
+  }
   DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_x, b.ToBackend(x));
   DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_bias, b.ToBackend(bias));
   DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_out, b.ToBackend(init));
@@ -108,13 +170,17 @@ void CheckLinear(Backend& b, const LinearCase& c, uint32_t seed) {
                         c.accumulate, d_out.view()));
   DEJA_ASSERT_OK_AND_ASSIGN(Tensor got, b.ToHost(d_out.view()));
   EXPECT_TRUE(Close(got.as<float>(), want.as<float>(), got.numel(), kTol));
+  if (quantized_x) {
+    EXPECT_TRUE(WithinQuantizationBound(got.as<float>(), x, w, bias, c, init.as<float>()));
+  }
 }
 
 class CompareInt8 : public BackendTest {};
 
 TEST_P(CompareInt8, LinearGrid) {
   // M: decode sizes (widened in registers on AVX512-BF16 CPUs), 16 (one full block of x), 17 and
-  // 40 (the bf16 scratch path), past the small-M switch; N: partial tiles; K: odd (a padded pair).
+  // 40 (the bf16 scratch path; x quantized with AVX512-VNNI, CpuInt8.QuantizedXSwitchedOff keeps
+  // the scratch path), past the small-M switch; N: partial tiles; K: odd (a padded pair).
   const int64_t ms[] = {1, 2, 5, 9, 16, 17, cpu::kLinearSmallMMax + 1, 40};
   const std::pair<int64_t, int64_t> nks[] = {{1, 1}, {17, 3}, {130, 257}, {64, 1000}, {33, 2049}};
   uint32_t seed = BaseSeed();
@@ -144,6 +210,25 @@ TEST_P(CompareInt8, LinearModelSized) {
   for (int64_t m : {1, 16, 64})
     for (bool tiled : {false, true})
       CheckLinear(backend(), {m, 1024, 2048, tiled, true, true, false}, seed++);
+}
+
+TEST_P(CompareInt8, LinearQuantizedX) {
+  // Prefill sizes over tiled weights, where the CPU quantizes x (with AVX512-VNNI; elsewhere the
+  // same cases check the bf16-x path): partial blocks of rows (kVnniRowBlock), partial groups of
+  // tiles and partial tiles, K not a multiple of 4 (odd: a padded pair; 2 mod 4: half a quad); a
+  // third of the cases with x >= 0 (quantized to 255 steps).
+  const int64_t ms[] = {cpu::kVnniMinM, cpu::kVnniMinM + 1, 37, 64, 131};
+  const std::pair<int64_t, int64_t> nks[] = {{1, 1},     {17, 3},    {50, 6},    {130, 257},
+                                             {64, 1000}, {33, 2049}, {96, 2050}, {200, 64}};
+  uint32_t seed = BaseSeed() + 1500;
+  int i = 0;
+  for (int64_t m : ms) {
+    for (auto [n, k] : nks) {
+      const int v = i++ % 8;
+      CheckLinear(backend(), {m, n, k, true, (v & 1) != 0, (v & 2) != 0, (v & 4) != 0, i % 3 == 0},
+                  seed++);
+    }
+  }
 }
 
 TEST_P(CompareInt8, GatherLinear) {
@@ -271,6 +356,41 @@ TEST(CpuInt8, PortablePathAndSimdTargets) {
     hwy::SetSupportedTargetsForTest(0);
   }
   cpu::SetBf16DotEnabled(cpu::Bf16DotAvailable());
+}
+
+TEST(CpuInt8, QuantizedXSwitchedOff) {
+  // With the VNNI path off (as DEJA_CPU_VNNI=0 does) prefill sizes keep x in bf16: the plain
+  // reference. Then on again: rows of x that are all zero (scale 0), rows with one outlier,
+  // rows without negative values.
+  uint32_t seed = BaseSeed() + 6500;
+  cpu::SetVnniEnabled(false);
+  for (const auto& cpu : CpuBackends()) {
+    SCOPED_TRACE(cpu.label);
+    for (int64_t m : {cpu::kVnniMinM, cpu::kLinearSmallMMax + 1, int64_t{70}})
+      CheckLinear(*cpu.backend, {m, 45, 301, true, true, true, true}, seed++);
+  }
+  cpu::SetVnniEnabled(cpu::VnniAvailable());
+  if (!cpu::VnniAvailable()) return;
+  for (const auto& cpu : CpuBackends()) {
+    SCOPED_TRACE(cpu.label);
+    std::mt19937 rng(seed++);
+    const int64_t m_rows = 40, n = 70, k = 203;
+    Tensor x = RandomTensor(rng, DType::kF32, {m_rows, k});
+    for (int64_t c = 0; c < k; ++c) x.as<float>()[3 * k + c] = 0.f;  // row 3: zeros
+    x.as<float>()[7 * k + 11] = 300.f;                               // row 7: an outlier
+    for (int64_t r : {9, 20, 39})  // rows without negative values (ReLU's output): 255 steps
+      for (int64_t c = 0; c < k; ++c)
+        x.as<float>()[r * k + c] = std::max(0.f, x.as<float>()[r * k + c]);
+    Int8Matrix w = MakeInt8(rng, *cpu.backend, n, k, true);
+    Tensor want = Tensor::Empty(DType::kF32, {m_rows, n});
+    DEJA_ASSERT_OK(ref::LinearI8QuantizedX(x.view(), w.host_view, TensorView{}, Activation::kNone,
+                                           false, want.view()));
+    Tensor got = Tensor::Empty(DType::kF32, {m_rows, n});
+    DEJA_ASSERT_OK(Linear(*cpu.backend, x.view(), w.device_view, TensorView{}, Activation::kNone,
+                          false, got.view()));
+    EXPECT_TRUE(Close(got.as<float>(), want.as<float>(), got.numel(), kTol));
+    for (int64_t c = 0; c < n; ++c) EXPECT_EQ(got.as<float>()[3 * n + c], 0.f) << c;
+  }
 }
 
 TEST(QuantizeRowsInt8, ErrorBoundScalesAndZeroRows) {
