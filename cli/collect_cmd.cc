@@ -7,6 +7,7 @@
 #include "cli/common_flags.h"
 #include "common/tokenizer.h"
 #include "worker/dejavu/collect.h"
+#include "worker/locret/collect.h"
 
 namespace deja::cli {
 
@@ -16,9 +17,17 @@ int RunCollect(int argc, char** argv, int first) {
   args.Flag("text", "UTF-8 text file(s), comma-separated", "", true)
       .Flag("out", "output directory (meta.json, layer_<L>.safetensors)", "", true)
       .Flag("context", "window length in tokens, BOS included", "512")
-      .Flag("max-rows", "rows per layer at most (windows sampled in seeded random order)",
-            "400000")
-      .Flag("seed", "window order seed", "0");
+      .Flag("max-rows", "rows per layer at most (windows sampled in seeded random order)", "400000")
+      .Flag("seed", "window order seed", "0")
+      .Flag("answer-tokens",
+            "with --locret: each window's last tokens, whose queries label the others", "128")
+      .Flag("label",
+            "with --locret: logit (the max pre-softmax logit, the paper's) or logprob (the max "
+            "log attention probability)",
+            "logprob");
+  args.Bool("locret",
+            "record Locret retaining-head rows (per head [q, k, v] and the max logit later "
+            "answer queries give the token) instead of Deja Vu predictor rows");
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("collect", s);
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
   auto run = [&]() -> Status {
@@ -50,6 +59,33 @@ int RunCollect(int argc, char** argv, int first) {
       std::printf("%s\n", line.c_str());
       std::fflush(stdout);
     };
+    if (args.On("locret")) {
+      worker::locret::CollectOptions lo;
+      lo.context = o.context;
+      lo.max_rows = o.max_rows;
+      lo.seed = o.seed;
+      lo.model_dir = o.model_dir;
+      lo.texts = o.texts;
+      DEJA_ASSIGN_OR_RETURN(int64_t answer, args.Int("answer-tokens"));
+      if (answer < 1 || answer >= context) {
+        return InvalidArgument("--answer-tokens must be in [1, --context)");
+      }
+      lo.answer_tokens = static_cast<int32_t>(answer);
+      const std::string label = args.Str("label");
+      if (label != "logit" && label != "logprob") {
+        return InvalidArgument("--label must be logit or logprob");
+      }
+      lo.label = label == "logit" ? worker::locret::RetainingLabel::kLogit
+                                  : worker::locret::RetainingLabel::kLogProb;
+      DEJA_ASSIGN_OR_RETURN(
+          worker::locret::CollectSummary ls,
+          worker::locret::CollectRetaining(*m.model, docs, lo, args.Str("out"), progress));
+      std::printf(
+          "collect --locret: %lld rows per layer from %lld of %lld windows in %.1f s -> %s\n",
+          static_cast<long long>(ls.rows), static_cast<long long>(ls.windows),
+          static_cast<long long>(ls.windows_total), ls.seconds, args.Str("out").c_str());
+      return Status::Ok();
+    }
     DEJA_ASSIGN_OR_RETURN(worker::dejavu::CollectSummary sum,
                           worker::dejavu::Collect(*m.model, docs, o, args.Str("out"), progress));
     std::printf("collect: %lld rows per layer from %lld of %lld windows in %.1f s -> %s\n",

@@ -14,6 +14,7 @@ int RunCoordinator(int argc, char** argv, int first);
 int RunClient(int argc, char** argv, int first);
 int RunCollect(int argc, char** argv, int first);
 int RunTrainPredictors(int argc, char** argv, int first);
+int RunTrainRetaining(int argc, char** argv, int first);
 int RunQuantize(int argc, char** argv, int first);
 
 // Prints the status to stderr and returns 1 (2 for usage errors).

@@ -234,6 +234,26 @@ StatusOr<worker::kv::CachePolicyConfig> CachePolicyFromFlags(const Args& args) {
   return c;
 }
 
+void AddRetainingFlag(Args& args) {
+  args.Flag("retaining-heads",
+            "with --kv-policy locret: the retaining heads (safetensors, its .json beside it) "
+            "[default: <model>/retaining.safetensors]");
+}
+
+Status EnableRetainingFromFlags(const Args& args, const worker::kv::CachePolicyConfig& cache,
+                                worker::model::Model& model) {
+  if (cache.kind != worker::kv::CachePolicyKind::kLocret) {
+    if (args.Has("retaining-heads")) {
+      return InvalidArgument("--retaining-heads goes with --kv-policy locret");
+    }
+    return Status::Ok();
+  }
+  const std::string path = args.Has("retaining-heads")
+                               ? args.Str("retaining-heads")
+                               : args.Str("model") + "/retaining.safetensors";
+  return model.EnableRetaining(path).WithContext("--retaining-heads");
+}
+
 void AddSparsityFlags(Args& args) {
   args.Flag("predictors",
             "Deja Vu predictor safetensors (its .json schedule beside it); enables sparsity")

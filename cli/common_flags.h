@@ -52,6 +52,12 @@ struct SparsityFlags {
   std::string oracle;
   std::string default_flag;
 };
+// --retaining-heads (`deja ppl`, `deja generate`), and loading them into `model` when the policy
+// is locret (InvalidArgument for the flag with another policy).
+void AddRetainingFlag(Args& args);
+Status EnableRetainingFromFlags(const Args& args, const worker::kv::CachePolicyConfig& cache,
+                                worker::model::Model& model);
+
 void AddSparsityFlags(Args& args);
 // InvalidArgument naming the flag: a predictor file (or its .json) that does not exist, an
 // oracle fraction outside (0, 1], both set, --sparsity-default not a name of

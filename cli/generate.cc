@@ -15,7 +15,12 @@ int RunGenerate(int argc, char** argv, int first) {
   AddModelFlags(args);
   AddSamplingFlags(args);
   AddSparsityRunFlags(args);
-  args.Flag("prompt", "prompt text (UTF-8)", "", true)
+  AddCachePolicyFlags(args, std::nullopt);
+  AddRetainingFlag(args);
+  args.Flag("prefill-chunk",
+            "prompt tokens per prefill step [default: 512; 64 with --kv-policy locret, whose "
+            "cache holds at most its budget plus one chunk]")
+      .Flag("prompt", "prompt text (UTF-8)", "", true)
       .Flag("max-new-tokens", "tokens to generate", "32")
       .Bool("ignore-eos", "keep generating after the end-of-sequence token")
       .Bool("json", "print one JSON object (token_ids, text, ...) as the last line");
@@ -38,6 +43,16 @@ int RunGenerate(int argc, char** argv, int first) {
     if (sparsity) {
       DEJA_RETURN_IF_ERROR(m.model->EnableSparsity(*sparsity));
       opt.sparse = true;
+    }
+    if (args.Has("kv-policy")) {
+      DEJA_ASSIGN_OR_RETURN(opt.cache, CachePolicyFromFlags(args));
+    }
+    DEJA_RETURN_IF_ERROR(EnableRetainingFromFlags(args, opt.cache, *m.model));
+    opt.prefill_chunk = opt.cache.kind == worker::kv::CachePolicyKind::kLocret ? 64 : 512;
+    if (args.Has("prefill-chunk")) {
+      DEJA_ASSIGN_OR_RETURN(int64_t chunk, args.Int("prefill-chunk"));
+      if (chunk < 1 || chunk > (1 << 20)) return InvalidArgument("--prefill-chunk must be >= 1");
+      opt.prefill_chunk = static_cast<int32_t>(chunk);
     }
     const bool json = args.On("json");
     IncrementalDecoder decoder(*tok, /*skip_special=*/true);

@@ -22,6 +22,7 @@ constexpr const char* kUsage =
     "  client     call a server: generate, stream, tokenize, info, cancel, health\n"
     "  collect    record Deja Vu predictor training rows from a dense run over text\n"
     "  train-predictors  train the Deja Vu predictors from `collect` output\n"
+    "  train-retaining   train the Locret retaining heads (KV cache token scores)\n"
     "  quantize   write a weight-only int8 copy of a checkpoint\n"
     "Every command takes --help, and --log-dir DIR (log files there too) and -v N (verbose).\n";
 
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
   if (cmd == "client") return deja::cli::RunClient(argc, argv, 2);
   if (cmd == "collect") return deja::cli::RunCollect(argc, argv, 2);
   if (cmd == "train-predictors") return deja::cli::RunTrainPredictors(argc, argv, 2);
+  if (cmd == "train-retaining") return deja::cli::RunTrainRetaining(argc, argv, 2);
   if (cmd == "quantize") return deja::cli::RunQuantize(argc, argv, 2);
   std::fprintf(stderr, "deja: unknown command '%s'\n%s", cmd.c_str(), kUsage);
   return 2;

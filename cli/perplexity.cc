@@ -29,7 +29,12 @@ int RunPerplexity(int argc, char** argv, int first) {
             "with --kv-policy h2o: each step multiplies the accumulated scores by this factor "
             "before adding the step's attention (1: the reference's plain sum)",
             "1")
-      .Flag("sink-tokens", "with --kv-policy h2o: the first positions never evicted", "0");
+      .Flag("sink-tokens", "with --kv-policy h2o: the first positions never evicted", "0")
+      .Flag("locret-chunk",
+            "with --kv-policy locret: prompt tokens per prefill step (the cache holds at most "
+            "its budget plus this many)",
+            "64");
+  AddRetainingFlag(args);
   AddCachePolicyFlags(args, std::nullopt);
   AddSparsityRunFlags(args);
   args.Bool("json", "print one JSON object (perplexity, tokens, ...) as the last line");
@@ -69,15 +74,22 @@ int RunPerplexity(int argc, char** argv, int first) {
       cache.h2o_decay = static_cast<float>(decay);
       cache.sink_tokens = static_cast<int32_t>(sinks);
       DEJA_ASSIGN_OR_RETURN(int64_t prompt, args.Int("prompt-tokens"));
-      DEJA_ASSIGN_OR_RETURN(worker::model::PolicyPerplexityResult pr,
-                            worker::model::PolicyPerplexity(
-                                *m.model, *ids, static_cast<int32_t>(context),
-                                static_cast<int32_t>(prompt), cache, sparsity.has_value()));
+      DEJA_ASSIGN_OR_RETURN(int64_t chunk, args.Int("locret-chunk"));
+      if (chunk < 1 || chunk > (1 << 20)) return InvalidArgument("--locret-chunk must be >= 1");
+      DEJA_RETURN_IF_ERROR(EnableRetainingFromFlags(args, cache, *m.model));
+      DEJA_ASSIGN_OR_RETURN(
+          worker::model::PolicyPerplexityResult pr,
+          worker::model::PolicyPerplexity(*m.model, *ids, static_cast<int32_t>(context),
+                                          static_cast<int32_t>(prompt), cache, sparsity.has_value(),
+                                          static_cast<int32_t>(chunk)));
       r = pr.result;
       j["kv_policy"] = args.Str("kv-policy");
       if (cache.kind == worker::kv::CachePolicyKind::kH2O) j["h2o_score"] = score;
       j["prompt_tokens"] = prompt;
       j["kv_bytes_per_sequence"] = pr.kv_bytes_per_sequence;
+      j["peak_prompt_tokens_per_head"] = pr.peak_prompt_tokens;
+      j["peak_prompt_kv_bytes"] = pr.peak_prompt_kv_bytes;
+      if (cache.kind == worker::kv::CachePolicyKind::kLocret) j["locret_chunk"] = chunk;
       j["evictions"] = pr.evictions;
     } else {
       DEJA_ASSIGN_OR_RETURN(r,

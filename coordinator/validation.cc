@@ -115,6 +115,12 @@ Status ResolveCache(const v1::CachePolicy& requested, const v1::CachePolicy& ser
       const kv::CachePolicyKind kind,
       kv::FromProto(api == v1::CachePolicy::KIND_UNSPECIFIED ? v1::CachePolicy::KIND_FULL : api,
                     "cache.kind"));
+  if (kind == kv::CachePolicyKind::kLocret) {
+    // The workers would need the retaining heads and the scheduler chunks sized to the budget.
+    return FailedPrecondition(
+        "cache.kind: KIND_LOCRET runs in `deja generate` and `deja ppl`; this server does not "
+        "serve it");
+  }
   const kv::CachePolicyRow& row = kv::CachePolicyOf(kind);
   DEJA_RETURN_IF_ERROR(CheckHeavyBudget(requested, row, "cache."));
   // Each budget: the request's own field, else the server default's when the request asks for
@@ -145,6 +151,11 @@ Status ResolveCache(const v1::CachePolicy& requested, const v1::CachePolicy& ser
 }  // namespace
 
 Status ValidateDefaultCachePolicy(const v1::CachePolicy& policy) {
+  if (policy.kind() == v1::CachePolicy::KIND_LOCRET) {
+    return InvalidArgument(
+        "the locret cache policy runs in `deja generate` and `deja ppl`; the "
+        "server does not serve it");
+  }
   if (policy.kind() != v1::CachePolicy::KIND_UNSPECIFIED) {
     DEJA_RETURN_IF_ERROR(kv::FromProto(policy.kind(), "default cache policy kind").status());
   }

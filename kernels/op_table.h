@@ -33,6 +33,7 @@ enum class OpId {
   kKvEvict,
   kConvert,
   kMaskUnits,
+  kRetainScores,
   kCount,
 };
 
@@ -139,12 +140,13 @@ using GatherLinearTFn = Status (*)(Backend&, TensorView x, TensorView wt, const 
                                    int64_t n_rows, bool accumulate, TensorView out);
 
 // Writes n new tokens into a cache: for head h and token i, slot slots[h * n + i] gets key
-// k[i, h * head_dim:...] and value v[...] (rounded to kv.dtype), position positions[i], and a
-// zero score (when kv.score is set). k, v f32 [n, heads * head_dim] in device memory; slots and
-// positions are host arrays (validated, copied by device backends).
+// k[i, h * head_dim:...] and value v[...] (rounded to kv.dtype), position positions[i], and
+// (when kv.score is set) the score scores[i * heads + h], or zero when scores is null. k, v f32
+// [n, heads * head_dim] and scores f32 [n, heads] in device memory; slots and positions are
+// host arrays (validated, copied by device backends).
 using KvWriteFn = Status (*)(Backend&, const KvView& kv, int32_t heads, int32_t head_dim,
                              const int32_t* slots, const int32_t* positions, int32_t n,
-                             TensorView k, TensorView v);
+                             TensorView k, TensorView v, const float* scores);
 // Per head: the `excess` lowest-ranked occupied slots among [0, kv.used) whose position is below
 // args.oldest_recent (KvRank) are freed (position -1, score 0) and written, lowest first, to
 // victims[h * excess + j] (device memory, int32; -1 where a head has fewer candidates).
@@ -157,6 +159,26 @@ using ConvertFn = Status (*)(Backend&, TensorView src, TensorView dst);
 // zero where keep[r * units + u] == 0 (keep: a host array, copied by device backends). Deja Vu's
 // masked blocks: each row keeps only its own selection of heads or neurons.
 using MaskUnitsFn = Status (*)(Backend&, TensorView x, const uint8_t* keep, int32_t unit_width);
+
+// Locret retaining heads (docs/architecture.md#locret): one small MLP per head scores each new
+// token's future importance from that head's [q, k, v]:
+//   out[i, h] = sum_j w2[h, j] * relu(sum_c w1[h, j, c] * x_h[c] + b1[h, j]) + b2[h],
+// x_h = [q[i, h*head_dim ...], k[i, ...], v[i, ...]] (3 * head_dim floats; q as projected, not
+// scaled). Rows of q, k and v are row_stride floats apart (the stacked projection's rows).
+struct RetainArgs {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t row_stride = 0;  // floats from one row of q (k, v) to the next; >= heads * head_dim
+  int32_t n = 0, heads = 0, head_dim = 0, hidden = 0;
+  const float* w1 = nullptr;       // [heads, hidden, 3 * head_dim]
+  const float* b1 = nullptr;       // [heads, hidden]
+  const float* w2 = nullptr;       // [heads, hidden]
+  const float* b2 = nullptr;       // [heads]
+  float* out = nullptr;            // [n, heads]
+  Device device = Device::Host();  // where every pointer above is
+};
+using RetainScoresFn = Status (*)(Backend&, const RetainArgs& args);
 
 struct OpTable {
   EmbeddingFn embedding = nullptr;
@@ -172,6 +194,7 @@ struct OpTable {
   KvEvictFn kv_evict = nullptr;
   ConvertFn convert = nullptr;
   MaskUnitsFn mask_units = nullptr;
+  RetainScoresFn retain_scores = nullptr;
 };
 
 }  // namespace deja::kernels

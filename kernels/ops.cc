@@ -28,6 +28,7 @@ bool SupportedByFullBackend(OpId op, DType dtype) {
     case OpId::kLogSoftmax:
     case OpId::kTopK:
     case OpId::kMaskUnits:
+    case OpId::kRetainScores:
       return dtype == DType::kF32;
     case OpId::kCount:
       break;
@@ -63,6 +64,8 @@ const char* OpName(OpId op) {
       return "convert";
     case OpId::kMaskUnits:
       return "mask_units";
+    case OpId::kRetainScores:
+      return "retain_scores";
     case OpId::kCount:
       break;
   }
@@ -512,9 +515,10 @@ Status TopK(Backend& backend, TensorView x, int32_t k, float* values, int32_t* i
 
 Status KvWrite(Backend& backend, const KvView& kv, int32_t heads, int32_t head_dim,
                const int32_t* slots, const int32_t* positions, int32_t n, TensorView k,
-               TensorView v) {
+               TensorView v, const float* scores) {
   constexpr const char* kOp = "kv_write";
   DEJA_RETURN_IF_ERROR(CheckDevices(backend, kOp, {{"k", k}, {"v", v}}));
+  DEJA_RETURN_IF_ERROR(CheckDevice(backend, backend.device(), kOp, "scores", scores, k.device));
   DEJA_RETURN_IF_ERROR(CheckDevice(backend, backend.device(), kOp, "kv", kv.k, kv.device));
   if (heads <= 0) return Bad(kOp, "heads", "must be positive");
   if (head_dim <= 0) return Bad(kOp, "head_dim", "must be positive");
@@ -561,7 +565,32 @@ Status KvWrite(Backend& backend, const KvView& kv, int32_t heads, int32_t head_d
   }
   DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kKvWrite, kv.dtype,
                                     reinterpret_cast<const void*>(backend.ops().kv_write)));
-  return backend.ops().kv_write(backend, kv, heads, head_dim, slots, positions, n, k, v);
+  return backend.ops().kv_write(backend, kv, heads, head_dim, slots, positions, n, k, v, scores);
+}
+
+Status RetainScores(Backend& backend, const RetainArgs& a) {
+  constexpr const char* kOp = "retain_scores";
+  if (a.n < 0) return Bad(kOp, "n", "must not be negative");
+  if (a.heads <= 0) return Bad(kOp, "heads", "must be positive");
+  if (a.head_dim <= 0) return Bad(kOp, "head_dim", "must be positive");
+  if (a.hidden <= 0) return Bad(kOp, "hidden", "must be positive");
+  const int64_t width = static_cast<int64_t>(a.heads) * a.head_dim;
+  if (a.row_stride < width) {
+    return Bad(kOp, "row_stride",
+               "is " + std::to_string(a.row_stride) +
+                   ", less than heads * head_dim = " + std::to_string(width));
+  }
+  const std::pair<const char*, const void*> ptrs[] = {{"q", a.q},   {"k", a.k},    {"v", a.v},
+                                                      {"w1", a.w1}, {"b1", a.b1},  {"w2", a.w2},
+                                                      {"b2", a.b2}, {"out", a.out}};
+  for (const auto& [name, ptr] : ptrs) {
+    if (ptr == nullptr) return Bad(kOp, name, "is null");
+    DEJA_RETURN_IF_ERROR(CheckDevice(backend, backend.device(), kOp, name, ptr, a.device));
+  }
+  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kRetainScores, DType::kF32,
+                                    reinterpret_cast<const void*>(backend.ops().retain_scores)));
+  if (a.n == 0) return Status::Ok();
+  return backend.ops().retain_scores(backend, a);
 }
 
 Status KvEvict(Backend& backend, const KvView& kv, int32_t heads, const KvEvictArgs& args,

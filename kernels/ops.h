@@ -67,10 +67,15 @@ Status GatherLinearT(Backend& backend, TensorView x, TensorView wt, const int32_
                      int64_t n_rows, bool accumulate, TensorView out);
 
 // Writes n tokens' keys and values into a cache (KvWriteFn in op_table.h): slots [heads, n] in
-// [0, kv.used), positions [n] >= 0, host arrays; k, v f32 [n, heads * head_dim].
+// [0, kv.used), positions [n] >= 0, host arrays; k, v f32 [n, heads * head_dim]; scores f32
+// [n, heads] in the backend's memory, or null (zero scores).
 Status KvWrite(Backend& backend, const KvView& kv, int32_t heads, int32_t head_dim,
                const int32_t* slots, const int32_t* positions, int32_t n, TensorView k,
-               TensorView v);
+               TensorView v, const float* scores = nullptr);
+
+// Locret retaining-head scores of n tokens (RetainArgs in op_table.h): n >= 0, heads, head_dim
+// and hidden positive, row_stride >= heads * head_dim, every pointer in the backend's memory.
+Status RetainScores(Backend& backend, const RetainArgs& args);
 
 // Frees each head's `args.excess` lowest-ranked candidate slots (KvEvictFn in op_table.h);
 // victims [heads, excess] int32 in the backend's memory.

@@ -1,4 +1,5 @@
-// Collected predictor training data: a minimal safetensors writer/reader for F16 and U8 tensors.
+// Collected predictor training data (F16 inputs, U8 labels) through the small safetensors reader
+// and writer of raw_safetensors.h.
 #include "predictors/predictor_data.h"
 
 #include <cmath>
@@ -7,78 +8,14 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
+#include "predictors/raw_safetensors.h"
 
 namespace deja::predictors {
-namespace {
 
 using nlohmann::json;
-
-struct RawTensor {
-  std::string dtype;
-  std::vector<int64_t> shape;
-  const void* data = nullptr;
-  size_t bytes = 0;
-};
-
-Status WriteRaw(const std::string& path, const std::vector<std::pair<std::string, RawTensor>>& ts) {
-  json header = json::object();
-  size_t offset = 0;
-  for (const auto& [name, t] : ts) {
-    header[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
-    offset += t.bytes;
-  }
-  std::string h = header.dump();
-  while ((h.size() + 8) % 8 != 0) h.push_back(' ');
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    uint64_t n = h.size();
-    out.write(reinterpret_cast<const char*>(&n), 8);
-    out.write(h.data(), static_cast<std::streamsize>(h.size()));
-    for (const auto& [name, t] : ts) {
-      out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.bytes));
-    }
-    if (!out.good()) return Unavailable("cannot write " + tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return Unavailable("cannot rename " + tmp + " to " + path);
-  }
-  return Status::Ok();
-}
-
-// Reads one tensor's bytes after validating dtype and shape against the header.
-Status ReadTensor(std::ifstream& in, const std::string& path, const json& header,
-                  uint64_t data_start, uint64_t file_size, const std::string& name,
-                  const std::string& dtype, const std::vector<int64_t>& shape, void* dst,
-                  size_t bytes) {
-  auto it = header.find(name);
-  if (it == header.end()) return InvalidArgument(path + ": tensor '" + name + "' is missing");
-  const json& t = *it;
-  if (!t.is_object() || !t.contains("dtype") || t["dtype"] != dtype) {
-    return InvalidArgument(path + ": tensor '" + name + "' must have dtype " + dtype);
-  }
-  if (!t.contains("shape") || t["shape"] != json(shape)) {
-    return InvalidArgument(path + ": tensor '" + name + "' has shape " +
-                           (t.contains("shape") ? t["shape"].dump() : "?") + ", expected " +
-                           json(shape).dump());
-  }
-  const json& off = t.value("data_offsets", json());
-  if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
-      !off[1].is_number_unsigned() || off[1].get<uint64_t>() < off[0].get<uint64_t>() ||
-      off[1].get<uint64_t>() - off[0].get<uint64_t>() != bytes ||
-      data_start + off[1].get<uint64_t>() > file_size) {
-    return InvalidArgument(path + ": tensor '" + name + "' has bad data_offsets");
-  }
-  in.seekg(static_cast<std::streamoff>(data_start + off[0].get<uint64_t>()));
-  in.read(static_cast<char*>(dst), static_cast<std::streamsize>(bytes));
-  if (!in.good()) return DataLoss(path + ": cannot read tensor '" + name + "'");
-  return Status::Ok();
-}
-
-}  // namespace
 
 int32_t HeadTopCount(int32_t num_heads) {
   // ceil, with a guard against 0.3 * 10 = 3.0000000000000004.
@@ -130,23 +67,8 @@ StatusOr<BlockData> ReadBlockData(const std::string& dir, const DataMeta& meta, 
     return InvalidArgument("no " + std::string(BlockKindName(kind)) + " data for layer " +
                            std::to_string(layer));
   }
-  const std::string path = LayerDataPath(dir, layer);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound("cannot open " + path);
-  in.seekg(0, std::ios::end);
-  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
-  uint64_t n = 0;
-  in.read(reinterpret_cast<char*>(&n), 8);
-  if (!in.good() || n > (100ull << 20) || 8 + n > file_size) {
-    return InvalidArgument(path + ": bad safetensors header length");
-  }
-  std::string h(n, '\0');
-  in.read(h.data(), static_cast<std::streamsize>(n));
-  json header = json::parse(h, nullptr, false);
-  if (!in.good() || header.is_discarded() || !header.is_object()) {
-    return InvalidArgument(path + ": bad safetensors header");
-  }
+  DEJA_ASSIGN_OR_RETURN(RawSafetensorsFile file,
+                        RawSafetensorsFile::Open(LayerDataPath(dir, layer)));
   BlockData b;
   b.rows = meta.rows;
   b.dim = meta.hidden_size;
@@ -154,10 +76,9 @@ StatusOr<BlockData> ReadBlockData(const std::string& dir, const DataMeta& meta, 
   b.x.resize(static_cast<size_t>(b.rows * b.dim));
   b.y.resize(static_cast<size_t>(b.rows * b.label_bytes()));
   const std::string k = BlockKindName(kind);
-  DEJA_RETURN_IF_ERROR(ReadTensor(in, path, header, 8 + n, file_size, k + ".x", "F16",
-                                  {b.rows, b.dim}, b.x.data(), b.x.size() * 2));
-  DEJA_RETURN_IF_ERROR(ReadTensor(in, path, header, 8 + n, file_size, k + ".y", "U8",
-                                  {b.rows, b.label_bytes()}, b.y.data(), b.y.size()));
+  DEJA_RETURN_IF_ERROR(file.Read(k + ".x", "F16", {b.rows, b.dim}, b.x.data(), b.x.size() * 2));
+  DEJA_RETURN_IF_ERROR(
+      file.Read(k + ".y", "U8", {b.rows, b.label_bytes()}, b.y.data(), b.y.size()));
   return b;
 }
 
@@ -171,7 +92,7 @@ Status WriteLayerData(const std::string& dir, int32_t layer, const BlockData& ml
     ts.push_back({std::string(kind) + ".y",
                   {"U8", {b->rows, b->label_bytes()}, b->y.data(), b->y.size()}});
   }
-  return WriteRaw(LayerDataPath(dir, layer), ts);
+  return WriteRawSafetensors(LayerDataPath(dir, layer), ts);
 }
 
 }  // namespace deja::predictors

@@ -168,6 +168,7 @@ class CpuBackend final : public Backend {
     table_.kv_evict = CpuKvEvict;
     table_.convert = ref::Convert;
     table_.mask_units = ref::MaskUnits;
+    table_.retain_scores = CpuRetainScores;
   }
   BackendKind kind() const override { return BackendKind::kCpu; }
   bool SupportsPagedKv() const override { return true; }

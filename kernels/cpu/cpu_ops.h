@@ -16,6 +16,7 @@ Status CpuKvEvict(Backend& backend, const KvView& kv, int32_t heads, const KvEvi
 Status CpuGatherLinear(Backend& backend, TensorView x, TensorView w, TensorView bias,
                        const int32_t* rows, int64_t n_rows, Activation act, bool accumulate,
                        TensorView out);
+Status CpuRetainScores(Backend& backend, const RetainArgs& args);
 Status CpuGatherLinearT(Backend& backend, TensorView x, TensorView wt, const int32_t* rows,
                         int64_t n_rows, bool accumulate, TensorView out);
 

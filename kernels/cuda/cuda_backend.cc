@@ -39,6 +39,7 @@ class CudaBackendImpl final : public CudaBackend {
     table_.kv_evict = CudaKvEvict;
     table_.convert = CudaConvert;
     table_.mask_units = CudaMaskUnits;
+    table_.retain_scores = CudaRetainScores;
   }
 
   BackendKind kind() const override { return BackendKind::kCuda; }

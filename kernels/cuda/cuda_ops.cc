@@ -110,7 +110,7 @@ Status CudaAttention(Backend& b, const AttentionArgs& args) {
 
 Status CudaKvWrite(Backend& b, const KvView& kv, int32_t heads, int32_t head_dim,
                    const int32_t* slots, const int32_t* positions, int32_t n, TensorView k,
-                   TensorView v) {
+                   TensorView v, const float* scores) {
   CudaContext& ctx = ContextOf(b);
   DEJA_RETURN_IF_ERROR(Enter(ctx));
   // slots [heads, n] then positions [n], in one staging copy.
@@ -127,6 +127,7 @@ Status CudaKvWrite(Backend& b, const KvView& kv, int32_t heads, int32_t head_dim
   a.dtype = kv.dtype;
   a.slot_pos = const_cast<int32_t*>(kv.slot_pos);  // const in KvView for attention's sake
   a.score = kv.score;
+  a.src_score = scores;
   a.dst_slots = dev_ids;
   a.positions = dev_ids + n_slots;
   a.src_k = k.as<float>();
@@ -135,6 +136,26 @@ Status CudaKvWrite(Backend& b, const KvView& kv, int32_t heads, int32_t head_dim
   a.head_dim = head_dim;
   a.n = n;
   return CudaStatus(LaunchKvWrite(a, ctx.stream.get()), "kv_write kernel");
+}
+
+Status CudaRetainScores(Backend& b, const RetainArgs& args) {
+  CudaContext& ctx = ContextOf(b);
+  DEJA_RETURN_IF_ERROR(Enter(ctx));
+  RetainLaunch a;
+  a.q = args.q;
+  a.k = args.k;
+  a.v = args.v;
+  a.row_stride = args.row_stride;
+  a.n = args.n;
+  a.heads = args.heads;
+  a.head_dim = args.head_dim;
+  a.hidden = args.hidden;
+  a.w1 = args.w1;
+  a.b1 = args.b1;
+  a.w2 = args.w2;
+  a.b2 = args.b2;
+  a.out = args.out;
+  return CudaStatus(LaunchRetainScores(a, ctx.stream.get()), "retain_scores kernel");
 }
 
 Status CudaKvEvict(Backend& b, const KvView& kv, int32_t heads, const KvEvictArgs& args,

@@ -29,9 +29,44 @@ __global__ void KvWriteKernel(KvWriteLaunch a) {
     StoreF(a.v, a.dtype, at * d + c, a.src_v[src]);
     if (c == 0) {
       a.slot_pos[at] = a.positions[i];
-      if (a.score != nullptr) a.score[at] = 0.f;
+      if (a.score != nullptr)
+        a.score[at] = a.src_score != nullptr ? a.src_score[i * a.heads + h] : 0.f;
     }
   }
+}
+
+// One block per (token, head): the [q, k, v] row in shared memory, one thread per hidden unit at a
+// time (a strided loop), ReLU times w2 summed by a block reduction.
+constexpr int kRetainThreads = 128;
+__global__ void __launch_bounds__(kRetainThreads) RetainKernel(RetainLaunch a) {
+  extern __shared__ float smem[];
+  const int32_t hd = a.head_dim, in = 3 * hd;
+  const int64_t i = blockIdx.x / a.heads;
+  const int32_t h = static_cast<int32_t>(blockIdx.x % a.heads);
+  float* x = smem;  // [in]
+  __shared__ float partial[kRetainThreads];
+  const int64_t at = i * a.row_stride + static_cast<int64_t>(h) * hd;
+  for (int c = threadIdx.x; c < hd; c += blockDim.x) {
+    x[c] = a.q[at + c];
+    x[hd + c] = a.k[at + c];
+    x[2 * hd + c] = a.v[at + c];
+  }
+  __syncthreads();
+  float acc = 0.f;
+  for (int j = threadIdx.x; j < a.hidden; j += blockDim.x) {
+    const int64_t unit = static_cast<int64_t>(h) * a.hidden + j;
+    const float* w = a.w1 + unit * in;
+    float u = a.b1[unit];
+    for (int c = 0; c < in; ++c) u += w[c] * x[c];
+    acc += fmaxf(u, 0.f) * a.w2[unit];
+  }
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  for (int stride = kRetainThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) a.out[i * a.heads + h] = partial[0] + a.b2[h];
 }
 
 // A candidate's rank key: lower goes first, ties by the lower position (positions are distinct
@@ -119,6 +154,14 @@ __global__ void __launch_bounds__(kEvictThreads) KvEvictKernel(KvEvictLaunch a) 
 cudaError_t LaunchKvWrite(const KvWriteLaunch& a, cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(a.heads) * a.n * a.head_dim;
   KvWriteKernel<<<GridFor(total, kWriteThreads), kWriteThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRetainScores(const RetainLaunch& a, cudaStream_t stream) {
+  const int64_t blocks = static_cast<int64_t>(a.n) * a.heads;
+  if (blocks == 0) return cudaSuccess;
+  const size_t shared = static_cast<size_t>(3 * a.head_dim) * sizeof(float);
+  RetainKernel<<<static_cast<unsigned>(blocks), kRetainThreads, shared, stream>>>(a);
   return cudaGetLastError();
 }
 

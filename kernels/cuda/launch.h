@@ -117,6 +117,7 @@ struct KvWriteLaunch {
   DType dtype = DType::kF32;
   int32_t* slot_pos = nullptr;
   float* score = nullptr;              // or null
+  const float* src_score = nullptr;    // [n, heads] written into score, or null (zeros)
   const int32_t* dst_slots = nullptr;  // [heads, n], device
   const int32_t* positions = nullptr;  // [n], device
   const float* src_k = nullptr;        // [n, heads * head_dim]
@@ -124,6 +125,22 @@ struct KvWriteLaunch {
   int32_t heads = 0, head_dim = 0, n = 0;
 };
 cudaError_t LaunchKvWrite(const KvWriteLaunch& a, cudaStream_t stream);
+
+// Locret retaining heads (RetainArgs in kernels/op_table.h): out[i, h] = w2_h . relu(W1_h x + b1_h)
+// + b2_h with x = [q, k, v] of head h for token i (rows row_stride floats apart).
+struct RetainLaunch {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t row_stride = 0;
+  int32_t n = 0, heads = 0, head_dim = 0, hidden = 0;
+  const float* w1 = nullptr;  // [heads, hidden, 3 * head_dim]
+  const float* b1 = nullptr;  // [heads, hidden]
+  const float* w2 = nullptr;  // [heads, hidden]
+  const float* b2 = nullptr;  // [heads]
+  float* out = nullptr;       // [n, heads]
+};
+cudaError_t LaunchRetainScores(const RetainLaunch& a, cudaStream_t stream);
 
 // KvRank, without the op table's header (which needs C++20) in the .cu files.
 enum class EvictRank : int32_t { kScore, kMeanScore, kPosition };

@@ -221,7 +221,8 @@ Status RefTopK(Backend&, TensorView x, int32_t k, float* values, int32_t* indice
 namespace ref {
 
 Status KvWrite(Backend&, const KvView& kv, int32_t heads, int32_t head_dim, const int32_t* slots,
-               const int32_t* positions, int32_t n, TensorView k, TensorView v) {
+               const int32_t* positions, int32_t n, TensorView k, TensorView v,
+               const float* scores) {
   const int64_t width = static_cast<int64_t>(heads) * head_dim;
   const size_t es = DTypeSize(kv.dtype);
   for (int32_t h = 0; h < heads; ++h) {
@@ -233,7 +234,33 @@ Status KvWrite(Backend&, const KvView& kv, int32_t heads, int32_t head_dim, cons
       ConvertFromF32(v.as<float>() + src, head_dim, kv.dtype,
                      static_cast<char*>(kv.v) + at * head_dim * es);
       const_cast<int32_t*>(kv.slot_pos)[at] = positions[i];
-      if (kv.score != nullptr) kv.score[at] = 0.f;
+      if (kv.score != nullptr) {
+        kv.score[at] = scores != nullptr ? scores[static_cast<int64_t>(i) * heads + h] : 0.f;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status RetainScores(Backend&, const RetainArgs& a) {
+  const int32_t in = 3 * a.head_dim;
+  std::vector<float> x(static_cast<size_t>(in));
+  for (int32_t i = 0; i < a.n; ++i) {
+    for (int32_t h = 0; h < a.heads; ++h) {
+      const int64_t at = i * a.row_stride + static_cast<int64_t>(h) * a.head_dim;
+      for (int32_t c = 0; c < a.head_dim; ++c) {
+        x[c] = a.q[at + c];
+        x[a.head_dim + c] = a.k[at + c];
+        x[2 * a.head_dim + c] = a.v[at + c];
+      }
+      double s = a.b2[h];
+      for (int32_t j = 0; j < a.hidden; ++j) {
+        const float* w = a.w1 + (static_cast<int64_t>(h) * a.hidden + j) * in;
+        double u = a.b1[static_cast<int64_t>(h) * a.hidden + j];
+        for (int32_t c = 0; c < in; ++c) u += static_cast<double>(w[c]) * x[c];
+        if (u > 0) s += static_cast<double>(a.w2[static_cast<int64_t>(h) * a.hidden + j]) * u;
+      }
+      a.out[static_cast<int64_t>(i) * a.heads + h] = static_cast<float>(s);
     }
   }
   return Status::Ok();
@@ -351,6 +378,7 @@ class ReferenceBackend final : public Backend {
     table_.gather_linear_t = RefGatherLinearT;
     table_.kv_write = ref::KvWrite;
     table_.kv_evict = ref::KvEvict;
+    table_.retain_scores = ref::RetainScores;
     table_.convert = ref::Convert;
     table_.mask_units = ref::MaskUnits;
   }

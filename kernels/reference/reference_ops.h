@@ -9,7 +9,10 @@
 namespace deja::kernels::ref {
 
 Status KvWrite(Backend&, const KvView& kv, int32_t heads, int32_t head_dim, const int32_t* slots,
-               const int32_t* positions, int32_t n, TensorView k, TensorView v);
+               const int32_t* positions, int32_t n, TensorView k, TensorView v,
+               const float* scores);
+// Plain loops in double (the definition in op_table.h).
+Status RetainScores(Backend&, const RetainArgs& args);
 Status KvEvict(Backend&, const KvView& kv, int32_t heads, const KvEvictArgs& args,
                int32_t* victims);
 Status Convert(Backend&, TensorView src, TensorView dst);

@@ -143,6 +143,7 @@ class SimDeviceBackend final : public Backend {
     Install<decltype(OpTable::kv_evict), &OpTable::kv_evict, Inner::kReference>();
     Install<decltype(OpTable::convert), &OpTable::convert, Inner::kReference>();
     Install<decltype(OpTable::mask_units), &OpTable::mask_units, Inner::kReference>();
+    Install<decltype(OpTable::retain_scores), &OpTable::retain_scores, Inner::kCpu>();
   }
   kernels::BackendKind kind() const override { return kernels::BackendKind::kReference; }
   std::string name() const override { return "sim"; }

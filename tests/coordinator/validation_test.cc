@@ -414,16 +414,26 @@ TEST_F(ValidationTest, UnknownCacheKindsListTheKnownOnes) {
   v1::GenerateRequest req = Text("x");
   req.mutable_cache()->set_kind(static_cast<v1::CachePolicy::Kind>(9));
   Status s = Resolve(req).status();
-  EXPECT_EQ(s.message(), "cache.kind must be KIND_FULL, KIND_WINDOW or KIND_H2O, got 9");
+  EXPECT_EQ(s.message(),
+            "cache.kind must be KIND_FULL, KIND_WINDOW, KIND_H2O or KIND_LOCRET, got 9");
   v1::CachePolicy c;
   c.set_kind(static_cast<v1::CachePolicy::Kind>(9));
   s = ValidateDefaultCachePolicy(c);
-  EXPECT_EQ(s.message(),
-            "default cache policy kind must be KIND_FULL, KIND_WINDOW or KIND_H2O, got 9");
-  // Every kind of the table resolves to its worker value.
+  EXPECT_EQ(
+      s.message(),
+      "default cache policy kind must be KIND_FULL, KIND_WINDOW, KIND_H2O or KIND_LOCRET, got 9");
+  // Every kind of the table resolves to its worker value, but locret, which the server does not
+  // serve (FAILED_PRECONDITION naming the field, also as the server default).
   for (const worker::kv::CachePolicyRow& row : worker::kv::CachePolicyTable()) {
     req.mutable_cache()->set_kind(row.api);
     StatusOr<ResolvedRequest> r = Resolve(req);
+    if (row.kind == worker::kv::CachePolicyKind::kLocret) {
+      EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+      EXPECT_NE(r.status().message().find("cache.kind"), std::string::npos);
+      c.set_kind(row.api);
+      EXPECT_EQ(ValidateDefaultCachePolicy(c).code(), StatusCode::kInvalidArgument);
+      continue;
+    }
     ASSERT_TRUE(r.ok()) << row.name << ": " << r.status().ToString();
     EXPECT_EQ(r->config.cache().kind(), row.wire) << row.name;
     EXPECT_EQ(r->BoundedCache(), row.bounded) << row.name;

@@ -150,7 +150,7 @@ TEST(CliTest, BadFlagsNameTheFlag) {
                      "--kv-dtype must be auto, f32 or f16, got 'bf16'");
   // Enumerated flags list the accepted values from their tables.
   ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --kv-policy lru"),
-                     "--kv-policy must be full, window or h2o, got 'lru'");
+                     "--kv-policy must be full, window, h2o or locret, got 'lru'");
   ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --cpu-comm tcp"),
                      "--cpu-comm must be auto, shm or gloo, got 'tcp'");
   ExpectCleanFailure(RunDeja("worker --model " + Mini() +
@@ -162,7 +162,7 @@ TEST(CliTest, BadFlagsNameTheFlag) {
   ExpectCleanFailure(RunDeja("client generate --prompt hi --sparsity maybe"),
                      "--sparsity must be on or off, got 'maybe'");
   ExpectCleanFailure(RunDeja("client generate --prompt hi --kv-policy lru"),
-                     "--kv-policy must be full, window or h2o, got 'lru'");
+                     "--kv-policy must be full, window, h2o or locret, got 'lru'");
   ExpectCleanFailure(RunDeja("ppl --model " + Mini() + " --text /nonexistent.txt"),
                      "/nonexistent.txt");
 }

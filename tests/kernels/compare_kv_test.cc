@@ -1,10 +1,9 @@
-// KvWrite, KvEvict, Convert and MaskUnits of every backend under test against the reference, on
-// fresh seeded
-// random inputs: caches full of garbage (every byte an op must not write is compared too),
-// contiguous and, on backends that read them, paged through a permuted block table (the reference
-// itself is checked there against its own contiguous answer). All four ops are exact: each
-// output is compared bit for bit (NaNs only by being NaN where the host's and the device's
-// conversions may encode them differently).
+// KvWrite (with and without given scores), KvEvict, Convert and MaskUnits of every backend under
+// test against the reference, on fresh seeded random inputs: caches full of garbage (every byte an
+// op must not write is compared too), contiguous and, on backends that read them, paged through a
+// permuted block table (the reference itself is checked there against its own contiguous answer).
+// All four ops are exact: each output is compared bit for bit (NaNs only by being NaN where the
+// host's and the device's conversions may encode them differently).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -99,6 +98,9 @@ std::string CheckKvWrite(Backend& b, const KvWriteCase& c, DType dtype, int32_t 
   Tensor score0 = c.score ? RandomTensor(rng, DType::kF32, {cache}, 0.f, 3.f) : Tensor();
   Tensor k = RandomTensor(rng, DType::kF32, {c.n, width}, -2.f, 2.f);
   Tensor v = RandomTensor(rng, DType::kF32, {c.n, width}, -2.f, 2.f);
+  // Cases with scores alternate between given scores (locret) and none (zeros).
+  const bool given = c.score && (seed % 2 == 0);
+  Tensor scores = given ? RandomTensor(rng, DType::kF32, {c.n, c.heads}, -5.f, 5.f) : Tensor();
   // Each head writes n distinct slots of [0, used); the tokens have distinct positions.
   std::vector<int32_t> slots(static_cast<size_t>(c.heads) * c.n);
   std::vector<int32_t> order(c.used);
@@ -118,7 +120,7 @@ std::string CheckKvWrite(Backend& b, const KvWriteCase& c, DType dtype, int32_t 
               c.capacity,    c.used,        c.score ? want_score.as<float>() : nullptr,
               dtype};
   EXPECT_TRUE(KvWrite(*ref, host, c.heads, c.head_dim, slots.data(), positions.data(), c.n,
-                      k.view(), v.view())
+                      k.view(), v.view(), given ? scores.as<float>() : nullptr)
                   .ok());
 
   PagedLayout layout;
@@ -132,9 +134,12 @@ std::string CheckKvWrite(Backend& b, const KvWriteCase& c, DType dtype, int32_t 
   auto d_v = b.ToBackend(v);
   EXPECT_TRUE(d_k.ok() && d_v.ok());
   if (!d_k.ok() || !d_v.ok()) return "";
+  StatusOr<Tensor> d_scores = given ? b.ToBackend(scores) : StatusOr<Tensor>(Tensor());
+  EXPECT_TRUE(d_scores.ok());
+  if (!d_scores.ok()) return "";
   const KvView kv = ViewOf(*d, c.capacity, c.used, dtype, c.head_dim, paged);
   Status s = KvWrite(b, kv, c.heads, c.head_dim, slots.data(), positions.data(), c.n, d_k->view(),
-                     d_v->view());
+                     d_v->view(), given ? d_scores->as<float>() : nullptr);
   if (paged != nullptr) {
     std::string why = PagedRefusal(b, s);
     if (!why.empty()) return why;

@@ -7,11 +7,13 @@
 
 namespace deja::worker {
 
-StatusOr<std::unique_ptr<ReferenceH2O>> ReferenceH2O::Load(const std::string& dir, int32_t heavy,
-                                                           int32_t recent) {
+StatusOr<std::unique_ptr<ReferenceH2O>> ReferenceH2O::Load(
+    const std::string& dir, int32_t heavy, int32_t recent,
+    const predictors::RetainingHeads* retain) {
   std::unique_ptr<ReferenceH2O> r(new ReferenceH2O());
   r->heavy_ = heavy;
   r->recent_ = recent;
+  r->retain_ = retain;
   DEJA_ASSIGN_OR_RETURN(r->config_, LoadOptConfig(dir));
   DEJA_ASSIGN_OR_RETURN(r->ckpt_, OpenCheckpoint(dir));
   DEJA_ASSIGN_OR_RETURN(OptTensorNames names, ResolveOptTensorNames(*r->ckpt_, r->config_));
@@ -87,8 +89,17 @@ Status ReferenceH2O::Step(const std::vector<int32_t>& tokens, int32_t start,
         e.pos = start + static_cast<int32_t>(i);
         e.k.assign(k.as<float>() + i * d + hh * hd, k.as<float>() + i * d + hh * hd + hd);
         e.v.assign(v.as<float>() + i * d + hh * hd, v.as<float>() + i * d + hh * hd + hd);
+        if (retain_ != nullptr) {
+          std::vector<float> x(q.as<float>() + i * d + hh * hd,
+                               q.as<float>() + i * d + hh * hd + hd);
+          x.insert(x.end(), e.k.begin(), e.k.end());
+          x.insert(x.end(), e.v.begin(), e.v.end());
+          e.score = predictors::RetainingScore(*retain_, static_cast<int32_t>(l),
+                                               static_cast<int32_t>(hh), x.data());
+        }
         cache.push_back(std::move(e));
       }
+      max_held_ = std::max(max_held_, static_cast<int32_t>(cache.size()));
       for (int64_t i = 0; i < n; ++i) {  // each query over the cached entries it may see
         const int32_t qpos = start + static_cast<int32_t>(i);
         const float* qi = q.as<float>() + i * d + hh * hd;
@@ -107,7 +118,7 @@ Status ReferenceH2O::Step(const std::vector<int32_t>& tokens, int32_t start,
         for (size_t j = 0; j < cache.size(); ++j) {
           if (std::isinf(logit[j])) continue;
           double p = std::exp(logit[j] - mx) / z;
-          cache[j].score += p;
+          if (retain_ == nullptr) cache[j].score += p;
           for (int64_t t = 0; t < hd; ++t) out[t] += static_cast<float>(p * cache[j].v[t]);
         }
       }
@@ -158,10 +169,17 @@ Status ReferenceH2O::Step(const std::vector<int32_t>& tokens, int32_t start,
 }
 
 Status ReferenceH2O::Greedy(const std::vector<int32_t>& prompt, int32_t steps,
-                            std::vector<int32_t>* ids, std::vector<float>* logprobs) {
+                            std::vector<int32_t>* ids, std::vector<float>* logprobs, int32_t chunk,
+                            int32_t* max_held) {
   std::vector<float> logits;
-  DEJA_RETURN_IF_ERROR(Step(prompt, 0, &logits));
-  int32_t pos = static_cast<int32_t>(prompt.size());
+  const int32_t len = static_cast<int32_t>(prompt.size());
+  const int32_t step = chunk > 0 ? chunk : len;
+  for (int32_t done = 0; done < len; done += step) {
+    const int32_t m = std::min(step, len - done);
+    DEJA_RETURN_IF_ERROR(Step(
+        std::vector<int32_t>(prompt.begin() + done, prompt.begin() + done + m), done, &logits));
+  }
+  int32_t pos = len;
   for (int32_t s = 0; s < steps; ++s) {
     int32_t best =
         static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -172,6 +190,7 @@ Status ReferenceH2O::Greedy(const std::vector<int32_t>& prompt, int32_t steps,
     if (s + 1 == steps) break;
     DEJA_RETURN_IF_ERROR(Step({best}, pos++, &logits));
   }
+  if (max_held != nullptr) *max_held = max_held_;
   return Status::Ok();
 }
 

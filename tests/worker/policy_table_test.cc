@@ -71,18 +71,20 @@ TEST(PolicyTableTest, EveryProtoValueHasARow) {
 TEST(PolicyTableTest, UnknownNamesAndValuesListTheAcceptedOnes) {
   Status s = ParseCachePolicy("lru", "--kv-policy").status();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(), "--kv-policy must be full, window or h2o, got 'lru'");
+  EXPECT_EQ(s.message(), "--kv-policy must be full, window, h2o or locret, got 'lru'");
   EXPECT_FALSE(ParseCachePolicy("", "--kv-policy").ok());
   EXPECT_FALSE(ParseCachePolicy("H2O", "--kv-policy").ok());
 
   s = FromProto(static_cast<v1::CachePolicy::Kind>(9), "cache.kind").status();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(), "cache.kind must be KIND_FULL, KIND_WINDOW or KIND_H2O, got 9");
+  EXPECT_EQ(s.message(),
+            "cache.kind must be KIND_FULL, KIND_WINDOW, KIND_H2O or KIND_LOCRET, got 9");
   EXPECT_EQ(FromProto(v1::CachePolicy::KIND_UNSPECIFIED, "cache.kind").status().code(),
             StatusCode::kInvalidArgument);
   s = FromProto(static_cast<v1::WorkerCachePolicy::Kind>(7), "config.cache.kind").status();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(), "config.cache.kind must be KIND_FULL, KIND_WINDOW or KIND_H2O, got 7");
+  EXPECT_EQ(s.message(),
+            "config.cache.kind must be KIND_FULL, KIND_WINDOW, KIND_H2O or KIND_LOCRET, got 7");
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 // KV-cache eviction policies (docs/architecture.md#kv-cache). A policy only plans: given one head's
 // slot table (slot -> position, accumulated attention score) it names the slots to evict;
 // SequenceKv applies the plan. Policies: `full` (never evicts), `window` (keeps the most recent
-// tokens), `h2o` (keeps the most recent tokens plus the highest-scoring "heavy hitters"). Their
-// names, proto values and factories are in one table, policy_table.h.
+// tokens), `h2o` (keeps the most recent tokens plus the highest-scoring "heavy hitters"),
+// `locret` (keeps the most recent tokens, the stabilisers, plus the tokens its trained retaining
+// heads scored highest when they were written). Their names, proto values and factories are in
+// one table, policy_table.h.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +18,7 @@
 namespace deja::worker::kv {
 
 // One row per kind in policy_table.cc.
-enum class CachePolicyKind { kFull, kWindow, kH2O };
+enum class CachePolicyKind { kFull, kWindow, kH2O, kLocret };
 
 // How a request asks for its cache policy. Budgets are per head and fixed when the sequence
 // starts: absolute token counts when given (>= 0), otherwise ratios of the prompt length.
@@ -56,8 +58,11 @@ class EvictionPolicy {
   virtual CachePolicyKind kind() const = 0;
   // Slots a head keeps between steps; 0 = unbounded (full).
   virtual int32_t budget() const = 0;
-  // Whether attention must accumulate scores for this policy.
+  // Whether the cache keeps a score per slot for this policy.
   virtual bool needs_scores() const = 0;
+  // Whether attention adds its probabilities into those scores (h2o); locret's scores are set
+  // once, when the token is written, by the retaining heads.
+  virtual bool accumulates_scores() const { return needs_scores(); }
   // The most recent tokens a head always keeps (the window; 0 for full).
   virtual int32_t recent() const { return 0; }
   // h2o's mean-score ranking (CachePolicyConfig::h2o_mean_score).
@@ -80,5 +85,8 @@ std::unique_ptr<EvictionPolicy> MakeWindowPolicy(int32_t recent);
 std::unique_ptr<EvictionPolicy> MakeH2OPolicy(int32_t heavy, int32_t recent,
                                               bool mean_score = false, float decay = 1.0f,
                                               int32_t sinks = 0);
+// Locret: keeps the `stabilisers` most recent tokens and the `scored` others with the highest
+// retaining-head scores (docs/architecture.md#locret).
+std::unique_ptr<EvictionPolicy> MakeLocretPolicy(int32_t scored, int32_t stabilisers);
 
 }  // namespace deja::worker::kv

@@ -288,7 +288,8 @@ Status SequenceKv::FetchVictims() {
   return Status::Ok();
 }
 
-Status SequenceKv::WriteLayer(int32_t layer, int32_t n, const float* k, const float* v) {
+Status SequenceKv::WriteLayer(int32_t layer, int32_t n, const float* k, const float* v,
+                              const float* scores) {
   if (pool_ != nullptr) {
     if (n != last_n_) {
       return InvalidArgument("WriteLayer of " + std::to_string(n) + " tokens after appending " +
@@ -302,9 +303,9 @@ Status SequenceKv::WriteLayer(int32_t layer, int32_t n, const float* k, const fl
     kv.device = dev;
     TensorView vv{const_cast<float*>(v), DType::kF32, Shape{n, width}};
     vv.device = dev;
-    return kernels::KvWrite(pool_->backend(), View(layer), geometry_.heads, geometry_.head_dim,
+    return kernels::KvWrite(pool_->backend(), StoreView(layer), geometry_.heads, geometry_.head_dim,
                             new_slots_.data() + HeadIndex(layer, 0) * n, positions_.data(), n, kv,
-                            vv);
+                            vv, policy_->needs_scores() ? scores : nullptr);
   }
   const int32_t hd = geometry_.head_dim;
   const int64_t row = static_cast<int64_t>(geometry_.heads) * hd;
@@ -320,10 +321,19 @@ Status SequenceKv::WriteLayer(int32_t layer, int32_t n, const float* k, const fl
       ConvertFromF32(v + i * row + h * hd, hd, dt, vc + dst * es);
     }
   }
+  if (scores != nullptr && policy_->needs_scores()) {
+    float* sc = score_[layer].as<float>();
+    for (int32_t h = 0; h < geometry_.heads; ++h) {
+      const int32_t* slots = new_slots_.data() + HeadIndex(layer, h) * last_n_;
+      for (int32_t i = 0; i < n; ++i) {
+        sc[static_cast<int64_t>(h) * capacity_ + slots[i]] = scores[i * geometry_.heads + h];
+      }
+    }
+  }
   return Status::Ok();
 }
 
-kernels::KvView SequenceKv::View(int32_t layer) {
+kernels::KvView SequenceKv::StoreView(int32_t layer) {
   if (pool_ != nullptr) {
     kernels::KvView view = pool_->LayerView(layer);
     view.blocks = blocks_dev_.as<int32_t>();
@@ -343,6 +353,12 @@ kernels::KvView SequenceKv::View(int32_t layer) {
   return view;
 }
 
+kernels::KvView SequenceKv::View(int32_t layer) {
+  kernels::KvView view = StoreView(layer);
+  if (!policy_->accumulates_scores()) view.score = nullptr;
+  return view;
+}
+
 Status SequenceKv::EvictLayer(int32_t layer) {
   if (policy_->budget() == 0) return Status::Ok();
   if (pool_ != nullptr) {
@@ -358,7 +374,7 @@ Status SequenceKv::EvictLayer(int32_t layer) {
     int32_t* victims =
         victims_dev_.as<int32_t>() + static_cast<int64_t>(layer) * geometry_.heads * victim_cap_;
     DEJA_RETURN_IF_ERROR(
-        kernels::KvEvict(pool_->backend(), View(layer), geometry_.heads, args, victims));
+        kernels::KvEvict(pool_->backend(), StoreView(layer), geometry_.heads, args, victims));
     for (int32_t h = 0; h < geometry_.heads; ++h) occupied_[HeadIndex(layer, h)] -= excess;
     evictions_ += static_cast<int64_t>(excess) * geometry_.heads;
     layer_excess_[layer] = excess;

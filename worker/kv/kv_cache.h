@@ -79,10 +79,12 @@ class SequenceKv {
   // The free slots of the fullest head: the most tokens AppendPositions takes now.
   int32_t free_slots() const;
   // Writes the keys/values of the last-appended `n` tokens of one layer, rounded to the cache's
-  // dtype. k and v are f32 [n, heads * head_dim] (the projection's layout).
-  // On a device, k and v are in its memory (contiguous rows).
-  Status WriteLayer(int32_t layer, int32_t n, const float* k, const float* v);
-  // The attention view of one layer (scores only when the policy uses them).
+  // dtype. k and v are f32 [n, heads * head_dim] (the projection's layout); scores, when given,
+  // f32 [n, heads]: each new slot's score (locret's retaining-head scores; else zero).
+  // On a device, k, v and scores are in its memory (contiguous rows).
+  Status WriteLayer(int32_t layer, int32_t n, const float* k, const float* v,
+                    const float* scores = nullptr);
+  // The attention view of one layer (scores only when attention accumulates them: h2o).
   kernels::KvView View(int32_t layer);
   // Applies the policy to every head of `layer` (after that layer's attention of the step).
   Status EvictLayer(int32_t layer);
@@ -96,6 +98,8 @@ class SequenceKv {
   // Device mode: the victims of the last evictions into the host's free lists; blocks covering
   // slots [0, slots).
   Status FetchVictims();
+  // View with the scores whenever the policy keeps them (writes and evictions).
+  kernels::KvView StoreView(int32_t layer);
   Status EnsureBlocks(int32_t slots);
   // Host pool mode's Resize: occupied slots to the front of each head, blocks past the last
   // one back to the pool.

@@ -1,12 +1,12 @@
-// `h2o` (Heavy-Hitter Oracle): keeps the `recent` most recent tokens plus the `heavy` tokens
-// with the largest accumulated attention among the others. Scores are not normalised by age, as
-// in the reference (early tokens are favoured). Ties go to the older token's eviction, so the
-// plan is deterministic. Cost: O(slots) per head per step: one pass when one slot goes (decode),
-// a selection over the candidates otherwise.
-// With mean_score (an alternative, not the reference) a token ranks by its score divided by the
-// number of queries that have attended to it so far (length - position), its mean attention.
-// Two more alternatives (deja ppl only): decayed scores (SequenceKv multiplies them by
-// score_decay() each step) and sinks (the first positions, within the heavy budget, never go).
+// `h2o` (Heavy-Hitter Oracle), and `locret` with the same plan over other scores: keeps the
+// `recent` most recent tokens plus the `heavy` tokens with the largest accumulated attention among
+// the others. Scores are not normalised by age, as in the reference (early tokens are favoured).
+// Ties go to the older token's eviction, so the plan is deterministic. Cost: O(slots) per head per
+// step: one pass when one slot goes (decode), a selection over the candidates otherwise. With
+// mean_score (an alternative, not the reference) a token ranks by its score divided by the number
+// of queries that have attended to it so far (length - position), its mean attention. Two more
+// alternatives (deja ppl only): decayed scores (SequenceKv multiplies them by score_decay() each
+// step) and sinks (the first positions, within the heavy budget, never go).
 #include <algorithm>
 #include <cstdint>
 
@@ -18,15 +18,19 @@ namespace {
 
 class H2OPolicy final : public EvictionPolicy {
  public:
-  H2OPolicy(int32_t heavy, int32_t recent, bool mean_score, float decay, int32_t sinks)
-      : heavy_(heavy),
+  H2OPolicy(int32_t heavy, int32_t recent, bool mean_score, float decay, int32_t sinks,
+            CachePolicyKind kind = CachePolicyKind::kH2O)
+      : kind_(kind),
+        heavy_(heavy),
         recent_(recent),
         mean_score_(mean_score),
         decay_(decay),
         sinks_(std::min(sinks, heavy)) {}
-  CachePolicyKind kind() const override { return CachePolicyKind::kH2O; }
+  CachePolicyKind kind() const override { return kind_; }
   int32_t budget() const override { return heavy_ + recent_; }
   bool needs_scores() const override { return true; }
+  // Locret ranks by the retaining heads' scores, which attention leaves as they are.
+  bool accumulates_scores() const override { return kind_ == CachePolicyKind::kH2O; }
   int32_t recent() const override { return recent_; }
   bool mean_score() const override { return mean_score_; }
   float score_decay() const override { return decay_; }
@@ -93,6 +97,7 @@ class H2OPolicy final : public EvictionPolicy {
     return best;
   }
 
+  CachePolicyKind kind_;
   int32_t heavy_, recent_;
   bool mean_score_;
   float decay_;
@@ -100,6 +105,12 @@ class H2OPolicy final : public EvictionPolicy {
 };
 
 }  // namespace
+
+// The same plan as h2o's: the recent tokens (Locret's stabilisers, the paper's +inf scores) stay,
+// the lowest-scored others go.
+std::unique_ptr<EvictionPolicy> MakeLocretPolicy(int32_t scored, int32_t stabilisers) {
+  return std::make_unique<H2OPolicy>(scored, stabilisers, false, 1.0f, 0, CachePolicyKind::kLocret);
+}
 
 std::unique_ptr<EvictionPolicy> MakeH2OPolicy(int32_t heavy, int32_t recent, bool mean_score,
                                               float decay, int32_t sinks) {

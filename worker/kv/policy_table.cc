@@ -31,6 +31,15 @@ const CachePolicyRow kCachePolicies[] = {
        return MakeH2OPolicy(heavy, std::max<int32_t>(recent, 1), c.h2o_mean_score, c.h2o_decay,
                             c.sink_tokens);
      }},
+    // heavy: the tokens kept by retaining-head score; recent: the stabilisers (at least the
+    // token being decoded).
+    {CachePolicyKind::kLocret, "locret",
+     "the stabilisers (recent tokens) plus the tokens the retaining heads score highest",
+     CachePolicy::KIND_LOCRET, WorkerCachePolicy::KIND_LOCRET, /*bounded=*/true,
+     /*heavy_hitters=*/true,
+     [](int32_t heavy, int32_t recent, const CachePolicyConfig&) {
+       return MakeLocretPolicy(heavy, std::max<int32_t>(recent, 1));
+     }},
 };
 
 // The proto values with a row, by their proto names: "KIND_FULL, KIND_WINDOW or KIND_H2O".

@@ -1,5 +1,6 @@
 #include "worker/model/generation.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -122,10 +123,15 @@ StatusOr<PerplexityResult> Perplexity(Model& model, const std::vector<int32_t>& 
 
 StatusOr<PolicyPerplexityResult> PolicyPerplexity(Model& model, const std::vector<int32_t>& tokens,
                                                   int32_t context, int32_t prompt_tokens,
-                                                  const kv::CachePolicyConfig& cache, bool sparse) {
+                                                  const kv::CachePolicyConfig& cache, bool sparse,
+                                                  int32_t locret_chunk) {
   if (prompt_tokens < 1 || prompt_tokens >= context) {
     return InvalidArgument("prompt_tokens must be in [1, context)");
   }
+  if (locret_chunk < 1) return InvalidArgument("locret_chunk must be >= 1");
+  const int32_t chunk = cache.kind == kv::CachePolicyKind::kLocret
+                            ? std::min(locret_chunk, prompt_tokens)
+                            : prompt_tokens;
   if (context > model.config().max_position_embeddings) {
     return OutOfRange("context " + std::to_string(context) +
                       " exceeds the model's position limit of " +
@@ -144,9 +150,19 @@ StatusOr<PolicyPerplexityResult> PolicyPerplexity(Model& model, const std::vecto
     const int32_t n = static_cast<int32_t>(window.size());
     if (n <= prompt_tokens) continue;
     DEJA_ASSIGN_OR_RETURN(std::unique_ptr<kv::SequenceKv> kv,
-                          model.NewSequence(n, cache, prompt_tokens, prompt_tokens));
-    DEJA_RETURN_IF_ERROR(
-        model.Forward({{kv.get(), window.data(), prompt_tokens, false, sparse}}, &step));
+                          model.NewSequence(n, cache, prompt_tokens, chunk));
+    const int64_t heads = static_cast<int64_t>(kv->geometry().layers) * kv->geometry().heads;
+    for (int32_t done = 0; done < prompt_tokens;) {
+      const int32_t m = std::min(chunk, prompt_tokens - done);
+      // Every head holds the same count (evictions are per head but to one budget).
+      const int32_t held = static_cast<int32_t>(kv->cached_slots() / heads) + m;
+      out.peak_prompt_tokens = std::max(out.peak_prompt_tokens, held);
+      DEJA_RETURN_IF_ERROR(
+          model.Forward({{kv.get(), window.data() + done, m, false, sparse}}, &step));
+      done += m;
+    }
+    out.peak_prompt_kv_bytes =
+        static_cast<size_t>(out.peak_prompt_tokens) * kv->geometry().SlotBytes();
     if (kv->policy().budget() > 0 && kv->policy().budget() + 1 < kv->capacity()) {
       DEJA_RETURN_IF_ERROR(kv->Resize(kv->policy().budget() + 1));
     }

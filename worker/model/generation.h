@@ -53,17 +53,23 @@ StatusOr<PerplexityResult> Perplexity(Model& model, const std::vector<int32_t>& 
                                       int32_t context, bool sparse = false);
 
 // Each window evaluated the way serving runs it: the first `prompt_tokens` tokens of the window
-// (BOS included) as one prefill, then the rest token by token under the cache policy, scoring
+// (BOS included) as the prefill, then the rest token by token under the cache policy, scoring
 // each next token. Only the tokens predicted after the prompt count (the prompt's predictions
 // do not depend on the policy). Windows shorter than prompt_tokens + 1 are skipped.
+// The prefill is one step, except under locret, which prefills in chunks of `locret_chunk`
+// tokens and evicts after each, so its cache never holds more than budget + chunk tokens.
 struct PolicyPerplexityResult {
   PerplexityResult result;
   size_t kv_bytes_per_sequence = 0;  // steady-state allocation while decoding
+  // The most tokens one head held during the prefill (before each step's eviction), and their
+  // bytes across layers and heads (KvGeometry::SlotBytes per token).
+  int32_t peak_prompt_tokens = 0;
+  size_t peak_prompt_kv_bytes = 0;
   int64_t evictions = 0;
 };
 StatusOr<PolicyPerplexityResult> PolicyPerplexity(Model& model, const std::vector<int32_t>& tokens,
                                                   int32_t context, int32_t prompt_tokens,
                                                   const kv::CachePolicyConfig& cache,
-                                                  bool sparse = false);
+                                                  bool sparse = false, int32_t locret_chunk = 64);
 
 }  // namespace deja::worker::model

@@ -47,6 +47,13 @@ class LayerObserver {
   // xm: the MLP block's input, the pre-LayerNorm residual [rows, d] (it predicts the heads of
   // layer + 1); act: relu(fc1) [rows, local_ffn].
   virtual void OnMlp(int32_t layer, const TensorView& xm, const TensorView& act) = 0;
+  // q, k, v of every row for this rank's heads (q as projected, unscaled), each row
+  // [heads * head_dim] floats, rows row_stride floats apart; called before the layer's attention
+  // of a dense step (`deja collect --locret`). No-op unless overridden.
+  virtual void OnQkv(int32_t layer, const float* q, const float* k, const float* v,
+                     int64_t row_stride, int64_t rows) {
+    (void)layer, (void)q, (void)k, (void)v, (void)row_stride, (void)rows;
+  }
 };
 
 struct StepResult {
@@ -154,6 +161,11 @@ class Model {
   // SequenceStep::sparse; without this call every step is dense.
   virtual Status EnableSparsity(const SparsityOptions& options) = 0;
   virtual bool sparsity_enabled() const = 0;
+
+  // Loads this rank's part of the Locret retaining heads (predictors/retaining_heads.h), which
+  // the `locret` cache policy needs; NewSequence refuses that policy without them.
+  virtual Status EnableRetaining(const std::string& path) = 0;
+  virtual bool retaining_enabled() const = 0;
 
   // Runs one step. Appends every step's tokens to its cache. Fails (leaving the caches of the
   // batch unspecified) on bad token ids or when a sequence would pass the position limit.

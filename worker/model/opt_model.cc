@@ -6,6 +6,7 @@
 
 #include "common/thread_pool.h"
 #include "kernels/ops.h"
+#include "predictors/retaining_heads.h"
 #include "worker/comm/staged_communicator.h"
 #include "worker/dejavu/sparse_runtime.h"
 #include "worker/model/weight_upload.h"
@@ -167,6 +168,69 @@ Status OptModel::EnableSparsity(const SparsityOptions& options) {
 
 bool OptModel::sparsity_enabled() const { return sparse_ != nullptr; }
 
+Status OptModel::EnableRetaining(const std::string& path) {
+  DEJA_ASSIGN_OR_RETURN(
+      predictors::RetainingHeads r,
+      predictors::LoadRetainingHeads(path, static_cast<int32_t>(config_.num_hidden_layers),
+                                     static_cast<int32_t>(config_.num_attention_heads),
+                                     static_cast<int32_t>(config_.head_dim()), comm_->rank(),
+                                     comm_->world_size()));
+  if (r.heads != w_.local_heads) {
+    return Internal("retaining heads: " + std::to_string(r.heads) +
+                    " heads loaded, this rank has " + std::to_string(w_.local_heads));
+  }
+  auto upload = [&](const std::vector<float>& host, Tensor* t) -> Status {
+    DEJA_ASSIGN_OR_RETURN(*t, Alloc(DType::kF32, {static_cast<int64_t>(host.size())}));
+    if (!on_device_) {
+      std::copy(host.begin(), host.end(), t->as<float>());
+      return Status::Ok();
+    }
+    return backend_->CopyHostToDevice(t->data(), host.data(), host.size() * sizeof(float));
+  };
+  std::vector<RetainLayer> layers(static_cast<size_t>(r.layers));
+  for (int32_t l = 0; l < r.layers; ++l) {
+    DEJA_RETURN_IF_ERROR(upload(r.w1[l], &layers[l].w1));
+    DEJA_RETURN_IF_ERROR(upload(r.b1[l], &layers[l].b1));
+    DEJA_RETURN_IF_ERROR(upload(r.w2[l], &layers[l].w2));
+    DEJA_RETURN_IF_ERROR(upload(r.b2[l], &layers[l].b2));
+  }
+  retain_ = std::move(layers);
+  retain_hidden_ = r.hidden;
+  retain_scores_ = Tensor();
+  retain_q_ = Tensor();
+  LOG(INFO) << "retaining heads " << path << ": hidden " << r.hidden << ", heads " << r.first_head
+            << ".." << r.first_head + r.heads - 1 << " on this rank";
+  return Status::Ok();
+}
+
+Status OptModel::RetainScores(int32_t l, const std::vector<SequenceStep>& batch, const float* q,
+                              const float* k, const float* v, int64_t stride) {
+  const RetainLayer& rl = retain_[l];
+  const int32_t heads = static_cast<int32_t>(w_.local_heads);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SequenceStep& s = batch[i];
+    if (s.kv->policy().kind() != kv::CachePolicyKind::kLocret) continue;
+    const int64_t row = seq_row_[i];
+    kernels::RetainArgs a;
+    a.q = q + row * stride;
+    a.k = k + row * stride;
+    a.v = v + row * stride;
+    a.row_stride = stride;
+    a.n = s.n;
+    a.heads = heads;
+    a.head_dim = static_cast<int32_t>(config_.head_dim());
+    a.hidden = retain_hidden_;
+    a.w1 = rl.w1.as<float>();
+    a.b1 = rl.b1.as<float>();
+    a.w2 = rl.w2.as<float>();
+    a.b2 = rl.b2.as<float>();
+    a.out = retain_scores_.as<float>() + row * heads;
+    a.device = backend_->device();
+    DEJA_RETURN_IF_ERROR(kernels::RetainScores(*backend_, a));
+  }
+  return Status::Ok();
+}
+
 kv::KvGeometry OptModel::kv_geometry() const {
   return {static_cast<int32_t>(config_.num_hidden_layers), static_cast<int32_t>(w_.local_heads),
           static_cast<int32_t>(config_.head_dim()), kv_dtype_};
@@ -187,6 +251,10 @@ StatusOr<std::unique_ptr<kv::SequenceKv>> OptModel::NewSequence(int32_t max_toke
   }
   DEJA_ASSIGN_OR_RETURN(std::unique_ptr<kv::EvictionPolicy> p,
                         kv::MakeEvictionPolicy(policy, prompt_tokens));
+  if (p->kind() == kv::CachePolicyKind::kLocret && retain_.empty()) {
+    return FailedPrecondition(
+        "the locret cache policy needs retaining heads; none are loaded (--retaining-heads)");
+  }
   int32_t capacity = max_tokens;
   if (p->budget() > 0) capacity = std::min(max_tokens, p->budget() + std::max(1, max_chunk));
   return kv::SequenceKv::Create(kv_geometry(), capacity, std::move(p), kv_pool_);
@@ -212,6 +280,8 @@ Status OptModel::EnsureWorkspace(int64_t rows) {
   DEJA_ASSIGN_OR_RETURN(u_, Alloc(DType::kF32, {rows, w_.local_ffn}));
   DEJA_ASSIGN_OR_RETURN(emb_, Alloc(DType::kF32, {rows, std::max(p, d)}));
   ws_rows_ = rows;
+  retain_scores_ = Tensor();  // grown with the rest when next needed
+  retain_q_ = Tensor();
   return Status::Ok();
 }
 
@@ -390,14 +460,43 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
     DEJA_RETURN_IF_ERROR(
         kernels::Linear(be, attn_in, lw.v.w, lw.v.bias, Activation::kNone, false, v));
   }
+  if (observer_ != nullptr && !gather && q_stride == kv_stride) {
+    observer_->OnQkv(l, q_rows, k_rows, v_rows, kv_stride, rows);
+  }
+  // Locret: each locret sequence's new tokens are scored by the retaining heads from every
+  // head's q, k and v (a Deja Vu gather step computed q only for its heads: all of q again).
+  const bool locret =
+      !retain_.empty() && std::any_of(batch.begin(), batch.end(), [](const SequenceStep& s) {
+        return s.kv->policy().kind() == kv::CachePolicyKind::kLocret;
+      });
+  if (locret) {
+    if (retain_scores_.empty()) {
+      DEJA_ASSIGN_OR_RETURN(retain_scores_, Alloc(DType::kF32, {ws_rows_, heads}));
+    }
+    const float* rq = q_rows;
+    if (gather || q_stride != kv_stride) {
+      if (retain_q_.empty()) {
+        DEJA_ASSIGN_OR_RETURN(retain_q_, Alloc(DType::kF32, {ws_rows_, local}));
+      }
+      TensorView full_q = Rows(retain_q_, rows, local);
+      DEJA_RETURN_IF_ERROR(
+          kernels::Linear(be, attn_in, lw.q.w, lw.q.bias, Activation::kNone, false, full_q));
+      rq = full_q.as<float>();
+      if (kv_stride != local) return Internal("locret: strided k/v beside a separate q");
+    }
+    DEJA_RETURN_IF_ERROR(RetainScores(l, batch, rq, k_rows, v_rows, kv_stride));
+  }
   // Each sequence: its cache write, attention and eviction (heads are rank-local: no
   // communication).
   auto attend = [&](size_t i) -> Status {
     const SequenceStep& s = batch[i];
     const int64_t row = seq_row_[i];
+    const float* scores = locret && s.kv->policy().kind() == kv::CachePolicyKind::kLocret
+                              ? retain_scores_.as<float>() + row * heads
+                              : nullptr;
     // Strided rows (the stacked Linear's) only in decode steps: one row per sequence.
     DEJA_RETURN_IF_ERROR(
-        s.kv->WriteLayer(l, s.n, k_rows + row * kv_stride, v_rows + row * kv_stride));
+        s.kv->WriteLayer(l, s.n, k_rows + row * kv_stride, v_rows + row * kv_stride, scores));
     kernels::AttentionArgs args;
     args.q =
         TensorView{const_cast<float*>(q_rows) + row * q_stride, DType::kF32, Shape{s.n, width}};

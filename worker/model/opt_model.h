@@ -61,6 +61,8 @@ class OptModel final : public Model {
                                                         int32_t max_chunk) const override;
   Status EnableSparsity(const SparsityOptions& options) override;
   bool sparsity_enabled() const override;
+  Status EnableRetaining(const std::string& path) override;
+  bool retaining_enabled() const override { return !retain_.empty(); }
   Status Forward(const std::vector<SequenceStep>& batch, StepResult* result) override;
 
  private:
@@ -75,6 +77,10 @@ class OptModel final : public Model {
                         const TensorView& attn_in, const dejavu::BlockPlan* heads);
   Status MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in, const dejavu::BlockPlan* plan);
   Status EnsureWorkspace(int64_t rows);
+  // Locret: the retaining-head scores [rows, heads] of the step's locret sequences (rows of other
+  // sequences are left as they are) into retain_scores_.
+  Status RetainScores(int32_t l, const std::vector<SequenceStep>& batch, const float* q,
+                      const float* k, const float* v, int64_t stride);
   // Host memory on host backends, the device's otherwise.
   StatusOr<Tensor> Alloc(DType dtype, Shape shape) const;
   Status LoadToDevice(const LoadOptions& options);
@@ -109,6 +115,15 @@ class OptModel final : public Model {
   Tensor qkv_;  // [rows, 3 * local]: the stacked q, k, v Linear's output (OptLayerWeights::qkv)
   std::vector<int32_t> ids_, tok_pos_, pos_rows_;
   std::vector<float> gather_;
+
+  // Locret retaining heads, per layer (this rank's heads; backend memory), and their scratch.
+  struct RetainLayer {
+    Tensor w1, b1, w2, b2;
+  };
+  std::vector<RetainLayer> retain_;
+  int32_t retain_hidden_ = 0;
+  Tensor retain_scores_;  // [rows, local heads]
+  Tensor retain_q_;       // [rows, local]: every head's q when Deja Vu computed only some
 };
 
 }  // namespace deja::worker::model
