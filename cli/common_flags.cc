@@ -234,6 +234,17 @@ StatusOr<worker::kv::CachePolicyConfig> CachePolicyFromFlags(const Args& args) {
   return c;
 }
 
+StatusOr<std::string> RetainingHeadsPath(const Args& args) {
+  const std::string v = args.Str("retaining-heads");
+  if (v == "none") return std::string();
+  if (v == "auto") {
+    const std::string path = args.Str("model") + "/retaining.safetensors";
+    std::error_code ec;
+    return std::filesystem::exists(path, ec) ? path : std::string();
+  }
+  return v;
+}
+
 void AddRetainingFlag(Args& args) {
   args.Flag("retaining-heads",
             "with --kv-policy locret: the retaining heads (safetensors, its .json beside it) "

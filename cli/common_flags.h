@@ -52,6 +52,10 @@ struct SparsityFlags {
   std::string oracle;
   std::string default_flag;
 };
+// `deja worker --retaining-heads`: the path to load ("" for none): auto is
+// <model>/retaining.safetensors when that file exists, none is "".
+StatusOr<std::string> RetainingHeadsPath(const Args& args);
+
 // --retaining-heads (`deja ppl`, `deja generate`), and loading them into `model` when the policy
 // is locret (InvalidArgument for the flag with another policy).
 void AddRetainingFlag(Args& args);

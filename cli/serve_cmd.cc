@@ -95,6 +95,8 @@ void AddCoordinatorFlags(Args& args) {
       .Flag("metrics-host", "address /metrics listens on (default: the API's --host)", "")
       .Flag("max-batch-sequences", "sequences per step", "32")
       .Flag("max-prefill-tokens", "prompt tokens per step over all prefill chunks", "512")
+      .Flag("locret-chunk",
+            "prompt tokens per step for a locret sequence (its cache holds budget + this)", "64")
       .Flag("max-queue", "requests waiting for the batch before RESOURCE_EXHAUSTED", "64")
       .Flag("default-max-new-tokens", "max_new_tokens when a request leaves it unset", "256")
       .Flag("step-timeout-ms", "a step unanswered this long loses the worker group", "2500")
@@ -175,6 +177,11 @@ StatusOr<coordinator::CoordinatorOptions> CoordinatorFromFlags(const Args& args)
   o.group.heartbeat_timeout = std::chrono::milliseconds(hb_timeout_ms);
   o.drain_timeout = std::chrono::milliseconds(drain_ms);
   DEJA_ASSIGN_OR_RETURN(o.default_cache, DefaultCacheFromFlags(args));
+  DEJA_ASSIGN_OR_RETURN(int64_t locret_chunk, args.Int("locret-chunk"));
+  if (locret_chunk < 1 || locret_chunk > (1 << 20)) {
+    return InvalidArgument("--locret-chunk must be in [1, 2^20]");
+  }
+  o.locret_chunk = static_cast<int32_t>(locret_chunk);
   o.security = ServerSecurityFromFlags(args);
   return o;
 }
@@ -240,6 +247,10 @@ int RunServe(int argc, char** argv, int first) {
   args.Flag("kv-memory-mb", "KV cache budget of each worker, MiB (0: the worker's default)", "0")
       .Flag("threads", "CPU threads per worker (0: this host's cores split evenly)", "0")
       .Flag("worker-host", "address the workers listen on", "127.0.0.1")
+      .Flag("retaining-heads",
+            "Locret retaining heads the workers load to serve the locret cache policy: auto = "
+            "<model>/retaining.safetensors when it exists, none = never, or a path",
+            "auto")
       .Flag("kv-paging",
             "on: each CPU worker's KV memory is one pool of blocks that sequences take as they "
             "grow, and admission counts what sequences use (a request that runs out of blocks "
@@ -292,6 +303,9 @@ int RunServe(int argc, char** argv, int first) {
     lo.extra_worker_args.push_back(args.Str("kv-paging"));
     lo.extra_worker_args.push_back("--cpu-comm");
     lo.extra_worker_args.push_back(args.Str("cpu-comm"));
+    DEJA_ASSIGN_OR_RETURN(std::string heads, RetainingHeadsPath(args));
+    lo.extra_worker_args.push_back("--retaining-heads");
+    lo.extra_worker_args.push_back(heads.empty() ? "none" : heads);
     if (!args.Str("kv-memory-fraction").empty()) {
       lo.extra_worker_args.push_back("--kv-memory-fraction");
       lo.extra_worker_args.push_back(args.Str("kv-memory-fraction"));

@@ -95,6 +95,10 @@ int RunWorker(int argc, char** argv, int first) {
   AddGroupSecretFlags(args);
   AddInternalTlsFlags(args);
   AddSparsityFlags(args);
+  args.Flag("retaining-heads",
+            "Locret retaining heads (safetensors, its .json beside it): serve the locret cache "
+            "policy; auto = <model>/retaining.safetensors when it exists, none = never",
+            "auto");
   AddDtypeFlag(args);
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("worker", s);
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
@@ -132,6 +136,7 @@ int RunWorker(int argc, char** argv, int first) {
     o.sparsity = sparsity.options;
     o.sparsity_default = sparsity.default_on;
     DEJA_ASSIGN_OR_RETURN(o.load, LoadOptionsFromFlags(args));
+    DEJA_ASSIGN_OR_RETURN(o.retaining_heads, RetainingHeadsPath(args));
     DEJA_ASSIGN_OR_RETURN(o.device, DeviceFromFlags(args));
     // An unusable GPU fails here, with the CUDA reason, before any connection is made.
     if (!o.device.is_host()) DEJA_RETURN_IF_ERROR(MakeBackend(o.device, 1).status());

@@ -125,6 +125,7 @@ Status Coordinator::Init() {
   eo.limits.eos_id = static_cast<int32_t>(info.eos_token_id());
   eo.limits.default_max_new_tokens = o.default_max_new_tokens;
   eo.limits.default_cache = info.default_cache_policy();
+  eo.limits.locret_chunk = o.locret_chunk;
   engine_ = std::make_unique<Engine>(eo, tokenizer_.get(), group_.get(), metrics_.get());
   service_ = std::make_unique<TextGenerationService>(engine_.get(), info, auth_.get());
 

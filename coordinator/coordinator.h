@@ -64,6 +64,8 @@ struct CoordinatorOptions {
   // The KV-cache policy of requests that leave CachePolicy.kind unset (and the budgets of those
   // that name its kind without them): `deja serve --kv-policy`. Checked by Start().
   v1::CachePolicy default_cache = FullCachePolicy();
+  // Prompt tokens per step for a locret sequence (its workers reserve budget + this).
+  int32_t locret_chunk = 64;
   WorkerGroupOptions group;  // world_size is taken from tensor_parallel_size
   // How long a drain lets admitted requests finish before failing them with UNAVAILABLE.
   std::chrono::milliseconds drain_timeout{30000};

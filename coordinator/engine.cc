@@ -128,6 +128,7 @@ ModelLimits Engine::LimitsFor(const GroupState& group) const {
   ModelLimits limits = options_.limits;
   limits.sparsity_available = group.sparsity_available;
   limits.sparsity_default = group.sparsity_default;
+  limits.locret_available = group.locret_available;
   limits.sparsity_schedules.clear();
   if (group.sparsity_available) limits.sparsity_schedules.push_back(kSparsitySchedule);
   return limits;

@@ -24,6 +24,8 @@ struct GroupState {
   // rank's default for requests that leave Sparsity.mode unspecified is on.
   bool sparsity_available = false;
   bool sparsity_default = false;
+  // Every rank holds Locret retaining heads (it accepts the LOCRET cache policy).
+  bool locret_available = false;
   // What the group computes with (rank 0's WorkerStatus.weight_dtype and kv_dtype).
   std::string weight_dtype, kv_dtype;
   // Why the group is not ready, for UNAVAILABLE messages and logs.

@@ -312,6 +312,7 @@ grpc::ServerUnaryReactor* TextGenerationService::GetModelInfo(grpc::CallbackServ
   const GroupState group = engine_->group();
   const ModelLimits limits = engine_->LimitsFor(group);
   out.set_sparsity_available(limits.sparsity_available);
+  out.set_locret_available(limits.locret_available);
   // The dtypes the (last) connected group reported: what --dtype/--kv-dtype resolved to.
   if (!group.weight_dtype.empty()) out.set_dtype(group.weight_dtype);
   if (!group.kv_dtype.empty()) out.set_kv_dtype(group.kv_dtype);

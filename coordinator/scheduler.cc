@@ -152,7 +152,13 @@ StepPlan Scheduler::Plan(Clock::time_point now) {
 void Scheduler::AddPrefill(const std::shared_ptr<Request>& r, int32_t* budget, StepPlan* plan) {
   const int32_t start = r->prefilled();
   const int32_t total = r->prefill_tokens();
-  const int32_t chunk = std::min(total - start, *budget);
+  int32_t chunk = std::min(total - start, *budget);
+  // A locret sequence's cache holds its budget plus one chunk of chunk_tokens (the worker
+  // reserved that much): its prompt goes in chunks no larger.
+  const v1::WorkerCachePolicy& cache = r->params().config.cache();
+  if (cache.kind() == v1::WorkerCachePolicy::KIND_LOCRET && cache.chunk_tokens() > 0) {
+    chunk = std::min(chunk, static_cast<int32_t>(cache.chunk_tokens()));
+  }
   if (chunk <= 0) return;
   *budget -= chunk;
   const bool sample = start + chunk == total && r->prefill_samples();

@@ -105,8 +105,9 @@ std::optional<uint32_t> BudgetOf(const v1::CachePolicy& c, bool heavy, size_t pr
 }
 
 // `max_tokens`: the sequence's length at most (prompt + max_new_tokens).
-Status ResolveCache(const v1::CachePolicy& requested, const v1::CachePolicy& server_default,
+Status ResolveCache(const v1::CachePolicy& requested, const ModelLimits& limits,
                     size_t prompt_tokens, size_t max_tokens, v1::WorkerCachePolicy* out) {
+  const v1::CachePolicy& server_default = limits.default_cache;
   DEJA_RETURN_IF_ERROR(CheckCacheFields(requested, "cache."));
   // KIND_UNSPECIFIED takes the server default's kind; a server without one serves full.
   const bool unspecified = requested.kind() == v1::CachePolicy::KIND_UNSPECIFIED;
@@ -115,11 +116,10 @@ Status ResolveCache(const v1::CachePolicy& requested, const v1::CachePolicy& ser
       const kv::CachePolicyKind kind,
       kv::FromProto(api == v1::CachePolicy::KIND_UNSPECIFIED ? v1::CachePolicy::KIND_FULL : api,
                     "cache.kind"));
-  if (kind == kv::CachePolicyKind::kLocret) {
-    // The workers would need the retaining heads and the scheduler chunks sized to the budget.
+  if (kind == kv::CachePolicyKind::kLocret && !limits.locret_available) {
     return FailedPrecondition(
-        "cache.kind: KIND_LOCRET runs in `deja generate` and `deja ppl`; this server does not "
-        "serve it");
+        "cache.kind: KIND_LOCRET needs retaining heads and this server's workers have none "
+        "(ModelInfo.locret_available is false; start it with --retaining-heads)");
   }
   const kv::CachePolicyRow& row = kv::CachePolicyOf(kind);
   DEJA_RETURN_IF_ERROR(CheckHeavyBudget(requested, row, "cache."));
@@ -145,17 +145,15 @@ Status ResolveCache(const v1::CachePolicy& requested, const v1::CachePolicy& ser
   }
   if (row.heavy_hitters) out->set_heavy_tokens(heavy);
   out->set_recent_tokens(recent);
+  if (kind == kv::CachePolicyKind::kLocret) {
+    out->set_chunk_tokens(static_cast<uint32_t>(std::max(1, limits.locret_chunk)));
+  }
   return Status::Ok();
 }
 
 }  // namespace
 
 Status ValidateDefaultCachePolicy(const v1::CachePolicy& policy) {
-  if (policy.kind() == v1::CachePolicy::KIND_LOCRET) {
-    return InvalidArgument(
-        "the locret cache policy runs in `deja generate` and `deja ppl`; the "
-        "server does not serve it");
-  }
   if (policy.kind() != v1::CachePolicy::KIND_UNSPECIFIED) {
     DEJA_RETURN_IF_ERROR(kv::FromProto(policy.kind(), "default cache policy kind").status());
   }
@@ -327,7 +325,7 @@ StatusOr<ResolvedRequest> ResolveRequest(const v1::GenerateRequest& request,
   out.top_n = r.top_n_tokens();
   out.logprobs = r.logprobs() || out.top_n > 0;
   out.return_tokens = r.return_tokens() || out.logprobs;
-  DEJA_RETURN_IF_ERROR(ResolveCache(request.cache(), limits.default_cache, out.prompt.size(),
+  DEJA_RETURN_IF_ERROR(ResolveCache(request.cache(), limits, out.prompt.size(),
                                     out.prompt.size() + out.max_new_tokens,
                                     out.config.mutable_cache()));
   DEJA_RETURN_IF_ERROR(ResolveSparsity(request.sparsity(), limits, &out.config));

@@ -35,6 +35,10 @@ struct ModelLimits {
   // What Sparsity.MODE_UNSPECIFIED means when sparsity is available (the server default).
   bool sparsity_default = false;
   std::vector<std::string> sparsity_schedules;  // the first is the default
+  // Every rank holds Locret retaining heads (CachePolicy.KIND_LOCRET is served), and the most
+  // prompt tokens one step carries for a locret sequence (its cache holds budget + this).
+  bool locret_available = false;
+  int32_t locret_chunk = 64;
   // What CachePolicy.KIND_UNSPECIFIED means (UNSPECIFIED here: full). Its budget fields also
   // fill in those a request of the same kind leaves unset.
   v1::CachePolicy default_cache;
@@ -61,14 +65,18 @@ struct ResolvedRequest {
 
   // Cache positions each worker reserves for the sequence when it starts, the unit of KV
   // admission: prompt + max_new_tokens under the full policy; a bounded policy (window, H2O)
-  // holds its budget plus the prompt while prefilling (then shrinks to budget + 1), never more
-  // than the full cache.
+  // holds its budget plus the prompt while prefilling (then shrinks to budget + 1), locret its
+  // budget plus one chunk from the first token; never more than the full cache.
   int64_t ReservedPositions() const {
     const int64_t full = static_cast<int64_t>(prompt.size()) + max_new_tokens;
     if (!BoundedCache()) return full;
     const int64_t budget =
         static_cast<int64_t>(config.cache().heavy_tokens()) + config.cache().recent_tokens();
-    return std::min(full, budget + std::max<int64_t>(1, static_cast<int64_t>(prompt.size())));
+    const int64_t chunk =
+        config.cache().chunk_tokens() > 0
+            ? std::min<int64_t>(config.cache().chunk_tokens(), static_cast<int64_t>(prompt.size()))
+            : static_cast<int64_t>(prompt.size());
+    return std::min(full, budget + std::max<int64_t>(1, chunk));
   }
   // What the workers keep once the prompt is in: a bounded policy's cache shrinks to budget + 1
   // slots per head (worker/service/step_engine.cc ShrinkAfterPrefill); full keeps its reservation.

@@ -81,7 +81,7 @@ void WorkerGroup::TryConnect() {
   KvCapacity kv;
   kv.total_bytes = UINT64_MAX;
   kv.block_tokens = UINT32_MAX;
-  bool sparsity_available = true, sparsity_default = true;
+  bool sparsity_available = true, sparsity_default = true, locret_available = true;
   for (const v1::WorkerStatus& st : statuses) {
     kv.total_bytes = std::min<uint64_t>(kv.total_bytes, st.kv().total_bytes());
     kv.bytes_per_token = std::max<uint64_t>(kv.bytes_per_token, st.kv_bytes_per_token());
@@ -91,6 +91,7 @@ void WorkerGroup::TryConnect() {
                           : 0;
     sparsity_available &= st.sparsity_available();
     sparsity_default &= st.sparsity_default();
+    locret_available &= st.locret_available();
   }
   if (kv.block_tokens == UINT32_MAX) kv.block_tokens = 0;
   sparsity_default &= sparsity_available;
@@ -159,6 +160,7 @@ void WorkerGroup::TryConnect() {
   state_.kv = kv;
   state_.sparsity_available = sparsity_available;
   state_.sparsity_default = sparsity_default;
+  state_.locret_available = locret_available;
   state_.weight_dtype = statuses[0].weight_dtype();
   state_.kv_dtype = statuses[0].kv_dtype();
   state_.reason.clear();

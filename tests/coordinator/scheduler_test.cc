@@ -329,6 +329,31 @@ TEST_F(SchedulerTest, BoundedPolicyReservationShrinksAfterPrefill) {
   EXPECT_EQ(s.reserved_bytes(), 950u);
 }
 
+// A locret sequence's prompt goes in chunks of its chunk_tokens (its workers hold budget + one
+// chunk), even when the step's prefill budget would take more; it reserves budget + chunk.
+TEST_F(SchedulerTest, LocretPromptsGoInChunksOfTheirChunkTokens) {
+  options_.max_prefill_tokens = 64;
+  Scheduler s(options_);
+  s.SetKvCapacity({1000, 10});
+  std::string reason;
+  v1::WorkerCachePolicy locret;
+  locret.set_kind(v1::WorkerCachePolicy::KIND_LOCRET);
+  locret.set_heavy_tokens(2);
+  locret.set_recent_tokens(2);
+  locret.set_chunk_tokens(4);
+  Made l = Make("locret", 10, 20, std::nullopt, 0, locret);
+  ASSERT_TRUE(s.Admit(l.request, &reason).ok());
+  std::vector<int> chunks;
+  for (int step = 0; step < 3; ++step) {
+    StepPlan p = s.Plan(Clock::now());
+    ASSERT_EQ(p.step.sequences_size(), 1);
+    chunks.push_back(p.step.sequences(0).tokens_size());
+    if (step == 0) EXPECT_EQ(s.reserved_bytes(), 80u);  // budget 4 + chunk 4
+    s.Complete(p, Answer(p), Clock::now());
+  }
+  EXPECT_EQ(chunks, (std::vector<int>{4, 4, 2}));
+}
+
 // Paged workers (blocks of 4 positions): a full-policy request reserves its prompt's blocks, so
 // five fit where one would without paging; each grows a block at a time while decoding, and
 // when none is free the newest is preempted: released on the workers, it recomputes its prompt

@@ -422,18 +422,28 @@ TEST_F(ValidationTest, UnknownCacheKindsListTheKnownOnes) {
   EXPECT_EQ(
       s.message(),
       "default cache policy kind must be KIND_FULL, KIND_WINDOW, KIND_H2O or KIND_LOCRET, got 9");
-  // Every kind of the table resolves to its worker value, but locret, which the server does not
-  // serve (FAILED_PRECONDITION naming the field, also as the server default).
+  // Locret needs workers with retaining heads: FAILED_PRECONDITION naming the field without.
+  req.mutable_cache()->set_kind(v1::CachePolicy::KIND_LOCRET);
+  limits_.locret_available = false;
+  s = Resolve(req).status();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("cache.kind"), std::string::npos) << s.ToString();
+  limits_.locret_available = true;
+  limits_.locret_chunk = 24;
+  {
+    StatusOr<ResolvedRequest> r = Resolve(req);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->config.cache().chunk_tokens(), 24u);
+    // Admission reserves budget + one chunk (at most the prompt), not budget + prompt.
+    const int64_t budget = r->config.cache().heavy_tokens() + r->config.cache().recent_tokens();
+    EXPECT_EQ(r->ReservedPositions(),
+              std::min<int64_t>(budget + std::min<int64_t>(24, r->prompt.size()),
+                                r->prompt.size() + r->max_new_tokens));
+  }
+  // Every kind of the table resolves to its worker value.
   for (const worker::kv::CachePolicyRow& row : worker::kv::CachePolicyTable()) {
     req.mutable_cache()->set_kind(row.api);
     StatusOr<ResolvedRequest> r = Resolve(req);
-    if (row.kind == worker::kv::CachePolicyKind::kLocret) {
-      EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
-      EXPECT_NE(r.status().message().find("cache.kind"), std::string::npos);
-      c.set_kind(row.api);
-      EXPECT_EQ(ValidateDefaultCachePolicy(c).code(), StatusCode::kInvalidArgument);
-      continue;
-    }
     ASSERT_TRUE(r.ok()) << row.name << ": " << r.status().ToString();
     EXPECT_EQ(r->config.cache().kind(), row.wire) << row.name;
     EXPECT_EQ(r->BoundedCache(), row.bounded) << row.name;

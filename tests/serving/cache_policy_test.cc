@@ -2,7 +2,10 @@
 // H2O (`--kv-policy h2o --heavy-tokens 4 --recent-tokens 4`): ModelInfo reports that default, a
 // request without CachePolicy.kind runs under it, requests naming full, window or h2o (with or
 // without budgets) run under theirs, and every result equals single-process generation under the
-// same policy, in one batch; evictions show in a real /metrics scrape.
+// same policy, in one batch; evictions show in a real /metrics scrape. The workers load the
+// model's retaining heads (`--retaining-heads auto`), so ModelInfo reports locret available and a
+// locret request, prefilled in chunks of `--locret-chunk 16`, equals single-process generation
+// in the same chunks.
 #include <thread>
 
 #include "reference_model.h"
@@ -14,12 +17,12 @@ namespace {
 class CachePolicyServingTest : public ServerSuite {
  protected:
   static void SetUpTestSuite() {
-    StartSuite(
-        "cache_policy",
-        {DEJA_BINARY,       "serve", "--model",        ModelDir(),   "--tp",           "2",
-         "--port",          "0",     "--metrics-port", "0",          "--threads",      "1",
-         "--kv-memory-mb",  "64",    "--kv-policy",    "h2o",        "--heavy-tokens", "4",
-         "--recent-tokens", "4",     "--dtype",        "checkpoint", "--kv-dtype",     "f32"});
+    StartSuite("cache_policy",
+               {DEJA_BINARY,       "serve", "--model",        ModelDir(),   "--tp",           "2",
+                "--port",          "0",     "--metrics-port", "0",          "--threads",      "1",
+                "--kv-memory-mb",  "64",    "--kv-policy",    "h2o",        "--heavy-tokens", "4",
+                "--recent-tokens", "4",     "--dtype",        "checkpoint", "--kv-dtype",     "f32",
+                "--locret-chunk",  "16"});
   }
 
   // Greedy single-process generation of `prompt` (BOS prepended) under `cache`.
@@ -29,6 +32,13 @@ class CachePolicyServingTest : public ServerSuite {
     o.max_new_tokens = max_new;
     o.stop_at_eos = false;  // as the requests' ignore_eos
     o.cache = cache;
+    if (cache.kind == worker::kv::CachePolicyKind::kLocret) {
+      o.prefill_chunk = 16;  // the server's --locret-chunk
+      if (!ref_->model->retaining_enabled()) {
+        Status s = ref_->model->EnableRetaining(ModelDir() + "/retaining.safetensors");
+        EXPECT_TRUE(s.ok()) << s.ToString();
+      }
+    }
     return ref_->Generate(prompt, o);
   }
   static worker::kv::CachePolicyConfig Policy(worker::kv::CachePolicyKind kind, int32_t heavy = -1,
@@ -49,6 +59,7 @@ TEST_F(CachePolicyServingTest, ModelInfoReportsTheServerDefault) {
   EXPECT_EQ(info.default_cache_policy().kind(), v1::CachePolicy::KIND_H2O);
   EXPECT_EQ(info.default_cache_policy().heavy_tokens(), 4u);
   EXPECT_EQ(info.default_cache_policy().recent_tokens(), 4u);
+  EXPECT_TRUE(info.locret_available());
 }
 
 TEST_F(CachePolicyServingTest, EachRequestRunsUnderItsPolicyInOneBatch) {
@@ -80,6 +91,12 @@ TEST_F(CachePolicyServingTest, EachRequestRunsUnderItsPolicyInOneBatch) {
   c.set_kind(v1::CachePolicy::KIND_WINDOW);  // another kind: 10% of the prompt
   cases.push_back(
       {"window without budgets", c, Policy(worker::kv::CachePolicyKind::kWindow, 0, tenth)});
+  c = v1::CachePolicy();
+  c.set_kind(v1::CachePolicy::KIND_LOCRET);
+  c.set_heavy_tokens(3);
+  c.set_recent_tokens(5);
+  cases.push_back(
+      {"locret 3 + 5 in chunks of 16", c, Policy(worker::kv::CachePolicyKind::kLocret, 3, 5)});
   std::vector<std::vector<int32_t>> want;
   for (const Case& k : cases) want.push_back(Reference(prompt, max_new, k.reference));
   // The budgets matter here: the h2o 4 + 4 and full references differ.

@@ -123,6 +123,19 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
       return InvalidArgument(Seq(id) + "config.cache: " + policy.status().message());
     capacity = std::min<int64_t>(max_tokens,
                                  (*policy)->budget() + std::max<int64_t>(1, c.prompt_tokens()));
+    // Locret prefills in chunks of at most chunk_tokens and evicts after each: its cache holds
+    // budget + chunk_tokens from the first token.
+    if (*kind == kv::CachePolicyKind::kLocret) {
+      if (c.cache().chunk_tokens() == 0) {
+        return InvalidArgument(Seq(id) + "config.cache.chunk_tokens must be >= 1 for LOCRET");
+      }
+      if (!model_->retaining_enabled()) {
+        return FailedPrecondition(Seq(id) +
+                                  "config.cache: LOCRET needs retaining heads; this worker has "
+                                  "none (start it with --retaining-heads)");
+      }
+      capacity = std::min<int64_t>(max_tokens, (*policy)->budget() + c.cache().chunk_tokens());
+    }
   }
   sampling::SamplingParams sp;
   const deja::v1::WorkerSampling& s = c.sampling();
@@ -176,8 +189,11 @@ Status StepEngine::PlanOne(const deja::v1::SequenceWork& w,
     }
     // Allocated only once every check passed, so a refusal leaves nothing behind.
     DEJA_ASSIGN_OR_RETURN(
-        p->fresh->kv, model_->NewSequence(p->fresh->max_tokens, p->cache, p->fresh->prompt_tokens,
-                                          std::max(1, p->fresh->prompt_tokens)));
+        p->fresh->kv,
+        model_->NewSequence(p->fresh->max_tokens, p->cache, p->fresh->prompt_tokens,
+                            p->cache.kind == kv::CachePolicyKind::kLocret
+                                ? static_cast<int32_t>(w.config().cache().chunk_tokens())
+                                : std::max(1, p->fresh->prompt_tokens)));
     p->seq = p->fresh.get();
     *new_bytes = bytes;
     return CheckPoolRoom(id, w.tokens_size(), p->seq, new_bytes);

@@ -65,6 +65,7 @@ class WorkerServiceImpl final : public deja::v1::Worker::Service {
   std::atomic<bool> loaded{false};
   std::atomic<bool> warmed_up{false};
   std::atomic<bool> sparsity{false};  // EnableSparsity succeeded
+  std::atomic<bool> locret{false};    // EnableRetaining succeeded
   std::atomic<uint64_t> epoch{0};
   // When the coordinator last called (a Step message or GetStatus), in Clock ticks.
   std::atomic<Clock::rep> last_call{0};
@@ -126,6 +127,7 @@ class WorkerServiceImpl final : public deja::v1::Worker::Service {
     st->set_group_epoch(epoch.load());
     st->set_sparsity_available(sparsity.load());
     st->set_sparsity_default(sparsity.load() && o.sparsity_default);
+    st->set_locret_available(locret.load());
     if (loaded.load()) {
       st->set_weight_dtype(TorchDTypeName(owner_->model_->weight_dtype()));
       st->set_kv_dtype(TorchDTypeName(owner_->model_->kv_geometry().kv_dtype));
@@ -318,6 +320,14 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
               << (so.predictors.empty() ? "oracle, fraction " + std::to_string(so.oracle_fraction)
                                         : "predictors " + so.predictors)
               << "), default " << (options_.sparsity_default ? "on" : "off");
+  }
+  if (!options_.retaining_heads.empty()) {
+    DEJA_RETURN_IF_ERROR(
+        model_->EnableRetaining(options_.retaining_heads)
+            .WithContext("loading the retaining heads " + options_.retaining_heads));
+    service_->locret.store(true);
+    LOG(INFO) << "rank " << options_.rank << ": Locret retaining heads "
+              << options_.retaining_heads;
   }
   // On a device the KV block pool is the budget (--kv-memory-mb, or the fraction of free memory
   // asked for, in whole blocks).

@@ -63,6 +63,8 @@ struct WorkerOptions {
   model::SparsityOptions sparsity;
   bool sparsity_default = false;
   model::LoadOptions load;  // --dtype
+  // Locret retaining heads (Model::EnableRetaining); empty: none, the LOCRET policy is refused.
+  std::string retaining_heads;
   bool sparsity_requested() const {
     return !sparsity.predictors.empty() || sparsity.oracle_fraction > 0.0f;
   }
