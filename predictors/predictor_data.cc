@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "predictors/json_fields.h"
 #include "predictors/raw_safetensors.h"
 
 namespace deja::predictors {
@@ -48,16 +49,9 @@ StatusOr<DataMeta> ReadDataMeta(const std::string& dir) {
                                                      {"num_heads", &m.num_heads},
                                                      {"num_layers", &m.num_layers}};
   for (const auto& [key, dst] : fields) {
-    if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() <= 0 ||
-        j[key].get<int64_t>() > (1 << 20)) {
-      return InvalidArgument(path + ": '" + key + "' must be a positive integer");
-    }
-    *dst = j[key].get<int32_t>();
+    DEJA_ASSIGN_OR_RETURN(*dst, JsonPositiveInt(j, key, path));
   }
-  if (!j.contains("rows") || !j["rows"].is_number_integer() || j["rows"].get<int64_t>() < 0) {
-    return InvalidArgument(path + ": 'rows' must be a non-negative integer");
-  }
-  m.rows = j["rows"].get<int64_t>();
+  DEJA_ASSIGN_OR_RETURN(m.rows, JsonCount(j, "rows", path));
   return m;
 }
 

@@ -6,13 +6,13 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <utility>
 
-#include <nlohmann/json.hpp>
-
 #include "common/safetensors.h"
+#include "predictors/json_fields.h"
 
 namespace deja::predictors {
 namespace {
@@ -20,24 +20,6 @@ namespace {
 using nlohmann::json;
 
 constexpr const char* kFormat = "deja-predictors-v1";
-
-StatusOr<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound("cannot open " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return DataLoss("cannot read " + path);
-  return ss.str();
-}
-
-StatusOr<int32_t> PositiveInt(const json& j, const char* key, const std::string& file) {
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() <= 0 ||
-      it->get<int64_t>() > (1 << 30)) {
-    return InvalidArgument(file + ": '" + key + "' must be a positive integer");
-  }
-  return static_cast<int32_t>(it->get<int64_t>());
-}
 
 StatusOr<BlockSchedule> ParseBlock(const json& layer, const char* kind, int32_t units, int64_t l,
                                    const std::string& file) {
@@ -130,7 +112,7 @@ std::string MetaPathFor(const std::string& safetensors_path) {
 }
 
 StatusOr<PredictorMeta> LoadPredictorMeta(const std::string& json_path) {
-  DEJA_ASSIGN_OR_RETURN(std::string text, ReadText(json_path));
+  DEJA_ASSIGN_OR_RETURN(std::string text, ReadTextFile(json_path));
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return InvalidArgument(json_path + ": not a JSON object");
@@ -140,11 +122,13 @@ StatusOr<PredictorMeta> LoadPredictorMeta(const std::string& json_path) {
     return InvalidArgument(json_path + ": 'format' must be \"" + kFormat + "\"");
   }
   PredictorMeta m;
-  DEJA_ASSIGN_OR_RETURN(m.rank, PositiveInt(j, "rank", json_path));
-  DEJA_ASSIGN_OR_RETURN(m.hidden_size, PositiveInt(j, "hidden_size", json_path));
-  DEJA_ASSIGN_OR_RETURN(m.ffn_dim, PositiveInt(j, "ffn_dim", json_path));
-  DEJA_ASSIGN_OR_RETURN(m.num_heads, PositiveInt(j, "num_heads", json_path));
-  DEJA_ASSIGN_OR_RETURN(m.num_layers, PositiveInt(j, "num_layers", json_path));
+  DEJA_ASSIGN_OR_RETURN(m.rank, JsonPositiveInt(j, "rank", json_path, int64_t{1} << 30));
+  DEJA_ASSIGN_OR_RETURN(m.hidden_size,
+                        JsonPositiveInt(j, "hidden_size", json_path, int64_t{1} << 30));
+  DEJA_ASSIGN_OR_RETURN(m.ffn_dim, JsonPositiveInt(j, "ffn_dim", json_path, int64_t{1} << 30));
+  DEJA_ASSIGN_OR_RETURN(m.num_heads, JsonPositiveInt(j, "num_heads", json_path, int64_t{1} << 30));
+  DEJA_ASSIGN_OR_RETURN(m.num_layers,
+                        JsonPositiveInt(j, "num_layers", json_path, int64_t{1} << 30));
   auto layers = j.find("layers");
   if (layers == j.end() || !layers->is_array() ||
       layers->size() != static_cast<size_t>(m.num_layers)) {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "predictors/json_fields.h"
 #include "predictors/raw_safetensors.h"
 
 namespace deja::predictors {
@@ -60,16 +61,9 @@ StatusOr<RetainingDataMeta> ReadRetainingDataMeta(const std::string& dir) {
   const std::pair<const char*, int32_t*> fields[] = {
       {"layers", &m.layers}, {"heads", &m.heads}, {"head_dim", &m.head_dim}};
   for (const auto& [key, dst] : fields) {
-    if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() <= 0 ||
-        j[key].get<int64_t>() > (1 << 20)) {
-      return InvalidArgument(path + ": '" + key + "' must be a positive integer");
-    }
-    *dst = j[key].get<int32_t>();
+    DEJA_ASSIGN_OR_RETURN(*dst, JsonPositiveInt(j, key, path));
   }
-  if (!j.contains("rows") || !j["rows"].is_number_integer() || j["rows"].get<int64_t>() < 0) {
-    return InvalidArgument(path + ": 'rows' must be a non-negative integer");
-  }
-  m.rows = j["rows"].get<int64_t>();
+  DEJA_ASSIGN_OR_RETURN(m.rows, JsonCount(j, "rows", path));
   DEJA_RETURN_IF_ERROR(Elements(path, {m.rows, m.heads, 3, m.head_dim}).status());
   return m;
 }

@@ -13,6 +13,7 @@
 #include "common/dtype.h"
 #include "common/safetensors.h"
 #include "common/tensor.h"
+#include "predictors/json_fields.h"
 
 namespace deja::predictors {
 namespace {
@@ -21,24 +22,6 @@ using nlohmann::json;
 
 constexpr const char* kActivation = "relu";
 constexpr const char* kInput = "[q, k, v] of the head, q unscaled";
-
-StatusOr<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound("cannot open " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return DataLoss("cannot read " + path);
-  return ss.str();
-}
-
-StatusOr<int32_t> PositiveInt(const json& j, const char* key, const std::string& file) {
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() <= 0 ||
-      it->get<int64_t>() > (1 << 20)) {
-    return InvalidArgument(file + ": '" + key + "' must be a positive integer");
-  }
-  return static_cast<int32_t>(it->get<int64_t>());
-}
 
 std::string TensorName(int32_t layer, const char* part) {
   return "layers." + std::to_string(layer) + "." + part;
@@ -113,7 +96,7 @@ StatusOr<RetainingHeads> LoadRetainingHeads(const std::string& safetensors_path,
                            " does not divide the model's " + std::to_string(heads) + " heads");
   }
   const std::string json_path = RetainingMetaPathFor(safetensors_path);
-  DEJA_ASSIGN_OR_RETURN(std::string text, ReadText(json_path));
+  DEJA_ASSIGN_OR_RETURN(std::string text, ReadTextFile(json_path));
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return InvalidArgument(json_path + ": not a JSON object");
@@ -126,10 +109,10 @@ StatusOr<RetainingHeads> LoadRetainingHeads(const std::string& safetensors_path,
   RetainingHeads r;
   r.json = text;
   int32_t file_heads = 0;
-  DEJA_ASSIGN_OR_RETURN(r.layers, PositiveInt(j, "layers", json_path));
-  DEJA_ASSIGN_OR_RETURN(file_heads, PositiveInt(j, "heads", json_path));
-  DEJA_ASSIGN_OR_RETURN(r.head_dim, PositiveInt(j, "head_dim", json_path));
-  DEJA_ASSIGN_OR_RETURN(r.hidden, PositiveInt(j, "hidden", json_path));
+  DEJA_ASSIGN_OR_RETURN(r.layers, JsonPositiveInt(j, "layers", json_path));
+  DEJA_ASSIGN_OR_RETURN(file_heads, JsonPositiveInt(j, "heads", json_path));
+  DEJA_ASSIGN_OR_RETURN(r.head_dim, JsonPositiveInt(j, "head_dim", json_path));
+  DEJA_ASSIGN_OR_RETURN(r.hidden, JsonPositiveInt(j, "hidden", json_path));
   // The score is only defined for the activation and input the runtime computes; a file trained
   // for another form must not load as if it were this one.
   auto act = j.find("activation");

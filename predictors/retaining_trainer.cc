@@ -329,7 +329,8 @@ double TopFractionRecall(const std::vector<float>& pred, const RetainingLayerDat
   int64_t count = 0;
   std::vector<size_t> by_label, by_pred;
   std::vector<uint8_t> in_top(rows.size(), 0);
-  for (const auto& [seg, idx] : windows) {
+  for (const auto& window : windows) {
+    const std::vector<size_t>& idx = window.second;  // a plain name: lambdas capture it below
     const size_t n = idx.size();
     // ceil, with a guard against 0.2 * 10 = 2.0000000000000004.
     const size_t k = std::clamp<size_t>(static_cast<size_t>(std::ceil(fraction * n - 1e-9)), 1, n);
