@@ -69,6 +69,8 @@ ModelLimits SparseLimits() {
   l.sparsity_available = true;
   l.sparsity_default = true;
   l.sparsity_schedules = {"default"};
+  l.locret_available = true;
+  l.locret_chunk = kChunk;
   l.default_cache.set_kind(v1::CachePolicy::KIND_H2O);
   l.default_cache.set_heavy_ratio(0.2f);
   l.default_cache.set_recent_tokens(8);
@@ -189,7 +191,8 @@ void CheckGenerate(const grpc::ByteBuffer& buffer, const uint8_t* data, size_t s
     if (!r.ok()) {
       const StatusCode code = r.status().code();
       FUZZ_CHECK_MSG(code == StatusCode::kInvalidArgument ||
-                         (code == StatusCode::kFailedPrecondition && !limits->sparsity_available),
+                         (code == StatusCode::kFailedPrecondition &&
+                          (!limits->sparsity_available || !limits->locret_available)),
                      r.status().ToString());
       FUZZ_CHECK(!r.status().message().empty());
       continue;

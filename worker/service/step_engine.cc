@@ -134,7 +134,10 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
                                   "config.cache: LOCRET needs retaining heads; this worker has "
                                   "none (start it with --retaining-heads)");
       }
-      capacity = std::min<int64_t>(max_tokens, (*policy)->budget() + c.cache().chunk_tokens());
+      // A chunk never holds more than the prompt (decode steps carry one token).
+      const int64_t chunk =
+          std::min<int64_t>(c.cache().chunk_tokens(), std::max<int64_t>(1, c.prompt_tokens()));
+      capacity = std::min<int64_t>(max_tokens, (*policy)->budget() + chunk);
     }
   }
   sampling::SamplingParams sp;
@@ -192,7 +195,8 @@ Status StepEngine::PlanOne(const deja::v1::SequenceWork& w,
         p->fresh->kv,
         model_->NewSequence(p->fresh->max_tokens, p->cache, p->fresh->prompt_tokens,
                             p->cache.kind == kv::CachePolicyKind::kLocret
-                                ? static_cast<int32_t>(w.config().cache().chunk_tokens())
+                                ? std::min(static_cast<int32_t>(w.config().cache().chunk_tokens()),
+                                           std::max(1, p->fresh->prompt_tokens))
                                 : std::max(1, p->fresh->prompt_tokens)));
     p->seq = p->fresh.get();
     *new_bytes = bytes;
