@@ -7,7 +7,7 @@
 # per (text, mode, policy, budget).
 #   bash bench/locret_quality.sh [build/release/cli/deja] [text files...]
 # Budgets: h2o half heavy hitters, half recent; window all recent; locret budget / SCORED (default
-# 1/4) kept by retaining-head score, the rest stabilisers, prefilled in chunks of CHUNK (64).
+# 1/8) kept by retaining-head score, the rest stabilisers, prefilled in chunks of CHUNK (64).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEJA=${1:-build/release/cli/deja}
@@ -19,7 +19,7 @@ MODEL=${MODEL:-models/opt-mini}
 HEADS=${HEADS:-$MODEL/retaining.safetensors}
 CTX=1024
 CHUNK=${CHUNK:-64}
-SCORED=${SCORED:-4}  # tokens kept by score = budget / SCORED
+SCORED=${SCORED:-8}  # tokens kept by score = budget / SCORED
 MODES=${MODES:-a b}
 PCTS=${PCTS:-50 20 10}
 run() {  # text mode policy pct heavy recent
