@@ -387,6 +387,72 @@ TEST_P(StepEngineTest, ChunkPastABoundedCacheAfterItsPromptIsRefused) {
   EXPECT_GE(r.results(0).token_id(), 0);
 }
 
+// Locret: the cache is budget + min(chunk_tokens, prompt) slots per head from the first token (what
+// the coordinator admits), a chunk past it is refused alone, and chunk_tokens 0 is refused by name.
+TEST_P(StepEngineTest, LocretHoldsBudgetPlusOneChunk) {
+  if (GetParam() != "cpu") GTEST_SKIP() << "reservations in positions: the unpaged host engine";
+  const Status heads = model_->EnableRetaining(test_util::ModelDir(test_util::TpModelName()) +
+                                               "/retaining.safetensors");
+  if (!heads.ok()) GTEST_SKIP() << heads.ToString();
+  std::vector<int32_t> p = prompts_.back();
+  while (p.size() < 12) p.push_back(p.back());
+  const uint64_t per_token = engine_->kv_bytes_per_token();
+  auto locret = [](deja::v1::SequenceWork* w, uint32_t chunk) {
+    auto* c = w->mutable_config()->mutable_cache();
+    c->set_kind(deja::v1::WorkerCachePolicy::KIND_LOCRET);
+    c->set_heavy_tokens(2);
+    c->set_recent_tokens(2);
+    c->set_chunk_tokens(chunk);
+  };
+  const uint64_t free0 = engine_->Usage().free_bytes();
+
+  StepRequest bad;
+  bad.set_step_id(1);
+  auto w0 = FirstChunk(9, p, 4, 10);
+  locret(&w0, 0);
+  *bad.add_sequences() = w0;
+  StepResponse refused = Run(bad);
+  ASSERT_EQ(refused.results_size(), 1);
+  EXPECT_EQ(refused.results(0).error_code(), static_cast<int>(StatusCode::kInvalidArgument));
+  EXPECT_NE(refused.results(0).error_message().find("chunk_tokens"), std::string::npos);
+
+  StepRequest first;
+  first.set_step_id(2);
+  auto w = FirstChunk(1, p, 4, 10);
+  locret(&w, 4);
+  *first.add_sequences() = w;
+  const std::vector<int32_t> short_prompt(p.begin(), p.begin() + 3);
+  auto s = FirstChunk(2, short_prompt, 3, 10);
+  locret(&s, 4);
+  *first.add_sequences() = s;
+  StepResponse r = Run(first);
+  ASSERT_EQ(r.results_size(), 2);
+  EXPECT_EQ(r.results(0).error_code(), 0) << r.results(0).error_message();
+  EXPECT_EQ(r.results(1).error_code(), 0) << r.results(1).error_message();
+  // 4 + 4 slots, and 4 + 3 for the sequence whose whole prompt is shorter than a chunk (it then
+  // shrinks to budget + 1 = 5).
+  EXPECT_EQ(free0 - r.kv().free_bytes(), per_token * (8 + 5));
+
+  StepRequest too_big;
+  too_big.set_step_id(3);
+  *too_big.add_sequences() = NextChunk(1, {p[4], p[5], p[6], p[7], p[8]}, 4, false);
+  StepResponse big = Run(too_big);
+  ASSERT_EQ(big.results_size(), 1);
+  EXPECT_EQ(big.results(0).error_code(), static_cast<int>(StatusCode::kOutOfRange));
+
+  StepRequest next;
+  next.set_step_id(4);
+  *next.add_sequences() = NextChunk(1, {p[4], p[5], p[6], p[7]}, 4, false);
+  StepResponse ok = Run(next);
+  ASSERT_EQ(ok.results_size(), 1);
+  EXPECT_EQ(ok.results(0).error_code(), 0) << ok.results(0).error_message();
+  // Between steps every head holds the budget (4 tokens; the short sequence its 3), counted over
+  // every (layer, head).
+  const uint64_t heads_all = static_cast<uint64_t>(model_->config().num_hidden_layers) *
+                             model_->config().num_attention_heads;
+  EXPECT_EQ(ok.kv().cached_tokens(), heads_all * (4 + 3));
+}
+
 TEST_P(StepEngineTest, AllLogprobsAreLogSoftmaxRows) {
   const std::vector<int32_t> p = {2, 10, 11, 12};
   StepRequest req;
