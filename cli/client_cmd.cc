@@ -84,6 +84,14 @@ StatusOr<v1::GenerateRequest> RequestFromFlags(const Args& args) {
   if (args.Has("sparsity-schedule")) {
     r.mutable_sparsity()->set_schedule(args.Str("sparsity-schedule"));
   }
+  if (args.Has("prefix-cache")) {
+    const std::string v = args.Str("prefix-cache");
+    if (v != "on" && v != "off") {
+      return InvalidArgument("--prefix-cache must be on or off, not '" + v + "'");
+    }
+    r.mutable_prefix_cache()->set_mode(v == "on" ? v1::PrefixCache::MODE_ON
+                                                 : v1::PrefixCache::MODE_OFF);
+  }
   // The cache policy's fields go as given; the server checks them (and fills in the rest).
   v1::CachePolicy* c = r.mutable_cache();
   if (args.Has("kv-policy")) {
@@ -156,11 +164,11 @@ Status Run(const std::string& action, const Args& args) {
         std::fputs(msg.text_delta().c_str(), stdout);
         if (msg.finished()) {
           std::fprintf(stderr,
-                       "\n[%s: %u prompt + %u generated tokens, first token %.1f ms, "
+                       "\n[%s: %u prompt (%u cached) + %u generated tokens, first token %.1f ms, "
                        "total %.1f ms]\n",
                        v1::FinishReason_Name(msg.finish_reason()).c_str(), msg.prompt_tokens(),
-                       msg.generated_tokens(), msg.timings().time_to_first_token_ms(),
-                       msg.timings().total_ms());
+                       msg.cached_prompt_tokens(), msg.generated_tokens(),
+                       msg.timings().time_to_first_token_ms(), msg.timings().total_ms());
         }
       }
       std::fflush(stdout);
@@ -281,6 +289,7 @@ int RunClient(int argc, char** argv, int first) {
       .Flag("sparsity", "Deja Vu sparsity: " + OneOf(RowNames(coordinator::SparsityModeTable())) +
                             " (unset: the server's default)")
       .Flag("sparsity-schedule", "a sparsity schedule of ModelInfo.sparsity_schedules")
+      .Flag("prefix-cache", "on: reuse and fill the server's prefix cache; off: never")
       .Flag("kv-policy", "KV cache policy: " + OneOf(RowNames(worker::kv::CachePolicyTable())) +
                              " (unset: the server's default)")
       .Flag("heavy-ratio", "h2o heavy-hitter budget, a fraction of the prompt")

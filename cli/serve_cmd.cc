@@ -97,6 +97,19 @@ void AddCoordinatorFlags(Args& args) {
       .Flag("max-prefill-tokens", "prompt tokens per step over all prefill chunks", "512")
       .Flag("locret-chunk",
             "prompt tokens per step for a locret sequence (its cache holds budget + this)", "64")
+      .Flag("prefix-cache",
+            "on: requests that leave PrefixCache.mode unspecified reuse cached prompt blocks and "
+            "leave theirs for later ones (when the workers keep a prefix cache); off: not",
+            "on")
+      .Flag("prefix-cache-memory-mb",
+            "MiB of each worker's KV memory kept for cached prefix blocks (at most half of it)",
+            "256")
+      .Flag("prefix-cache-host-mb", "MiB of each worker's host memory for cached prefix blocks",
+            "1024")
+      .Flag("prefix-cache-disk-mb",
+            "MiB of each worker's disk for cached prefix blocks (with workers that have a "
+            "--prefix-cache-dir)",
+            "4096")
       .Flag("max-queue", "requests waiting for the batch before RESOURCE_EXHAUSTED", "64")
       .Flag("default-max-new-tokens", "max_new_tokens when a request leaves it unset", "256")
       .Flag("step-timeout-ms", "a step unanswered this long loses the worker group", "2500")
@@ -182,6 +195,20 @@ StatusOr<coordinator::CoordinatorOptions> CoordinatorFromFlags(const Args& args)
     return InvalidArgument("--locret-chunk must be in [1, 2^20]");
   }
   o.locret_chunk = static_cast<int32_t>(locret_chunk);
+  if (args.Str("prefix-cache") != "on" && args.Str("prefix-cache") != "off") {
+    return InvalidArgument("--prefix-cache must be on or off, not '" + args.Str("prefix-cache") +
+                           "'");
+  }
+  o.prefix_cache_default = args.Str("prefix-cache") == "on";
+  for (auto [flag, bytes] : {std::pair{"prefix-cache-memory-mb", &o.scheduler.prefix_memory_bytes},
+                             std::pair{"prefix-cache-host-mb", &o.scheduler.prefix_host_bytes},
+                             std::pair{"prefix-cache-disk-mb", &o.scheduler.prefix_disk_bytes}}) {
+    DEJA_ASSIGN_OR_RETURN(int64_t mb, args.Int(flag));
+    if (mb < 0 || mb > (int64_t{1} << 30)) {
+      return InvalidArgument(std::string("--") + flag + " must be in [0, 2^30]");
+    }
+    *bytes = static_cast<uint64_t>(mb) << 20;
+  }
   o.security = ServerSecurityFromFlags(args);
   return o;
 }
@@ -264,6 +291,10 @@ int RunServe(int argc, char** argv, int first) {
       .Flag("gpus",
             "with --device cuda: the GPU of each rank, comma-separated (default: rank r on GPU "
             "r, or all on N with --device cuda:N and --tp 1)",
+            "")
+      .Flag("prefix-cache-dir",
+            "directory of the prefix cache's disk tier (each worker clears and uses "
+            "rank<N>/ under it); empty: memory and host tiers only",
             "");
   AddSparsityFlags(args);
   AddDtypeFlag(args);
@@ -303,6 +334,10 @@ int RunServe(int argc, char** argv, int first) {
     lo.extra_worker_args.push_back(args.Str("kv-paging"));
     lo.extra_worker_args.push_back("--cpu-comm");
     lo.extra_worker_args.push_back(args.Str("cpu-comm"));
+    if (!args.Str("prefix-cache-dir").empty()) {
+      lo.extra_worker_args.push_back("--prefix-cache-dir");
+      lo.extra_worker_args.push_back(args.Str("prefix-cache-dir"));
+    }
     DEJA_ASSIGN_OR_RETURN(std::string heads, RetainingHeadsPath(args));
     lo.extra_worker_args.push_back("--retaining-heads");
     lo.extra_worker_args.push_back(heads.empty() ? "none" : heads);

@@ -99,6 +99,14 @@ int RunWorker(int argc, char** argv, int first) {
             "Locret retaining heads (safetensors, its .json beside it): serve the locret cache "
             "policy; auto = <model>/retaining.safetensors when it exists, none = never",
             "auto");
+  args.Flag("prefix-cache",
+            "on: keep prompt KV blocks the coordinator asks for (reused by later requests with "
+            "the same prefix; needs --kv-paging on); off: never",
+            "on")
+      .Flag("prefix-cache-dir",
+            "directory of the prefix cache's disk tier (files of this rank under rank<N>/, "
+            "cleared at start); empty: no disk tier",
+            "");
   AddDtypeFlag(args);
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("worker", s);
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
@@ -148,6 +156,12 @@ int RunWorker(int argc, char** argv, int first) {
       return InvalidArgument("--kv-paging must be on or off, not '" + args.Str("kv-paging") + "'");
     }
     o.load.kv_paged = o.device.is_host() && args.Str("kv-paging") == "on";
+    if (args.Str("prefix-cache") != "on" && args.Str("prefix-cache") != "off") {
+      return InvalidArgument("--prefix-cache must be on or off, not '" + args.Str("prefix-cache") +
+                             "'");
+    }
+    o.prefix_cache = args.Str("prefix-cache") == "on";
+    o.prefix_cache_dir = args.Str("prefix-cache-dir");
     o.internal_tls = InternalTlsFromFlags(args);
     DEJA_ASSIGN_OR_RETURN(o.group_secret, GroupSecretFromFlags(args));
     return Status::Ok();

@@ -66,6 +66,8 @@ struct CoordinatorOptions {
   v1::CachePolicy default_cache = FullCachePolicy();
   // Prompt tokens per step for a locret sequence (its workers reserve budget + this).
   int32_t locret_chunk = 64;
+  // What PrefixCache.MODE_UNSPECIFIED means (the tiers' budgets are in scheduler).
+  bool prefix_cache_default = true;
   WorkerGroupOptions group;  // world_size is taken from tensor_parallel_size
   // How long a drain lets admitted requests finish before failing them with UNAVAILABLE.
   std::chrono::milliseconds drain_timeout{30000};

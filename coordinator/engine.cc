@@ -129,6 +129,9 @@ ModelLimits Engine::LimitsFor(const GroupState& group) const {
   limits.sparsity_available = group.sparsity_available;
   limits.sparsity_default = group.sparsity_default;
   limits.locret_available = group.locret_available;
+  limits.prefix_cache_available = group.kv.prefix_cache && group.kv.block_tokens > 0 &&
+                                  options_.scheduler.prefix_memory_bytes > 0;
+  limits.prefix_cache_block_tokens = limits.prefix_cache_available ? group.kv.block_tokens : 0;
   limits.sparsity_schedules.clear();
   if (group.sparsity_available) limits.sparsity_schedules.push_back(kSparsitySchedule);
   return limits;
@@ -256,6 +259,10 @@ void Engine::RunStep(StepPlan plan) {
     scheduler_.FailStep(plan, status, received);
   } else {
     ObserveSparsity(*responses);
+    double load = 0;
+    for (const v1::StepResponse& r : *responses)
+      load = std::max(load, r.prefix_io().load_seconds());
+    if (load > 0) metrics_->prefix.load_seconds->Observe(load);
     scheduler_.Complete(plan, *responses, received);
   }
   const Clock::time_point applied = Clock::now();
@@ -286,7 +293,24 @@ void Engine::ObserveSparsity(const std::vector<v1::StepResponse>& responses) {
   metrics_->sparsity_active_neurons.Observe(neurons / static_cast<double>(responses.size()));
 }
 
+void Engine::ObservePrefix() {
+  const PrefixCacheStats& now = scheduler_.prefix_stats();
+  PrefixCacheStats& was = prefix_seen_;
+  CoordinatorMetrics::Prefix& m = metrics_->prefix;
+  for (int t = 0; t < 3; ++t) {
+    m.hits[t]->Increment(static_cast<double>(now.hits[t] - was.hits[t]));
+    m.blocks[t]->Set(static_cast<double>(now.blocks[t]));
+  }
+  m.misses->Increment(static_cast<double>(now.misses - was.misses));
+  m.hit_tokens->Increment(static_cast<double>(now.hit_tokens - was.hit_tokens));
+  m.read_bytes[1]->Increment(static_cast<double>(now.host_bytes - was.host_bytes));
+  m.read_bytes[2]->Increment(static_cast<double>(now.disk_bytes - was.disk_bytes));
+  m.lost_blocks->Increment(static_cast<double>(now.lost_blocks - was.lost_blocks));
+  was = now;
+}
+
 void Engine::UpdateGauges() {
+  ObservePrefix();
   metrics_->running.Set(static_cast<double>(scheduler_.running()));
   metrics_->waiting.Set(static_cast<double>(scheduler_.waiting()));
   metrics_->kv_reserved_bytes.Set(static_cast<double>(scheduler_.reserved_bytes()));

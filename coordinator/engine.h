@@ -83,6 +83,8 @@ class Engine {
   void TrackGroup(const GroupState& state, Clock::time_point now);
   void RunStep(StepPlan plan);
   void UpdateGauges();
+  // The prefix cache's counts since the last call, into the metrics.
+  void ObservePrefix();
   // Deja Vu metrics of a successful step, from every rank's StepSparsity.
   void ObserveSparsity(const std::vector<v1::StepResponse>& responses);
   std::string NewRequestId();
@@ -96,6 +98,7 @@ class Engine {
   std::condition_variable cv_;       // wakes the loop
   std::condition_variable idle_cv_;  // wakes WaitIdle
   Scheduler scheduler_;
+  PrefixCacheStats prefix_seen_;  // what ObservePrefix last exported
   uint64_t served_epoch_ = 0;
   bool stop_ = false;
   std::atomic<bool> draining_{false};

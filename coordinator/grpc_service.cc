@@ -74,6 +74,7 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
       return;
     }
     response_.set_prompt_tokens(message.prompt_tokens());
+    response_.set_cached_prompt_tokens(message.cached_prompt_tokens());
     response_.set_generated_tokens(message.generated_tokens());
     response_.set_finish_reason(message.finish_reason());
     *response_.mutable_timings() = message.timings();
@@ -313,6 +314,9 @@ grpc::ServerUnaryReactor* TextGenerationService::GetModelInfo(grpc::CallbackServ
   const ModelLimits limits = engine_->LimitsFor(group);
   out.set_sparsity_available(limits.sparsity_available);
   out.set_locret_available(limits.locret_available);
+  out.set_prefix_cache_available(limits.prefix_cache_available);
+  out.set_prefix_cache_block_tokens(limits.prefix_cache_block_tokens);
+  out.set_prefix_cache_default(limits.prefix_cache_default);
   // The dtypes the (last) connected group reported: what --dtype/--kv-dtype resolved to.
   if (!group.weight_dtype.empty()) out.set_dtype(group.weight_dtype);
   if (!group.kv_dtype.empty()) out.set_kv_dtype(group.kv_dtype);

@@ -137,6 +137,40 @@ CoordinatorMetrics::CoordinatorMetrics(metrics::Registry* r, const ModelInfoLabe
                                       "A rank's Deja Vu predictor time per step with a sparse "
                                       "sequence (on its own thread, overlapped with compute).",
                                       {"rank"}, StepBuckets())) {
+  {
+    const char* tiers[3] = {"memory", "host", "disk"};
+    auto& hits = r->AddCounter("deja_prefix_cache_hits_total",
+                               "Requests that started from cached prompt blocks, by the slowest "
+                               "tier one of the blocks came from.",
+                               {"tier"});
+    auto& bytes = r->AddCounter("deja_prefix_cache_read_bytes_total",
+                                "Bytes of cached blocks the workers loaded into memory, by the "
+                                "tier they came from, summed over ranks.",
+                                {"tier"});
+    auto& blocks =
+        r->AddGauge("deja_prefix_cache_blocks",
+                    "Cached prompt blocks by tier (disk: those only on disk).", {"tier"});
+    for (int t = 0; t < 3; ++t) {
+      prefix.hits[t] = &hits.Add({{"tier", tiers[t]}});
+      prefix.read_bytes[t] = &bytes.Add({{"tier", tiers[t]}});
+      prefix.blocks[t] = &blocks.Add({{"tier", tiers[t]}});
+    }
+    prefix.misses = &r->AddCounter("deja_prefix_cache_misses_total",
+                                   "Requests that looked for a cached prefix and found none.")
+                         .Add({});
+    prefix.hit_tokens = &r->AddCounter("deja_prefix_cache_hit_tokens_total",
+                                       "Prompt tokens taken from the prefix cache.")
+                             .Add({});
+    prefix.lost_blocks = &r->AddCounter("deja_prefix_cache_lost_blocks_total",
+                                        "Cached blocks a worker could not load (a missing or "
+                                        "corrupt disk copy); their tokens were recomputed.")
+                              .Add({});
+    prefix.load_seconds = &r->AddHistogram("deja_prefix_cache_load_duration_seconds",
+                                           "Per step that loaded cached blocks into memory: the "
+                                           "slowest rank's load time.",
+                                           {}, StepBuckets())
+                               .Add({});
+  }
   sparse_sequence_steps = &sequence_steps_.Add({{"mode", "sparse"}});
   dense_sequence_steps = &sequence_steps_.Add({{"mode", "dense"}});
   r->AddGauge("deja_build_info", "Build of this coordinator (value is 1).", {"version"})

@@ -79,6 +79,17 @@ class CoordinatorMetrics {
   // Sequence-steps (one sequence in one step) that ran with sparsity on, and dense.
   metrics::Counter* sparse_sequence_steps;
   metrics::Counter* dense_sequence_steps;
+  // Prefix cache (docs/architecture.md#prefix-cache). Tiers in PrefixTier order: memory, host,
+  // disk.
+  struct Prefix {
+    metrics::Counter* hits[3];  // requests that started from cached blocks, by slowest tier
+    metrics::Counter* misses;
+    metrics::Counter* hit_tokens;
+    metrics::Counter* read_bytes[3];  // into memory, summed over ranks (memory: always 0)
+    metrics::Counter* lost_blocks;
+    metrics::Gauge* blocks[3];
+    metrics::Histogram* load_seconds;  // steps that loaded blocks: the slowest rank's time
+  } prefix;
 
  private:
   metrics::Registry* registry_;

@@ -42,10 +42,16 @@ void Request::OnPrefillChunk(int32_t tokens, Clock::time_point step_start) {
   on_workers_ = true;
 }
 
+void Request::StartAfterPrefix(int32_t tokens) {
+  prefilled_ = started_at_ = std::min(tokens, prefill_tokens());
+  if (preemptions_ == 0) cached_prompt_tokens_ = std::min(prefilled_, prompt_tokens());
+}
+
 void Request::Preempt(uint64_t new_seq_id) {
   seq_id_ = new_seq_id;
-  prefilled_ = 0;
+  prefilled_ = started_at_ = 0;
   on_workers_ = false;
+  prefix_ = PrefixState();
   recompute_ = std::max(0, generated() - 1);
   ++preemptions_;
   metrics_->preemptions.Increment();
@@ -168,6 +174,7 @@ void Request::FillFinal(v1::FinishReason reason, Clock::time_point now,
   message->set_finished(true);
   message->set_finish_reason(reason);
   message->set_prompt_tokens(static_cast<uint32_t>(prompt_tokens()));
+  message->set_cached_prompt_tokens(static_cast<uint32_t>(cached_prompt_tokens_));
   message->set_generated_tokens(static_cast<uint32_t>(generated()));
   v1::Timings* t = message->mutable_timings();
   t->set_queue_ms(Ms(first_step_.value_or(now)));

@@ -78,6 +78,20 @@ class Request {
   // The workers hold KV state for this sequence (a step with it completed).
   bool on_workers() const { return on_workers_; }
   int32_t generated() const { return static_cast<int32_t>(generated_.size()); }
+  // Prefix cache (engine thread): the cached blocks this sequence starts from (pinned in the
+  // scheduler's index while it holds them), whether it looked them up already, and whether their
+  // loads into the workers' memory are still in flight (it starts the step after they land).
+  struct PrefixState {
+    bool looked_up = false;
+    bool loading = false;
+    std::vector<uint64_t> blocks;
+  };
+  PrefixState& prefix() { return prefix_; }
+  // The workers start the sequence from a cached prefix of `tokens` prompt tokens.
+  void StartAfterPrefix(int32_t tokens);
+  int32_t cached_prompt_tokens() const { return cached_prompt_tokens_; }
+  // The first chunk carries the sequence's config (nothing of it reached the workers yet).
+  bool starts() const { return !on_workers_ && prefilled_ == started_at_; }
   // The token to feed in the next decode step and its position.
   int32_t last_token() const { return generated_.back(); }
   int32_t next_position() const { return prompt_tokens() + generated() - 1; }
@@ -115,6 +129,9 @@ class Request {
   TextStream text_;
   int32_t prefilled_ = 0;
   int32_t recompute_ = 0;  // generated tokens re-prefilled after a preemption
+  int32_t started_at_ = 0;  // prefill position of the first chunk: after the cached prefix
+  int32_t cached_prompt_tokens_ = 0;
+  PrefixState prefix_;
   int32_t preemptions_ = 0;
   bool on_workers_ = false;
   bool done_ = false;

@@ -33,6 +33,29 @@ uint64_t Scheduler::Headroom() const {
   return n * Bytes(capacity_.block_tokens);
 }
 
+void Scheduler::SetKvCapacity(const KvCapacity& capacity) {
+  capacity_ = capacity;
+  prefix_.reset();
+  pending_prefix_ops_.clear();
+  if (!capacity.prefix_cache || capacity.block_tokens == 0 || capacity.bytes_per_token == 0) return;
+  const uint64_t block = Bytes(capacity.block_tokens);
+  PrefixIndexOptions o;
+  o.block_tokens = static_cast<int32_t>(capacity.block_tokens);
+  // The memory tier lives in the KV pool, next to the running sequences: at most half of it.
+  o.memory_blocks = static_cast<int64_t>(
+      std::min(options_.prefix_memory_bytes, capacity.total_bytes / 2) / block);
+  o.host_blocks = static_cast<int64_t>(options_.prefix_host_bytes / block);
+  o.disk_blocks =
+      capacity.prefix_disk ? static_cast<int64_t>(options_.prefix_disk_bytes / block) : 0;
+  if (o.memory_blocks == 0) return;  // every block enters through memory
+  capacity_.total_bytes -= static_cast<uint64_t>(o.memory_blocks) * block;
+  prefix_ = std::make_unique<PrefixIndex>(o);
+  UpdatePrefixBlocks();
+  LOG(INFO) << "scheduler: prefix cache of " << o.memory_blocks << " memory, " << o.host_blocks
+            << " host and " << o.disk_blocks << " disk blocks of " << o.block_tokens
+            << " positions (" << block << " bytes per rank each)";
+}
+
 Status Scheduler::NeverFits(const Request& r, uint64_t need) const {
   return ResourceExhausted("the request needs " + std::to_string(need) +
                            " bytes of KV memory per rank (prompt + max_new_tokens = " +
@@ -146,10 +169,150 @@ StepPlan Scheduler::Plan(Clock::time_point now) {
   }
   for (uint64_t id : pending_release_) plan.step.add_release_seq_ids(id);
   pending_release_.clear();
+  // Earlier steps' operations (inserts of finished prompts, drops of lost blocks) first, then
+  // this plan's loads; the workers run them all before the releases and the work.
+  for (v1::PrefixOp& op : pending_prefix_ops_) *plan.step.add_prefix_ops() = std::move(op);
+  pending_prefix_ops_.clear();
   return plan;
 }
 
+bool Scheduler::UsesPrefix(const Request& r) const {
+  // An H2O cache's scores sum the attention of every prompt query, and a LOCRET cache never
+  // holds a whole prompt: both compute theirs (the cached blocks keep neither).
+  const v1::WorkerCachePolicy::Kind kind = r.params().config.cache().kind();
+  return prefix_ != nullptr && r.params().prefix_cache &&
+         kind != v1::WorkerCachePolicy::KIND_LOCRET && kind != v1::WorkerCachePolicy::KIND_H2O;
+}
+
+bool Scheduler::PreparePrefix(const std::shared_ptr<Request>& r) {
+  if (!UsesPrefix(*r)) return true;
+  Request::PrefixState& ps = r->prefix();
+  if (ps.looked_up) {
+    // The step that loaded the blocks completed; those a rank lost were dropped from ps.blocks.
+    ps.loading = false;
+  } else {
+    ps.looked_up = true;
+    // At least the last token is computed: its logits give the first new token.
+    const int32_t n = r->prefill_tokens() - 1;
+    std::vector<int32_t> tokens(static_cast<size_t>(std::max(0, n)));
+    for (int32_t i = 0; i < n; ++i) tokens[i] = r->prefill_token(i);
+    PrefixMatch m = prefix_->Lookup(tokens.data(), n);
+    // A sequence reads its blocks from the memory tier: at most that many.
+    const size_t most = static_cast<size_t>(prefix_->options().memory_blocks);
+    if (m.blocks.size() > most) {
+      m.blocks.resize(most);
+      m.tiers.resize(most);
+    }
+    std::vector<PrefixOp> ops;
+    const int32_t held = m.blocks.empty() ? 0 : prefix_->Promote(m.blocks, &ops);
+    AppendOps(ops);
+    if (held == 0) {
+      ++prefix_stats_.misses;
+      return true;
+    }
+    ps.blocks.assign(m.blocks.begin(), m.blocks.begin() + held);
+    prefix_->Pin(ps.blocks);
+    prefix_->Touch(ps.blocks);
+    const PrefixTier slowest = *std::max_element(m.tiers.begin(), m.tiers.begin() + held);
+    ++prefix_stats_.hits[static_cast<int>(slowest)];
+    prefix_stats_.hit_tokens += static_cast<uint64_t>(held) * prefix_->options().block_tokens;
+    ps.loading = slowest != PrefixTier::kMemory;
+    UpdatePrefixBlocks();
+    if (ps.loading) return false;  // starts once the loads of this step landed on every rank
+  }
+  if (!ps.blocks.empty()) {
+    r->StartAfterPrefix(static_cast<int32_t>(ps.blocks.size()) * prefix_->options().block_tokens);
+  }
+  return true;
+}
+
+void Scheduler::AppendOps(const std::vector<PrefixOp>& ops) {
+  for (const PrefixOp& op : ops) {
+    v1::PrefixOp& out = pending_prefix_ops_.emplace_back();
+    out.set_block_id(op.block_id);
+    switch (op.kind) {
+      case PrefixOp::Kind::kToHost:
+        out.set_kind(v1::PrefixOp::KIND_TO_HOST);
+        break;
+      case PrefixOp::Kind::kToDisk:
+        out.set_kind(v1::PrefixOp::KIND_TO_DISK);
+        break;
+      case PrefixOp::Kind::kToMemory:
+        out.set_kind(v1::PrefixOp::KIND_TO_MEMORY);
+        break;
+      case PrefixOp::Kind::kDrop:
+        out.set_kind(v1::PrefixOp::KIND_DROP);
+        break;
+    }
+  }
+}
+
+void Scheduler::CachePrompt(const Request& r) {
+  if (!UsesPrefix(r) || r.params().BoundedCache() || capacity_.block_tokens == 0) return;
+  const int32_t n = r.prefill_tokens();
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) tokens[i] = r.prefill_token(i);
+  std::vector<PrefixOp> ops;
+  std::vector<size_t> created_at;
+  const auto added = prefix_->Insert(tokens.data(), n, &ops, &created_at);
+  // Each INSERT goes where the index created its block: later ops may move it down a tier.
+  size_t done = 0;
+  for (size_t k = 0; k <= added.size(); ++k) {
+    const size_t upto = k < added.size() ? created_at[k] : ops.size();
+    AppendOps(std::vector<PrefixOp>(ops.begin() + static_cast<std::ptrdiff_t>(done),
+                                    ops.begin() + static_cast<std::ptrdiff_t>(upto)));
+    done = upto;
+    if (k == added.size()) break;
+    v1::PrefixOp& op = pending_prefix_ops_.emplace_back();
+    op.set_kind(v1::PrefixOp::KIND_INSERT);
+    op.set_block_id(added[k].second);
+    op.set_seq_id(r.seq_id());
+    op.set_block_index(static_cast<uint32_t>(added[k].first));
+  }
+  UpdatePrefixBlocks();
+}
+
+void Scheduler::ApplyPrefixFailures(const std::vector<v1::StepResponse>& responses) {
+  for (const v1::StepResponse& response : responses) {
+    prefix_stats_.host_bytes += response.prefix_io().host_bytes_read();
+    prefix_stats_.disk_bytes += response.prefix_io().disk_bytes_read();
+  }
+  if (prefix_ == nullptr) return;
+  bool lost = false;
+  for (const v1::StepResponse& response : responses) {
+    for (uint64_t id : response.prefix_failed()) {
+      if (!prefix_->TierOf(id).has_value()) continue;  // another rank reported it first
+      std::vector<PrefixOp> ops;
+      prefix_->Lost(id, &ops);
+      AppendOps(ops);
+      ++prefix_stats_.lost_blocks;
+      lost = true;
+    }
+  }
+  if (!lost) return;
+  // Sequences waiting for lost blocks start after the blocks that landed (recomputing the rest).
+  for (const auto& r : running_) {
+    std::vector<uint64_t>& blocks = r->prefix().blocks;
+    auto gone = std::find_if(blocks.begin(), blocks.end(),
+                             [&](uint64_t id) { return !prefix_->TierOf(id).has_value(); });
+    blocks.erase(gone, blocks.end());
+  }
+  UpdatePrefixBlocks();
+}
+
+void Scheduler::ReleasePrefix(Request& r) {
+  if (prefix_ != nullptr && !r.prefix().blocks.empty()) prefix_->Unpin(r.prefix().blocks);
+  r.prefix() = Request::PrefixState();
+}
+
+void Scheduler::UpdatePrefixBlocks() {
+  for (PrefixTier t : {PrefixTier::kMemory, PrefixTier::kHost, PrefixTier::kDisk}) {
+    prefix_stats_.blocks[static_cast<int>(t)] = prefix_ != nullptr ? prefix_->blocks(t) : 0;
+  }
+}
+
 void Scheduler::AddPrefill(const std::shared_ptr<Request>& r, int32_t* budget, StepPlan* plan) {
+  if (r->starts() && !PreparePrefix(r)) return;
   const int32_t start = r->prefilled();
   const int32_t total = r->prefill_tokens();
   int32_t chunk = std::min(total - start, *budget);
@@ -167,9 +330,10 @@ void Scheduler::AddPrefill(const std::shared_ptr<Request>& r, int32_t* budget, S
   w->mutable_tokens()->Reserve(chunk);
   for (int32_t i = start; i < start + chunk; ++i) w->add_tokens(r->prefill_token(i));
   w->set_start_position(static_cast<uint32_t>(start));
-  if (start == 0) {
+  if (r->starts()) {
     v1::SequenceConfig* c = w->mutable_config();
     *c = r->params().config;
+    for (uint64_t id : r->prefix().blocks) c->add_prefix_blocks(id);
     // A recomputing sequence's generated tokens count as prompt; its length limit stays.
     const int32_t again = total - r->prompt_tokens();
     c->set_prompt_tokens(static_cast<uint32_t>(total));
@@ -217,6 +381,7 @@ void Scheduler::Preempt(const std::shared_ptr<Request>& r) {
     reserved_.erase(res);
   }
   if (r->on_workers()) pending_release_.push_back(r->seq_id());
+  ReleasePrefix(*r);
   const uint64_t old_id = r->seq_id();
   r->Preempt(options_.next_seq_id ? options_.next_seq_id() : own_seq_ids_++);
   ++preemptions_;
@@ -231,6 +396,7 @@ void Scheduler::Complete(const StepPlan& plan, const std::vector<v1::StepRespons
                          Clock::time_point now) {
   static const v1::StepResponse kNone;
   const v1::StepResponse& rank0 = responses.empty() ? kNone : responses.front();
+  ApplyPrefixFailures(responses);
   // Sequences a rank refused, with the first refusal's status.
   std::unordered_map<uint64_t, Status> refused;
   for (const v1::StepResponse& response : responses) {
@@ -253,7 +419,10 @@ void Scheduler::Complete(const StepPlan& plan, const std::vector<v1::StepRespons
     }
     if (work.prompt_tokens > 0) {
       r->OnPrefillChunk(work.prompt_tokens, plan.start);
-      if (r->prefill_done()) ShrinkReservation(*r);
+      if (r->prefill_done()) {
+        ShrinkReservation(*r);
+        CachePrompt(*r);
+      }
     }
     if (work.sample) {
       // Results come in request order; search only if a rank reordered them.
@@ -303,6 +472,10 @@ void Scheduler::FailAll(const Status& status, Clock::time_point now) {
   reserved_.clear();
   reserved_bytes_ = 0;
   pending_release_.clear();
+  // The group's blocks went with it.
+  if (prefix_ != nullptr) prefix_ = std::make_unique<PrefixIndex>(prefix_->options());
+  pending_prefix_ops_.clear();
+  UpdatePrefixBlocks();
 }
 
 void Scheduler::Remove(const std::shared_ptr<Request>& r, bool force_release) {
@@ -321,6 +494,7 @@ void Scheduler::Remove(const std::shared_ptr<Request>& r, bool force_release) {
     reserved_.erase(res);
   }
   if (r->on_workers() || force_release) pending_release_.push_back(r->seq_id());
+  ReleasePrefix(*r);
 }
 
 }  // namespace deja::coordinator

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "coordinator/prefix_index.h"
 #include "coordinator/request.h"
 #include "deja/v1/worker.pb.h"
 
@@ -48,6 +49,13 @@ struct SchedulerOptions {
   // max_waiting) until enough is free, first come first served, as vLLM and TGI do.
   // `deja serve --wait-for-kv`.
   bool wait_for_kv = false;
+  // Prefix cache (docs/architecture.md#prefix-cache), used when every worker keeps one
+  // (KvCapacity::prefix_cache): per-rank budgets of its tiers in bytes, whole blocks of
+  // block_tokens positions. The memory tier is taken from the KV memory that admission counts;
+  // the disk tier needs workers with one (KvCapacity::prefix_disk). 0 turns a tier off.
+  uint64_t prefix_memory_bytes = 0;
+  uint64_t prefix_host_bytes = 0;
+  uint64_t prefix_disk_bytes = 0;
   // Sequence ids for preempted sequences (each continues under a new id, as its old one is
   // released on the workers); unset: the scheduler counts from 2^62.
   std::function<uint64_t()> next_seq_id;
@@ -61,6 +69,25 @@ struct KvCapacity {
   // The workers page their KV in blocks of this many positions (0: a sequence reserves its
   // maximum when it starts).
   uint32_t block_tokens = 0;
+  // Every worker keeps a prefix cache, and with a disk tier.
+  bool prefix_cache = false;
+  bool prefix_disk = false;
+};
+
+// What the prefix cache did, for the metrics (counts since the scheduler started).
+struct PrefixCacheStats {
+  // Requests that started from cached blocks, by the slowest tier one of them came from
+  // (memory, host, disk), and those that looked and found none.
+  uint64_t hits[3] = {0, 0, 0};
+  uint64_t misses = 0;
+  uint64_t hit_tokens = 0;
+  // Bytes the workers read into memory, summed over ranks: from host, from disk.
+  uint64_t host_bytes = 0;
+  uint64_t disk_bytes = 0;
+  // Blocks a worker could not produce (missing or corrupt disk copy): recomputed.
+  uint64_t lost_blocks = 0;
+  // Blocks per tier now (memory, host, disk only).
+  int64_t blocks[3] = {0, 0, 0};
 };
 
 struct PlannedWork {
@@ -77,14 +104,18 @@ struct StepPlan {
   std::vector<PlannedWork> work;
   Clock::time_point start;
   int64_t tokens = 0;
-  bool empty() const { return work.empty() && step.release_seq_ids().empty(); }
+  bool empty() const {
+    return work.empty() && step.release_seq_ids().empty() && step.prefix_ops().empty();
+  }
 };
 
 class Scheduler {
  public:
   explicit Scheduler(const SchedulerOptions& options) : options_(options) {}
 
-  void SetKvCapacity(const KvCapacity& capacity) { capacity_ = capacity; }
+  // A new worker group: its KV memory, and a fresh prefix cache index when it keeps one (the
+  // workers' blocks went with the previous group).
+  void SetKvCapacity(const KvCapacity& capacity);
   const KvCapacity& kv_capacity() const { return capacity_; }
 
   // RESOURCE_EXHAUSTED when the waiting queue is full, or the request needs more KV memory than
@@ -111,11 +142,17 @@ class Scheduler {
 
   size_t running() const { return running_.size(); }
   size_t waiting() const { return waiting_.size(); }
-  bool idle() const { return running_.empty() && waiting_.empty() && pending_release_.empty(); }
+  bool idle() const {
+    return running_.empty() && waiting_.empty() && pending_release_.empty() &&
+           pending_prefix_ops_.empty();
+  }
   bool has_requests() const { return !running_.empty() || !waiting_.empty(); }
   // KV bytes reserved by admitted requests (not by those queued for KV).
   uint64_t reserved_bytes() const { return reserved_bytes_; }
   uint64_t preemptions() const { return preemptions_; }
+  const PrefixCacheStats& prefix_stats() const { return prefix_stats_; }
+  // Null when the workers keep no prefix cache or every tier is off.
+  const PrefixIndex* prefix_index() const { return prefix_.get(); }
   size_t pending_releases() const { return pending_release_.size(); }
 
  private:
@@ -142,6 +179,19 @@ class Scheduler {
   void ShrinkReservation(const Request& r);
   // Forgets a finished request; its KV is released in the next step when the workers hold it.
   void Remove(const std::shared_ptr<Request>& r, bool force_release);
+  // Prefix cache. Whether r may read and fill it.
+  bool UsesPrefix(const Request& r) const;
+  // Before r's first chunk: looks up its cached prefix and has the workers load the blocks that
+  // are not in memory (this step's prefix_ops). false while such loads are in flight: r starts
+  // the step after, from the blocks that landed.
+  bool PreparePrefix(const std::shared_ptr<Request>& r);
+  // After r's prompt is in: its blocks the cache lacks join it (INSERT ops of the next step).
+  void CachePrompt(const Request& r);
+  // Lost blocks (a rank could not load them), reported in the step's responses.
+  void ApplyPrefixFailures(const std::vector<v1::StepResponse>& responses);
+  void AppendOps(const std::vector<PrefixOp>& ops);
+  void ReleasePrefix(Request& r);
+  void UpdatePrefixBlocks();
 
   SchedulerOptions options_;
   KvCapacity capacity_;
@@ -153,6 +203,9 @@ class Scheduler {
   std::vector<uint64_t> pending_release_;
   uint64_t preemptions_ = 0;
   uint64_t own_seq_ids_ = uint64_t{1} << 62;
+  std::unique_ptr<PrefixIndex> prefix_;
+  std::vector<v1::PrefixOp> pending_prefix_ops_;  // for the next step, before anything else
+  PrefixCacheStats prefix_stats_;
 };
 
 }  // namespace deja::coordinator

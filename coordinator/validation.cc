@@ -329,6 +329,20 @@ StatusOr<ResolvedRequest> ResolveRequest(const v1::GenerateRequest& request,
                                     out.prompt.size() + out.max_new_tokens,
                                     out.config.mutable_cache()));
   DEJA_RETURN_IF_ERROR(ResolveSparsity(request.sparsity(), limits, &out.config));
+  switch (request.prefix_cache().mode()) {
+    case v1::PrefixCache::MODE_UNSPECIFIED:
+      out.prefix_cache = limits.prefix_cache_default;
+      break;
+    case v1::PrefixCache::MODE_ON:
+      out.prefix_cache = true;
+      break;
+    case v1::PrefixCache::MODE_OFF:
+      out.prefix_cache = false;
+      break;
+    default:
+      return Invalid("prefix_cache.mode",
+                     "unknown mode " + std::to_string(request.prefix_cache().mode()));
+  }
   out.config.set_top_n(out.top_n);
   out.config.set_prompt_tokens(static_cast<uint32_t>(out.prompt.size()));
   out.config.set_max_new_tokens(static_cast<uint32_t>(out.max_new_tokens));

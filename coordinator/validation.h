@@ -39,6 +39,11 @@ struct ModelLimits {
   // prompt tokens one step carries for a locret sequence (its cache holds budget + this).
   bool locret_available = false;
   int32_t locret_chunk = 64;
+  // What PrefixCache.MODE_UNSPECIFIED means (`deja serve --prefix-cache`); whether the workers
+  // keep a prefix cache, in blocks of how many tokens (ModelInfo).
+  bool prefix_cache_default = true;
+  bool prefix_cache_available = false;
+  uint32_t prefix_cache_block_tokens = 0;
   // What CachePolicy.KIND_UNSPECIFIED means (UNSPECIFIED here: full). Its budget fields also
   // fill in those a request of the same kind leaves unset.
   v1::CachePolicy default_cache;
@@ -62,6 +67,8 @@ struct ResolvedRequest {
   bool logprobs = false;
   bool return_tokens = false;
   uint32_t top_n = 0;
+  // Read and fill the prefix cache (PrefixCache.mode resolved against the server default).
+  bool prefix_cache = false;
 
   // Cache positions each worker reserves for the sequence when it starts, the unit of KV
   // admission: prompt + max_new_tokens under the full policy; a bounded policy (window, H2O)

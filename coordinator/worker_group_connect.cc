@@ -82,6 +82,7 @@ void WorkerGroup::TryConnect() {
   kv.total_bytes = UINT64_MAX;
   kv.block_tokens = UINT32_MAX;
   bool sparsity_available = true, sparsity_default = true, locret_available = true;
+  kv.prefix_cache = kv.prefix_disk = true;
   for (const v1::WorkerStatus& st : statuses) {
     kv.total_bytes = std::min<uint64_t>(kv.total_bytes, st.kv().total_bytes());
     kv.bytes_per_token = std::max<uint64_t>(kv.bytes_per_token, st.kv_bytes_per_token());
@@ -92,6 +93,8 @@ void WorkerGroup::TryConnect() {
     sparsity_available &= st.sparsity_available();
     sparsity_default &= st.sparsity_default();
     locret_available &= st.locret_available();
+    kv.prefix_cache &= st.prefix_cache_available();
+    kv.prefix_disk &= st.prefix_disk_available();
   }
   if (kv.block_tokens == UINT32_MAX) kv.block_tokens = 0;
   sparsity_default &= sparsity_available;

@@ -227,6 +227,49 @@ Status SequenceKv::AppendPositions(int32_t n) {
   return Status::Ok();
 }
 
+Status SequenceKv::SeedPrefix(const std::vector<int32_t>& blocks, bool share) {
+  if (pool_ == nullptr) return FailedPrecondition("a cached prefix needs a pooled KV cache");
+  if (length_ != 0 || !blocks_.empty()) {
+    return FailedPrecondition("a cached prefix starts only an empty KV cache");
+  }
+  const int64_t n = static_cast<int64_t>(blocks.size()) * pool_->block_slots();
+  if (n > capacity_) {
+    return OutOfRange("a cached prefix of " + std::to_string(n) +
+                      " tokens exceeds the KV capacity of " + std::to_string(capacity_));
+  }
+  std::vector<int32_t> mine;
+  if (share) {
+    for (int32_t b : blocks) pool_->Retain(b);
+    mine = blocks;
+  } else {
+    DEJA_RETURN_IF_ERROR(pool_->Take(static_cast<int32_t>(blocks.size()), &mine));
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      if (Status st = pool_->CopyBlock(blocks[i], mine[i]); !st.ok()) {
+        pool_->Give(mine);
+        return st;
+      }
+    }
+  }
+  blocks_ = std::move(mine);
+  if (Status st = pool_->backend().CopyHostToDevice(blocks_dev_.as<int32_t>(), blocks_.data(),
+                                                    blocks_.size() * sizeof(int32_t));
+      !st.ok()) {
+    pool_->Give(blocks_);
+    blocks_.clear();
+    return st;
+  }
+  const int32_t len = static_cast<int32_t>(n);
+  for (size_t hi = 0; hi < free_.size(); ++hi) {
+    int32_t* table = slot_pos_.data() + hi * capacity_;
+    for (int32_t s = 0; s < len; ++s) table[s] = s;
+    free_[hi].resize(static_cast<size_t>(capacity_ - len));  // pops len, len + 1, ...
+    occupied_[hi] = len;
+  }
+  used_.assign(geometry_.layers, len);
+  length_ = len;
+  return Status::Ok();
+}
+
 StatusOr<int64_t> SequenceKv::BytesToAppend(int32_t n) {
   if (pool_ == nullptr || n <= 0) return int64_t{0};
   DEJA_RETURN_IF_ERROR(FetchVictims());

@@ -73,6 +73,17 @@ class SequenceKv {
   // Positions [length, length + n) take a free slot in every (layer, head). OutOfRange when a
   // head has fewer than n free slots.
   Status AppendPositions(int32_t n);
+  // Starts an empty pooled cache from a cached prefix: pool blocks holding positions
+  // [0, blocks.size() * block_slots) of every layer and head in slot order. `share`: the cache
+  // holds those blocks themselves (a full-policy cache never writes a slot it did not append,
+  // so sharers never see each other's tokens); otherwise it copies them into blocks of its own
+  // with every score 0 (a bounded policy evicts and rewrites slots in place). FailedPrecondition
+  // without a pool or on a non-empty cache; OutOfRange past the capacity.
+  Status SeedPrefix(const std::vector<int32_t>& blocks, bool share);
+  // The pool block holding slots [i * block_slots, (i + 1) * block_slots); -1 when none.
+  int32_t pool_block(int32_t i) const {
+    return i >= 0 && i < static_cast<int32_t>(blocks_.size()) ? blocks_[i] : -1;
+  }
   // Pool bytes AppendPositions(n) would take now (the blocks its new slots reach past those held;
   // 0 without a pool). OutOfRange as AppendPositions.
   StatusOr<int64_t> BytesToAppend(int32_t n);

@@ -1,5 +1,6 @@
 #include "worker/kv/kv_pool.h"
 
+#include <cstring>
 #include <string>
 
 #include "worker/kv/kv_cache.h"
@@ -52,6 +53,7 @@ StatusOr<std::shared_ptr<KvBlockPool>> KvBlockPool::Create(kernels::Backend* bac
     if (!a.ok()) return fail(a.status());
     *t = std::move(*a);
   }
+  p->holders_.assign(static_cast<size_t>(blocks), 0);
   p->free_.reserve(static_cast<size_t>(blocks));
   for (int64_t b = blocks - 1; b >= 0; --b) p->free_.push_back(static_cast<int32_t>(b));
   return p;
@@ -73,6 +75,7 @@ Status KvBlockPool::Take(int32_t n, std::vector<int32_t>* out) {
     }
     taken.assign(free_.end() - n, free_.end());
     free_.resize(free_.size() - n);
+    for (int32_t b : taken) holders_[b] = 1;
   }
   // Every slot of a fresh block is empty: positions -1 (all bytes 0xff), in stream order after
   // the work that last read the block.
@@ -89,9 +92,59 @@ Status KvBlockPool::Take(int32_t n, std::vector<int32_t>* out) {
   return Status::Ok();
 }
 
+void KvBlockPool::Retain(int32_t block) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CHECK(block >= 0 && block < total_ && holders_[block] > 0) << "retaining free block " << block;
+  ++holders_[block];
+}
+
 void KvBlockPool::Give(const std::vector<int32_t>& blocks) {
   std::lock_guard<std::mutex> lock(mu_);
-  free_.insert(free_.end(), blocks.begin(), blocks.end());
+  for (int32_t b : blocks) {
+    CHECK(b >= 0 && b < total_ && holders_[b] > 0) << "giving back free block " << b;
+    if (--holders_[b] == 0) free_.push_back(b);
+  }
+}
+
+int32_t KvBlockPool::holders(int32_t block) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return block >= 0 && block < total_ ? holders_[block] : 0;
+}
+
+std::vector<std::pair<char*, int64_t>> KvBlockPool::Parts(int32_t block) const {
+  const int64_t kv_row = static_cast<int64_t>(head_dim_) * DTypeSize(kv_dtype_);
+  const int64_t b = block;
+  return {{static_cast<char*>(k_.data()) + b * block_stride_ * kv_row, block_stride_ * kv_row},
+          {static_cast<char*>(v_.data()) + b * block_stride_ * kv_row, block_stride_ * kv_row},
+          {static_cast<char*>(score_.data()) + b * block_stride_ * 4, block_stride_ * 4},
+          {static_cast<char*>(pos_.data()) + b * block_stride_ * 4, block_stride_ * 4}};
+}
+
+Status KvBlockPool::CopyOut(int32_t block, char* host) const {
+  if (block < 0 || block >= total_) return InvalidArgument("no KV block " + std::to_string(block));
+  for (const auto& [part, bytes] : Parts(block)) {
+    DEJA_RETURN_IF_ERROR(backend_->CopyDeviceToHost(host, part, static_cast<size_t>(bytes)));
+    host += bytes;
+  }
+  return Status::Ok();
+}
+
+Status KvBlockPool::CopyIn(int32_t block, const char* host) {
+  if (block < 0 || block >= total_) return InvalidArgument("no KV block " + std::to_string(block));
+  for (const auto& [part, bytes] : Parts(block)) {
+    DEJA_RETURN_IF_ERROR(backend_->CopyHostToDevice(part, host, static_cast<size_t>(bytes)));
+    host += bytes;
+  }
+  return Status::Ok();
+}
+
+Status KvBlockPool::CopyBlock(int32_t from, int32_t to) {
+  std::vector<char> staging(static_cast<size_t>(block_bytes_));
+  DEJA_RETURN_IF_ERROR(CopyOut(from, staging.data()));
+  const auto parts = Parts(from);
+  std::memset(staging.data() + parts[0].second + parts[1].second, 0,
+              static_cast<size_t>(parts[2].second));
+  return CopyIn(to, staging.data());
 }
 
 kernels::KvView KvBlockPool::LayerView(int32_t layer) const {

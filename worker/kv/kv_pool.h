@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -40,10 +41,22 @@ class KvBlockPool {
   int64_t free_blocks() const;
   int64_t block_bytes() const { return block_bytes_; }
 
-  // Appends n blocks to *out, each with every slot empty (position -1); ResourceExhausted when
-  // fewer are free (nothing taken).
+  // Appends n blocks to *out, each with every slot empty (position -1) and one holder;
+  // ResourceExhausted when fewer are free (nothing taken).
   Status Take(int32_t n, std::vector<int32_t>* out);
+  // A block can have several holders (sequences sharing a cached prefix, and the prefix cache
+  // itself): Retain adds one, Give drops one per block, and a block is free again when its last
+  // holder gives it back.
+  void Retain(int32_t block);
   void Give(const std::vector<int32_t>& blocks);
+  int32_t holders(int32_t block) const;
+
+  // A block's bytes as one host buffer of block_bytes(): its K, V, score and position parts in
+  // that order (the prefix cache's host and disk copies). CopyIn writes all four parts back.
+  Status CopyOut(int32_t block, char* host) const;
+  Status CopyIn(int32_t block, const char* host);
+  // Block `from`'s K, V and positions into block `to`, with every score 0 (through host memory).
+  Status CopyBlock(int32_t from, int32_t to);
 
   // The paged view of one layer (blocks, capacity, used and score are the sequence's to set).
   kernels::KvView LayerView(int32_t layer) const;
@@ -59,8 +72,12 @@ class KvBlockPool {
   int64_t block_bytes_ = 0;
   int64_t block_stride_ = 0;  // slots per block: layers * heads * block_slots
   Tensor k_, v_, score_, pos_;
+  // The four parts' bytes per block, in CopyOut's order.
+  std::vector<std::pair<char*, int64_t>> Parts(int32_t block) const;
+
   mutable std::mutex mu_;
-  std::vector<int32_t> free_;  // next at the back
+  std::vector<int32_t> free_;     // next at the back
+  std::vector<int32_t> holders_;  // per block; 0 when free
 };
 
 }  // namespace deja::worker::kv

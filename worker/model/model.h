@@ -140,6 +140,8 @@ class Model {
   // The pool's free bytes and its block size in slots (0: no pool).
   virtual int64_t kv_pool_free_bytes() const { return 0; }
   virtual int32_t kv_block_slots() const { return 0; }
+  // That pool (the prefix cache keeps blocks in it); nullptr without one.
+  virtual std::shared_ptr<kv::KvBlockPool> kv_pool() const { return nullptr; }
   // What a cache of `capacity` slots per head reserves (SequenceKv::bytes of one from
   // NewSequence): exact on the host, whole pool blocks on a device.
   virtual uint64_t KvReserveBytes(int32_t capacity) const {

@@ -41,19 +41,24 @@ comm::CollectiveStats Stats(const comm::Communicator& c) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<StepEngine>> StepEngine::Create(model::Model* model,
-                                                         uint64_t kv_budget_bytes) {
+StatusOr<std::unique_ptr<StepEngine>> StepEngine::Create(
+    model::Model* model, uint64_t kv_budget_bytes, std::unique_ptr<prefix::PrefixStore> prefix) {
+  if (prefix != nullptr && model->kv_pool() == nullptr) {
+    return FailedPrecondition("a prefix cache needs paged KV memory (--kv-paging on)");
+  }
   // A cache's size is linear in its capacity, with no fixed part (on a device, in whole pool
   // blocks: Model::KvReserveBytes).
   return std::unique_ptr<StepEngine>(
-      new StepEngine(model, kv_budget_bytes, model->kv_geometry().SlotBytes()));
+      new StepEngine(model, kv_budget_bytes, model->kv_geometry().SlotBytes(), std::move(prefix)));
 }
 
-StepEngine::StepEngine(model::Model* model, uint64_t kv_budget_bytes, uint64_t bytes_per_token)
+StepEngine::StepEngine(model::Model* model, uint64_t kv_budget_bytes, uint64_t bytes_per_token,
+                       std::unique_ptr<prefix::PrefixStore> prefix)
     : model_(model),
       budget_(kv_budget_bytes),
       bytes_per_token_(bytes_per_token),
-      paged_(model->kv_block_slots() > 0) {
+      paged_(model->kv_block_slots() > 0),
+      prefix_(std::move(prefix)) {
   vocab_ = static_cast<int32_t>(model_->config().vocab_size);
   rank_ = model_->comm().rank();
   PublishUsage();
@@ -103,10 +108,29 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
     }
   }
   if (c.top_n() > 5) return InvalidArgument(Seq(id) + "config.top_n must be in [0, 5]");
-  if (c.prompt_tokens() < static_cast<uint32_t>(w.tokens_size())) {
-    return InvalidArgument(Seq(id) + "config.prompt_tokens " + std::to_string(c.prompt_tokens()) +
-                           " is less than the first chunk's " + std::to_string(w.tokens_size()) +
+  int64_t prefix_tokens = 0;
+  if (c.prefix_blocks_size() > 0) {
+    if (prefix_ == nullptr) {
+      return FailedPrecondition(Seq(id) +
+                                "config.prefix_blocks: this worker keeps no prefix cache");
+    }
+    if (*kind == kv::CachePolicyKind::kLocret || *kind == kv::CachePolicyKind::kH2O) {
+      return InvalidArgument(Seq(id) +
+                             "config.prefix_blocks: only FULL and WINDOW caches start from cached "
+                             "blocks (H2O's scores need every prompt query, LOCRET never holds a "
+                             "whole prompt)");
+    }
+    prefix_tokens = static_cast<int64_t>(c.prefix_blocks_size()) * prefix_->block_tokens();
+  }
+  if (w.start_position() != prefix_tokens) {
+    return InvalidArgument(Seq(id) + "start_position " + std::to_string(w.start_position()) +
+                           " but config.prefix_blocks hold " + std::to_string(prefix_tokens) +
                            " tokens");
+  }
+  if (c.prompt_tokens() < prefix_tokens + w.tokens_size()) {
+    return InvalidArgument(Seq(id) + "config.prompt_tokens " + std::to_string(c.prompt_tokens()) +
+                           " is less than the prefix and the first chunk's " +
+                           std::to_string(prefix_tokens + w.tokens_size()) + " tokens");
   }
   const int64_t max_tokens = static_cast<int64_t>(c.prompt_tokens()) + c.max_new_tokens();
   const int64_t limit = model_->config().max_position_embeddings;
@@ -182,11 +206,11 @@ Status StepEngine::PlanOne(const deja::v1::SequenceWork& w,
                              " is outside the vocabulary [0, " + std::to_string(vocab_) + ")");
     }
   }
-  if (w.start_position() == 0) {
+  if (w.start_position() == 0 || w.has_config()) {
     uint64_t bytes = *new_bytes;
     DEJA_RETURN_IF_ERROR(PlanNew(w, p, &bytes));
-    if (w.tokens_size() > p->capacity) {
-      return OutOfRange(Seq(id) + std::to_string(w.tokens_size()) +
+    if (static_cast<int64_t>(w.start_position()) + w.tokens_size() > p->capacity) {
+      return OutOfRange(Seq(id) + std::to_string(w.start_position() + w.tokens_size()) +
                         " tokens exceed the sequence's KV capacity of " +
                         std::to_string(p->capacity));
     }
@@ -199,6 +223,7 @@ Status StepEngine::PlanOne(const deja::v1::SequenceWork& w,
                                            std::max(1, p->fresh->prompt_tokens))
                                 : std::max(1, p->fresh->prompt_tokens)));
     p->seq = p->fresh.get();
+    if (w.config().prefix_blocks_size() > 0) DEJA_RETURN_IF_ERROR(SeedPrefix(w, p->seq));
     *new_bytes = bytes;
     return CheckPoolRoom(id, w.tokens_size(), p->seq, new_bytes);
   }
@@ -224,6 +249,68 @@ Status StepEngine::PlanOne(const deja::v1::SequenceWork& w,
   }
   p->seq = seq;
   return CheckPoolRoom(id, w.tokens_size(), seq, new_bytes);
+}
+
+Status StepEngine::SeedPrefix(const deja::v1::SequenceWork& w, Sequence* seq) {
+  const std::vector<uint64_t> ids(w.config().prefix_blocks().begin(),
+                                  w.config().prefix_blocks().end());
+  std::vector<int32_t> blocks;
+  if (Status st = prefix_->MemoryBlocks(ids, &blocks, &seq->history); !st.ok()) {
+    return Status(st.code(), Seq(w.seq_id()) + "config.prefix_blocks: " + st.message());
+  }
+  // Sharers of a full cache never write each other's slots; a bounded one rewrites in place.
+  const bool share = seq->kv->policy().kind() == kv::CachePolicyKind::kFull;
+  if (Status st = seq->kv->SeedPrefix(blocks, share); !st.ok()) {
+    return Status(st.code(), Seq(w.seq_id()) + "config.prefix_blocks: " + st.message());
+  }
+  return Status::Ok();
+}
+
+Status StepEngine::PrefixOp(const deja::v1::PrefixOp& op, prefix::PrefixIo* io) {
+  if (prefix_ == nullptr)
+    return FailedPrecondition("prefix_ops: this worker keeps no prefix cache");
+  const uint64_t id = op.block_id();
+  switch (op.kind()) {
+    case deja::v1::PrefixOp::KIND_INSERT: {
+      auto it = seqs_.find(op.seq_id());
+      if (it == seqs_.end()) return NotFound(Seq(op.seq_id()) + "unknown sequence");
+      const Sequence& seq = *it->second;
+      const int64_t bt = prefix_->block_tokens();
+      const int64_t first = static_cast<int64_t>(op.block_index()) * bt;
+      if (seq.kv->policy().kind() != kv::CachePolicyKind::kFull) {
+        return FailedPrecondition(Seq(op.seq_id()) + "only a full cache's blocks are cached");
+      }
+      if (first + bt > seq.kv->length() || first + bt > static_cast<int64_t>(seq.history.size())) {
+        return OutOfRange(Seq(op.seq_id()) + "block " + std::to_string(op.block_index()) +
+                          " is not complete");
+      }
+      return prefix_->Insert(
+          id, seq.kv->pool_block(static_cast<int32_t>(op.block_index())),
+          std::vector<int32_t>(seq.history.begin() + first, seq.history.begin() + first + bt));
+    }
+    case deja::v1::PrefixOp::KIND_TO_HOST:
+      return prefix_->ToHost(id);
+    case deja::v1::PrefixOp::KIND_TO_DISK:
+      return prefix_->ToDisk(id);
+    case deja::v1::PrefixOp::KIND_TO_MEMORY:
+      return prefix_->ToMemory(id, io);
+    case deja::v1::PrefixOp::KIND_DROP:
+      prefix_->Drop(id);
+      return Status::Ok();
+    default:
+      return InvalidArgument("prefix_ops: unknown kind " + std::to_string(op.kind()));
+  }
+}
+
+void StepEngine::RunPrefixOp(const deja::v1::PrefixOp& op, prefix::PrefixIo* io,
+                             deja::v1::StepResponse* resp) {
+  Status st = PrefixOp(op, io);
+  if (st.ok()) return;
+  // The block is forgotten here, and the coordinator forgets it for the group: a prefix that
+  // cannot be produced is recomputed, never served.
+  LOG(WARNING) << "rank " << rank_ << ": prefix block " << op.block_id() << ": " << st.ToString();
+  if (prefix_ != nullptr) prefix_->Drop(op.block_id());
+  resp->add_prefix_failed(op.block_id());
 }
 
 Status StepEngine::CheckPoolRoom(uint64_t id, int32_t n, Sequence* seq, uint64_t* new_bytes) {
@@ -263,6 +350,20 @@ Status StepEngine::Run(const deja::v1::StepRequest& req, deja::v1::StepResponse*
   const Clock::time_point t0 = Clock::now();
   resp->set_step_id(req.step_id());
   resp->set_rank(static_cast<uint32_t>(rank_));
+  if (req.prefix_ops_size() > 0 || prefix_ != nullptr) {
+    prefix::PrefixIo io;
+    for (const deja::v1::PrefixOp& op : req.prefix_ops()) RunPrefixOp(op, &io, resp);
+    deja::v1::PrefixIo* out = resp->mutable_prefix_io();
+    out->set_host_bytes_read(static_cast<uint64_t>(io.host_bytes));
+    out->set_disk_bytes_read(static_cast<uint64_t>(io.disk_bytes));
+    out->set_load_seconds(io.seconds);
+    if (prefix_ != nullptr) {
+      out->set_memory_blocks(static_cast<uint64_t>(prefix_->memory_blocks()));
+      out->set_host_blocks(static_cast<uint64_t>(prefix_->host_blocks()));
+      out->set_disk_blocks(static_cast<uint64_t>(prefix_->size() - prefix_->memory_blocks() -
+                                                 prefix_->host_blocks()));
+    }
+  }
   for (uint64_t id : req.release_seq_ids()) Release(id);
 
   std::vector<Planned> plan = Plan(req);

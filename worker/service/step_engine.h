@@ -19,15 +19,19 @@
 #include "worker/kv/eviction_policy.h"
 #include "worker/kv/kv_cache.h"
 #include "worker/model/model.h"
+#include "worker/prefix/prefix_store.h"
 #include "worker/sampling/sampler.h"
 
 namespace deja::worker::service {
 
 class StepEngine {
  public:
-  // `model` outlives the engine. `kv_budget_bytes` is this rank's KV memory budget.
-  static StatusOr<std::unique_ptr<StepEngine>> Create(model::Model* model,
-                                                      uint64_t kv_budget_bytes);
+  // `model` outlives the engine. `kv_budget_bytes` is this rank's KV memory budget. `prefix`:
+  // the rank's prefix cache (its blocks live in the model's KV pool); null: none, and steps
+  // with prefix operations or prefix blocks are refused by name.
+  static StatusOr<std::unique_ptr<StepEngine>> Create(
+      model::Model* model, uint64_t kv_budget_bytes,
+      std::unique_ptr<prefix::PrefixStore> prefix = nullptr);
 
   // Runs one dummy forward step (every rank must call it, as it runs collectives).
   Status WarmUp();
@@ -51,7 +55,8 @@ class StepEngine {
   uint64_t kv_bytes_per_token() const { return bytes_per_token_; }
 
  private:
-  StepEngine(model::Model* model, uint64_t kv_budget_bytes, uint64_t bytes_per_token);
+  StepEngine(model::Model* model, uint64_t kv_budget_bytes, uint64_t bytes_per_token,
+             std::unique_ptr<prefix::PrefixStore> prefix);
 
   struct Sequence {
     std::unique_ptr<kv::SequenceKv> kv;
@@ -89,7 +94,12 @@ class StepEngine {
               std::vector<deja::v1::SequenceResult>* results);
   void Release(uint64_t seq_id);
   void PublishUsage();
-
+  // Runs one prefix operation; a failure forgets the block and lists it in prefix_failed.
+  void RunPrefixOp(const deja::v1::PrefixOp& op, prefix::PrefixIo* io,
+                   deja::v1::StepResponse* resp);
+  Status PrefixOp(const deja::v1::PrefixOp& op, prefix::PrefixIo* io);
+  // Starts a new sequence's cache from its config.prefix_blocks.
+  Status SeedPrefix(const deja::v1::SequenceWork& w, Sequence* seq);
   model::Model* model_;
   const uint64_t budget_;
   const uint64_t bytes_per_token_;
@@ -106,6 +116,8 @@ class StepEngine {
 
   mutable std::mutex usage_mu_;
   deja::v1::KvUsage usage_;
+
+  std::unique_ptr<prefix::PrefixStore> prefix_;
 };
 
 }  // namespace deja::worker::service

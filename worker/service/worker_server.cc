@@ -66,6 +66,8 @@ class WorkerServiceImpl final : public deja::v1::Worker::Service {
   std::atomic<bool> warmed_up{false};
   std::atomic<bool> sparsity{false};  // EnableSparsity succeeded
   std::atomic<bool> locret{false};    // EnableRetaining succeeded
+  std::atomic<bool> prefix_cache{false};  // the step engine keeps a prefix cache
+  std::atomic<bool> prefix_disk{false};   // ... with a disk tier
   std::atomic<uint64_t> epoch{0};
   // When the coordinator last called (a Step message or GetStatus), in Clock ticks.
   std::atomic<Clock::rep> last_call{0};
@@ -128,6 +130,8 @@ class WorkerServiceImpl final : public deja::v1::Worker::Service {
     st->set_sparsity_available(sparsity.load());
     st->set_sparsity_default(sparsity.load() && o.sparsity_default);
     st->set_locret_available(locret.load());
+    st->set_prefix_cache_available(prefix_cache.load());
+    st->set_prefix_disk_available(prefix_disk.load());
     if (loaded.load()) {
       st->set_weight_dtype(TorchDTypeName(owner_->model_->weight_dtype()));
       st->set_kv_dtype(TorchDTypeName(owner_->model_->kv_geometry().kv_dtype));
@@ -334,7 +338,30 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
   const uint64_t kv_budget = model_->kv_pool_bytes() > 0
                                  ? static_cast<uint64_t>(model_->kv_pool_bytes())
                                  : options_.kv_memory_bytes;
-  DEJA_ASSIGN_OR_RETURN(engine_, StepEngine::Create(model_.get(), kv_budget));
+  std::unique_ptr<prefix::PrefixStore> prefix_store;
+  if (options_.prefix_cache && model_->kv_pool() != nullptr) {
+    std::unique_ptr<prefix::BlockFiles> files;
+    if (!options_.prefix_cache_dir.empty()) {
+      // Files of another model, dtype, geometry or group shape never pass the layout check.
+      const kv::KvGeometry g = model_->kv_geometry();
+      const std::string layout =
+          options_.model_dir + "|" + DTypeName(model_->weight_dtype()) + "|" +
+          DTypeName(g.kv_dtype) + "|" + std::to_string(g.layers) + "x" + std::to_string(g.heads) +
+          "x" + std::to_string(g.head_dim) + "|" + std::to_string(model_->kv_block_slots()) + "|" +
+          std::to_string(options_.rank) + "/" + std::to_string(options_.world_size);
+      const std::string dir = options_.prefix_cache_dir + "/rank" + std::to_string(options_.rank);
+      DEJA_ASSIGN_OR_RETURN(files, prefix::BlockFiles::Open(dir, std::hash<std::string>{}(layout)));
+      service_->prefix_disk.store(true);
+    }
+    prefix_store = std::make_unique<prefix::PrefixStore>(model_->kv_pool(), std::move(files));
+    service_->prefix_cache.store(true);
+    LOG(INFO) << "rank " << options_.rank << ": prefix cache on"
+              << (options_.prefix_cache_dir.empty()
+                      ? ""
+                      : ", disk tier in " + options_.prefix_cache_dir);
+  }
+  DEJA_ASSIGN_OR_RETURN(engine_,
+                        StepEngine::Create(model_.get(), kv_budget, std::move(prefix_store)));
   // Freed sequences' caches are kept for the next ones up to the budget the admission allows
   // (none are freed when the caches come from a pool).
   kv::SetKvTensorPoolLimit(model_->kv_pool_bytes() > 0 ? 0 : kv_budget);

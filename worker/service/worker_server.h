@@ -65,6 +65,10 @@ struct WorkerOptions {
   model::LoadOptions load;  // --dtype
   // Locret retaining heads (Model::EnableRetaining); empty: none, the LOCRET policy is refused.
   std::string retaining_heads;
+  // Prefix cache (worker/prefix/prefix_store.h): on when the KV memory is paged. Its disk tier
+  // is a directory (this rank's files in rank<N>/ under it); empty: memory and host tiers only.
+  bool prefix_cache = true;
+  std::string prefix_cache_dir;
   bool sparsity_requested() const {
     return !sparsity.predictors.empty() || sparsity.oracle_fraction > 0.0f;
   }

@@ -1,0 +1,697 @@
+// PrefixIndex: longest-prefix lookup, score-ordered eviction down the memory -> host -> disk ->
+// drop cascade with exact op sequences, pins, subtree drops, Promote and Lost, and a randomized
+// run that replays every emitted op on a simulated worker and checks it against the index.
+#include "coordinator/prefix_index.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <set>
+
+namespace deja::coordinator {
+
+// Makes every block hash the same, so every child lookup goes through a collision.
+class PrefixIndexTestPeer {
+ public:
+  static void CollideAllHashes(PrefixIndex* index) {
+    index->hash_ = [](const int32_t*, int32_t) -> uint64_t { return 42; };
+  }
+};
+
+// For failure messages; here rather than in the anonymous namespace so that lookup by argument
+// finds it.
+static std::ostream& operator<<(std::ostream& os, const PrefixOp& op) {
+  static const char* const kNames[] = {"ToHost", "ToDisk", "ToMemory", "Drop"};
+  return os << kNames[static_cast<int>(op.kind)] << "(" << op.block_id << ")";
+}
+static std::ostream& operator<<(std::ostream& os, PrefixTier tier) {
+  return os << PrefixTierName(tier);
+}
+
+namespace {
+
+using Kind = PrefixOp::Kind;
+using Tokens = std::vector<int32_t>;
+using Ops = std::vector<PrefixOp>;
+constexpr PrefixTier kMem = PrefixTier::kMemory;
+constexpr PrefixTier kHost = PrefixTier::kHost;
+constexpr PrefixTier kDisk = PrefixTier::kDisk;
+
+PrefixOp ToHost(uint64_t id) { return {Kind::kToHost, id}; }
+PrefixOp ToDisk(uint64_t id) { return {Kind::kToDisk, id}; }
+PrefixOp ToMemory(uint64_t id) { return {Kind::kToMemory, id}; }
+PrefixOp Drop(uint64_t id) { return {Kind::kDrop, id}; }
+
+PrefixIndexOptions Options(int32_t block_tokens, int64_t memory, int64_t host, int64_t disk) {
+  PrefixIndexOptions o;
+  o.block_tokens = block_tokens;
+  o.memory_blocks = memory;
+  o.host_blocks = host;
+  o.disk_blocks = disk;
+  return o;
+}
+
+// Block size 2 throughout the scripted tests.
+class PrefixIndexTest : public ::testing::Test {
+ protected:
+  void Make(int64_t memory, int64_t host, int64_t disk) {
+    index_ = std::make_unique<PrefixIndex>(Options(2, memory, host, disk));
+  }
+  // Inserts, expecting exactly `want_ops`; returns the new ids.
+  std::vector<uint64_t> Insert(const Tokens& t, const Ops& want_ops = {}) {
+    Ops ops;
+    std::vector<uint64_t> ids;
+    for (const auto& [block, id] : index_->Insert(t.data(), static_cast<int32_t>(t.size()), &ops)) {
+      ids.push_back(id);
+    }
+    EXPECT_EQ(ops, want_ops);
+    return ids;
+  }
+  // Inserts a one-block prompt, expecting `want_ops`; returns its id.
+  uint64_t Insert1(int32_t token, const Ops& want_ops = {}) {
+    std::vector<uint64_t> ids = Insert({token, token}, want_ops);
+    EXPECT_EQ(ids.size(), 1u);
+    return ids.empty() ? 0 : ids[0];
+  }
+  PrefixMatch Lookup(const Tokens& t) const {
+    return index_->Lookup(t.data(), static_cast<int32_t>(t.size()));
+  }
+  void ExpectCounts(int64_t memory, int64_t host, int64_t disk_only) const {
+    EXPECT_EQ(index_->blocks(kMem), memory);
+    EXPECT_EQ(index_->blocks(kHost), host);
+    EXPECT_EQ(index_->blocks(kDisk), disk_only);
+  }
+
+  std::unique_ptr<PrefixIndex> index_;
+};
+
+// A prompt longer than the memory tier: its first blocks move down as the later ones come in,
+// each after it was created (created_at), and the whole prompt stays findable.
+TEST_F(PrefixIndexTest, ALongPromptSpillsItsFirstBlocksDownATier) {
+  Make(2, 1, 8);
+  const Tokens t = {1, 1, 2, 2, 3, 3, 4, 4};
+  Ops ops;
+  std::vector<size_t> created_at;
+  const auto added = index_->Insert(t.data(), 8, &ops, &created_at);
+  ASSERT_EQ(added.size(), 4u);
+  const uint64_t a = added[0].second, b = added[1].second, c = added[2].second, d = added[3].second;
+  EXPECT_EQ(ops, (Ops{ToHost(a), ToDisk(a), ToHost(b)}));
+  EXPECT_EQ(created_at, (std::vector<size_t>{0, 0, 1, 3}));
+  ExpectCounts(2, 1, 1);
+  EXPECT_EQ(index_->TierOf(c), kMem);
+  EXPECT_EQ(index_->TierOf(d), kMem);
+  EXPECT_EQ(Lookup(t).blocks, (std::vector<uint64_t>{a, b, c, d}));
+}
+
+TEST_F(PrefixIndexTest, LookupMatchesWholeBlocksOnly) {
+  Make(10, 0, 0);
+  const std::vector<uint64_t> ids = Insert({1, 2, 3, 4, 5});  // The partial block is not kept.
+  ASSERT_EQ(ids.size(), 2u);
+  EXPECT_EQ(index_->size(), 2);
+
+  PrefixMatch m = Lookup({1, 2, 3, 4, 5, 6});
+  EXPECT_EQ(m.blocks, ids);
+  EXPECT_EQ(m.tiers, (std::vector<PrefixTier>{kMem, kMem}));
+  EXPECT_EQ(m.tokens, 4);
+  EXPECT_EQ(Lookup({1, 2, 3}).blocks, std::vector<uint64_t>{ids[0]});
+  EXPECT_EQ(Lookup({1, 2, 3}).tokens, 2);
+  EXPECT_EQ(Lookup({1}).tokens, 0);
+  EXPECT_EQ(Lookup({}).tokens, 0);
+  EXPECT_TRUE(Lookup({2, 1, 3, 4}).blocks.empty());  // Same ids, other order.
+  EXPECT_TRUE(Lookup({3, 4}).blocks.empty());        // A block matches only under its prefix.
+  EXPECT_EQ(index_->Lookup(nullptr, 0).tokens, 0);
+}
+
+TEST_F(PrefixIndexTest, DivergingPromptsShareCommonBlocks) {
+  Make(10, 0, 0);
+  const std::vector<uint64_t> a = Insert({1, 2, 3, 4});
+  const std::vector<int32_t> b_prompt = {1, 2, 5, 6, 7, 8};
+  Ops ops;
+  auto added = index_->Insert(b_prompt.data(), 6, &ops);
+  ASSERT_EQ(added.size(), 2u);
+  EXPECT_EQ(added[0].first, 1);  // Block 0 is shared.
+  EXPECT_EQ(added[1].first, 2);
+  EXPECT_TRUE(ops.empty());
+  EXPECT_EQ(index_->size(), 4);
+  EXPECT_EQ(Lookup(b_prompt).blocks,
+            (std::vector<uint64_t>{a[0], added[0].second, added[1].second}));
+  EXPECT_EQ(Lookup({1, 2, 3, 4}).blocks, a);
+  EXPECT_EQ(Lookup({1, 2, 5, 6, 3, 4}).blocks.size(), 2u);
+}
+
+TEST_F(PrefixIndexTest, CollidingHashesNeverMatchFalsely) {
+  Make(10, 0, 0);
+  PrefixIndexTestPeer::CollideAllHashes(index_.get());
+  const std::vector<uint64_t> a = Insert({1, 2, 3, 4});
+  const std::vector<uint64_t> b = Insert({1, 2, 3, 5});
+  const std::vector<uint64_t> c = Insert({7, 8});
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 1u);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(Lookup({1, 2, 3, 4}).blocks, a);
+  EXPECT_EQ(Lookup({1, 2, 3, 5}).blocks, (std::vector<uint64_t>{a[0], b[0]}));
+  EXPECT_EQ(Lookup({7, 8, 3, 4}).blocks, c);
+  EXPECT_EQ(Lookup({1, 2, 3, 6}).blocks, std::vector<uint64_t>{a[0]});
+  EXPECT_TRUE(Lookup({1, 3}).blocks.empty());
+  // Dropping one of the colliding siblings leaves the other reachable.
+  Ops ops;
+  index_->Lost(a[1], &ops);
+  EXPECT_EQ(ops, Ops{Drop(a[1])});
+  EXPECT_EQ(Lookup({1, 2, 3, 5}).blocks, (std::vector<uint64_t>{a[0], b[0]}));
+  EXPECT_EQ(Lookup({1, 2, 3, 4}).blocks, std::vector<uint64_t>{a[0]});
+}
+
+TEST_F(PrefixIndexTest, InsertReturnsOnlyNewBlocksAndNeedsNoOpsWithRoom) {
+  Make(4, 0, 0);
+  const std::vector<uint64_t> ids = Insert({1, 1, 2, 2});
+  EXPECT_EQ(ids, (std::vector<uint64_t>{1, 2}));  // Ids start at 1.
+  EXPECT_TRUE(Insert({1, 1, 2, 2}).empty());
+  EXPECT_EQ(index_->Score(ids[0]), 2);  // Inserting again counts as a hit.
+  EXPECT_EQ(index_->Score(ids[1]), 2);
+  const std::vector<uint64_t> more = Insert({1, 1, 2, 2, 3, 3});
+  EXPECT_EQ(more, std::vector<uint64_t>{3});
+  EXPECT_EQ(index_->Score(3), 1);
+  EXPECT_EQ(index_->Score(99), -1);
+  ExpectCounts(3, 0, 0);
+  EXPECT_EQ(index_->disk_replicas(), 0);
+}
+
+TEST_F(PrefixIndexTest, MemoryBudgetZeroStoresNothing) {
+  Make(0, 4, 4);
+  EXPECT_TRUE(Insert({1, 1, 2, 2}).empty());
+  EXPECT_EQ(index_->size(), 0);
+  Ops ops;
+  EXPECT_EQ(index_->Promote({1}, &ops), 0);
+  EXPECT_TRUE(ops.empty());
+}
+
+TEST_F(PrefixIndexTest, TouchedBlockOutlivesUntouchedOne) {
+  Make(2, 0, 0);
+  const uint64_t a = Insert1(1);
+  const uint64_t b = Insert1(2);
+  index_->Touch({a});
+  EXPECT_EQ(index_->Score(a), 2);
+  const uint64_t c = Insert1(3, {Drop(b)});
+  EXPECT_EQ(index_->TierOf(a), kMem);
+  EXPECT_EQ(index_->TierOf(b), std::nullopt);
+  EXPECT_EQ(index_->TierOf(c), kMem);
+}
+
+TEST_F(PrefixIndexTest, ImportanceRaisesScore) {
+  Make(2, 0, 0);
+  const uint64_t a = Insert1(1);
+  const uint64_t b = Insert1(2);
+  index_->SetImportance(a, 0.5);
+  EXPECT_DOUBLE_EQ(index_->Score(a), 1.5);
+  Insert1(3, {Drop(b)});        // Without importance the older a would go.
+  index_->SetImportance(a, 7);  // Clamped to 1.
+  EXPECT_DOUBLE_EQ(index_->Score(a), 2);
+  index_->SetImportance(a, -1);
+  EXPECT_DOUBLE_EQ(index_->Score(a), 1);
+}
+
+TEST_F(PrefixIndexTest, TiesGoToTheLeastRecentlyTouched) {
+  Make(2, 0, 0);
+  const uint64_t a = Insert1(1);
+  const uint64_t b = Insert1(2);
+  index_->Touch({b});
+  index_->Touch({a});  // Both score 2; b was touched longer ago.
+  Insert1(3, {Drop(b)});
+}
+
+TEST_F(PrefixIndexTest, TiesWithinOnePromptGoDeepestFirst) {
+  Make(2, 0, 0);
+  std::vector<uint64_t> p = Insert({1, 1, 2, 2});
+  Insert1(3, {Drop(p[1])});  // Insert stamps the root-most block last.
+
+  Make(2, 0, 0);
+  p = Insert({1, 1, 2, 2});
+  index_->Touch({p[0], p[1]});  // Both score 2; so does Touch.
+  Insert1(3, {Drop(p[1])});
+  EXPECT_EQ(index_->TierOf(p[0]), kMem);
+}
+
+TEST_F(PrefixIndexTest, CascadeMemoryHostDiskDrop) {
+  Make(1, 1, 3);
+  const uint64_t a = Insert1(1);
+  const uint64_t b = Insert1(2, {ToHost(a)});
+  const uint64_t c = Insert1(3, {ToDisk(a), ToHost(b)});
+  ExpectCounts(1, 1, 1);
+  EXPECT_EQ(index_->disk_replicas(), 3);
+  // The disk tier is full too: the lowest disk-only block goes for good.
+  const uint64_t d = Insert1(4, {ToDisk(b), ToHost(c), Drop(a)});
+  ExpectCounts(1, 1, 1);
+  EXPECT_EQ(index_->TierOf(b), kDisk);
+  EXPECT_EQ(index_->TierOf(c), kHost);
+  EXPECT_EQ(index_->TierOf(d), kMem);
+  EXPECT_EQ(index_->size(), 3);
+  EXPECT_EQ(Lookup({2, 2}).tiers, std::vector<PrefixTier>{kDisk});
+}
+
+TEST_F(PrefixIndexTest, CascadeWithoutDiskDropsWhatLeavesHost) {
+  Make(1, 1, 0);
+  const uint64_t a = Insert1(1);
+  const uint64_t b = Insert1(2, {ToHost(a)});
+  Insert1(3, {Drop(a), ToHost(b)});
+  ExpectCounts(1, 1, 0);
+  EXPECT_EQ(index_->disk_replicas(), 0);
+}
+
+TEST_F(PrefixIndexTest, WithoutHostMemoryGoesToDiskOrIsDropped) {
+  Make(1, 0, 4);
+  uint64_t a = Insert1(1);
+  Insert1(2, {ToDisk(a)});
+  ExpectCounts(1, 0, 1);
+
+  Make(1, 0, 0);
+  a = Insert1(1);
+  Insert1(2, {Drop(a)});
+  ExpectCounts(1, 0, 0);
+}
+
+TEST_F(PrefixIndexTest, PinnedBlocksAreNeverDemotedOrDropped) {
+  Make(2, 0, 0);
+  const uint64_t a = Insert1(1);
+  const uint64_t b = Insert1(2);
+  index_->Pin({a});
+  EXPECT_EQ(index_->PinCount(a), 1);
+  const uint64_t c = Insert1(3, {Drop(b)});  // a is lower but pinned.
+  index_->Pin({c});
+  index_->Pin({c});
+  EXPECT_TRUE(Insert({4, 4}).empty());  // Memory holds only pinned blocks.
+  index_->Unpin({c, 777});
+  EXPECT_TRUE(Insert({4, 4}).empty());  // Still pinned once.
+  index_->Unpin({c});
+  index_->Unpin({c});  // Extra unpins are ignored.
+  EXPECT_EQ(index_->PinCount(c), 0);
+  Insert1(4, {Drop(c)});
+  EXPECT_EQ(index_->TierOf(a), kMem);
+}
+
+TEST_F(PrefixIndexTest, PinnedHostBlockStaysInHost) {
+  Make(1, 1, 0);
+  const uint64_t a = Insert1(1);
+  const uint64_t b = Insert1(2, {ToHost(a)});
+  index_->Pin({a});       // Not what callers do, but the pin still protects it.
+  Insert1(3, {Drop(b)});  // b cannot go to host, nor a leave it.
+  EXPECT_EQ(index_->TierOf(a), kHost);
+}
+
+TEST_F(PrefixIndexTest, DroppingABlockDropsItsSubtree) {
+  Make(3, 0, 0);
+  const std::vector<uint64_t> p = Insert({1, 1, 2, 2, 3, 3});
+  ASSERT_EQ(p.size(), 3u);
+  index_->SetImportance(p[1], 1);
+  index_->SetImportance(p[2], 1);  // The root-most block is now the lowest.
+  Insert1(9, {Drop(p[0]), Drop(p[1]), Drop(p[2])});
+  EXPECT_EQ(index_->size(), 1);
+  EXPECT_TRUE(Lookup({1, 1}).blocks.empty());
+}
+
+TEST_F(PrefixIndexTest, SubtreeHoldingAPinIsNotAVictim) {
+  Make(3, 0, 0);
+  const std::vector<uint64_t> p = Insert({1, 1, 2, 2});
+  index_->SetImportance(p[1], 1);
+  const uint64_t c = Insert1(5);
+  index_->Pin({p[1]});  // p[0], the lowest, holds a pinned child.
+  Insert1(6, {Drop(c)});
+  EXPECT_EQ(Lookup({1, 1, 2, 2}).blocks, p);
+}
+
+TEST_F(PrefixIndexTest, PromoteFromHostAndDisk) {
+  Make(1, 1, 4);
+  const uint64_t a = Insert1(1);
+  const uint64_t b = Insert1(2, {ToHost(a)});
+  const uint64_t c = Insert1(3, {ToDisk(a), ToHost(b)});
+  EXPECT_EQ(Lookup({1, 1}).tiers, std::vector<PrefixTier>{kDisk});
+
+  Ops ops;
+  EXPECT_EQ(index_->Promote({a}, &ops), 1);
+  EXPECT_EQ(ops, (Ops{ToDisk(b), ToHost(c), ToMemory(a)}));
+  ExpectCounts(1, 1, 1);
+  ops.clear();
+  EXPECT_EQ(index_->Promote({a}, &ops), 1);  // Already in memory.
+  EXPECT_TRUE(ops.empty());
+  // From host: host has room only once c has left it, so a goes straight to disk.
+  EXPECT_EQ(index_->Promote({c}, &ops), 1);
+  EXPECT_EQ(ops, (Ops{ToDisk(a), ToMemory(c)}));
+  ExpectCounts(1, 0, 2);
+}
+
+TEST_F(PrefixIndexTest, PromoteRunMakesRoomOutsideTheRun) {
+  Make(2, 2, 0);
+  const std::vector<uint64_t> p = Insert({1, 1, 2, 2});
+  const std::vector<uint64_t> q = Insert({3, 3, 4, 4}, {ToHost(p[1]), ToHost(p[0])});
+  PrefixMatch m = Lookup({1, 1, 2, 2});
+  EXPECT_EQ(m.tiers, (std::vector<PrefixTier>{kHost, kHost}));
+  Ops ops;
+  EXPECT_EQ(index_->Promote(m.blocks, &ops), 2);
+  // Host is full of the run until p[0] leaves it, so q[1] has nowhere to go but away.
+  EXPECT_EQ(ops, (Ops{Drop(q[1]), ToMemory(p[0]), ToHost(q[0]), ToMemory(p[1])}));
+  ExpectCounts(2, 1, 0);
+}
+
+TEST_F(PrefixIndexTest, PromoteStopsWhenMemoryIsPinned) {
+  Make(1, 2, 0);
+  const uint64_t a = Insert1(1);
+  const uint64_t b = Insert1(2, {ToHost(a)});
+  index_->Pin({b});
+  Ops ops;
+  EXPECT_EQ(index_->Promote({a}, &ops), 0);
+  EXPECT_TRUE(ops.empty());
+  EXPECT_EQ(index_->Promote({b, a}, &ops), 1);  // b needs nothing; a gets no room.
+  EXPECT_TRUE(ops.empty());
+  EXPECT_EQ(index_->Promote({777}, &ops), 0);
+}
+
+TEST_F(PrefixIndexTest, PromoteNeverEvictsItsOwnRun) {
+  Make(1, 2, 0);
+  const uint64_t x = Insert1(5);
+  const uint64_t z = Insert1(7, {ToHost(x)});
+  const std::vector<uint64_t> y = Insert({5, 5, 6, 6}, {ToHost(z)});
+  ASSERT_EQ(y.size(), 1u);
+  EXPECT_TRUE(Insert({5, 5, 6, 6, 8, 8}).empty());  // Memory holds only the path's own block.
+  EXPECT_EQ(Lookup({5, 5, 6, 6}).tiers, (std::vector<PrefixTier>{kHost, kMem}));
+  Ops ops;
+  EXPECT_EQ(index_->Promote({x, y[0]}, &ops), 0);  // y holds memory and is in the run.
+  EXPECT_TRUE(ops.empty());
+}
+
+TEST_F(PrefixIndexTest, LostDropsTheSubtree) {
+  Make(2, 0, 10);
+  const std::vector<uint64_t> p = Insert({1, 1, 2, 2});
+  const std::vector<uint64_t> r = Insert({7, 7, 8, 8}, {ToDisk(p[1]), ToDisk(p[0])});
+  const std::vector<uint64_t> p2 = Insert({1, 1, 2, 2, 3, 3}, {ToDisk(r[1])});
+  const std::vector<uint64_t> q = Insert({1, 1, 4, 4}, {ToDisk(r[0])});
+  ASSERT_EQ(p2.size(), 1u);
+  ASSERT_EQ(q.size(), 1u);
+  index_->Pin({q[0]});
+  Ops ops;
+  index_->Lost(p[0], &ops);  // Parents before children; siblings in the map's order.
+  ASSERT_EQ(ops.size(), 4u);
+  EXPECT_EQ(ops[0], Drop(p[0]));
+  EXPECT_EQ(std::set<uint64_t>({ops[1].block_id, ops[2].block_id}),
+            std::set<uint64_t>({p[1], q[0]}));
+  EXPECT_EQ(ops[3], Drop(p2[0]));
+  EXPECT_EQ(index_->size(), 2);
+  ExpectCounts(0, 0, 2);
+  index_->Unpin({q[0]});  // Forgotten with its block.
+  EXPECT_EQ(index_->PinCount(q[0]), 0);
+  ops.clear();
+  index_->Lost(p[0], &ops);
+  EXPECT_TRUE(ops.empty());
+  EXPECT_EQ(Insert({1, 1}), std::vector<uint64_t>{7});  // Ids are never reused.
+}
+
+TEST_F(PrefixIndexTest, LostForgetsThePinsItDrops) {
+  Make(2, 0, 0);
+  const std::vector<uint64_t> p = Insert({1, 1, 2, 2});
+  index_->Pin({p[1]});
+  Ops ops;
+  index_->Lost(p[1], &ops);
+  EXPECT_EQ(ops, Ops{Drop(p[1])});
+  const uint64_t c = Insert1(3);
+  index_->Touch({c});
+  Insert1(4, {Drop(p[0])});  // No longer holds a pinned block, so it is a victim again.
+}
+
+TEST(PrefixIndexOptionsTest, Validation) {
+  EXPECT_TRUE(ValidatePrefixIndexOptions(Options(16, 0, 0, 0)).ok());
+  EXPECT_EQ(ValidatePrefixIndexOptions(Options(0, 1, 1, 1)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidatePrefixIndexOptions(Options(1, -1, 1, 1)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidatePrefixIndexOptions(Options(1, 1, 1, -1)).code(), StatusCode::kInvalidArgument);
+  EXPECT_STREQ(PrefixTierName(kHost), "host");
+}
+
+// ---- Randomized: the index against a simulated worker and a model of scores and pins. ----
+
+struct RandomCase {
+  PrefixIndexOptions options;
+  uint32_t seed;
+  bool collide = false;
+};
+
+void PrintTo(const RandomCase& c, std::ostream* os) {
+  *os << "block_tokens " << c.options.block_tokens << " memory " << c.options.memory_blocks
+      << " host " << c.options.host_blocks << " disk " << c.options.disk_blocks << " seed "
+      << c.seed << (c.collide ? " colliding" : "");
+}
+
+class PrefixIndexRandomTest : public ::testing::TestWithParam<RandomCase> {
+ protected:
+  struct Block {
+    bool memory = false, host = false, disk = false;
+    uint64_t parent = 0;
+    Tokens tokens;
+    int64_t hits = 1;
+    double importance = 0;
+  };
+
+  bool disk_on() const { return GetParam().options.disk_blocks > 0; }
+
+  // Executes ops as a worker would, refusing anything a worker could not do.
+  void Replay(const Ops& ops) {
+    for (const PrefixOp& op : ops) {
+      SCOPED_TRACE(::testing::Message() << op);
+      auto it = worker_.find(op.block_id);
+      ASSERT_NE(it, worker_.end()) << "op on an unknown or dropped block";
+      Block& b = it->second;
+      switch (op.kind) {
+        case Kind::kToHost:
+          ASSERT_TRUE(b.memory);
+          b.memory = false;
+          b.host = true;
+          break;
+        case Kind::kToDisk:
+          ASSERT_TRUE(b.disk && (b.memory || b.host));
+          b.memory = b.host = false;
+          break;
+        case Kind::kToMemory:
+          ASSERT_TRUE(!b.memory && (b.host || b.disk));
+          b.memory = true;
+          b.host = false;
+          break;
+        case Kind::kDrop:
+          ASSERT_EQ(pins_.count(op.block_id), 0u) << "dropped a pinned block";
+          worker_.erase(it);
+          break;
+      }
+      int64_t memory = 0, host = 0;
+      for (const auto& [id, w] : worker_) {
+        memory += w.memory;
+        host += w.host;
+      }
+      // Budgets hold at every step of the replay, not only after it.
+      ASSERT_LE(memory, GetParam().options.memory_blocks);
+      ASSERT_LE(host, GetParam().options.host_blocks);
+    }
+  }
+
+  void Check() {
+    const PrefixIndexOptions& o = GetParam().options;
+    int64_t count[3] = {0, 0, 0};
+    for (const auto& [id, b] : worker_) {
+      ASSERT_FALSE(b.memory && b.host);
+      ASSERT_EQ(b.disk, disk_on());
+      const PrefixTier want = b.memory ? kMem : b.host ? kHost : kDisk;
+      ASSERT_EQ(index_->TierOf(id), want) << "block " << id;
+      ++count[static_cast<int>(want)];
+      ASSERT_DOUBLE_EQ(index_->Score(id), b.hits * (1 + b.importance));
+      ASSERT_TRUE(b.parent == 0 || worker_.count(b.parent)) << "orphan " << id;
+    }
+    ASSERT_EQ(index_->size(), static_cast<int64_t>(worker_.size()));
+    for (PrefixTier t : {kMem, kHost, kDisk}) {
+      ASSERT_EQ(index_->blocks(t), count[static_cast<int>(t)]);
+    }
+    ASSERT_LE(index_->blocks(kMem), o.memory_blocks);
+    ASSERT_LE(index_->blocks(kHost), o.host_blocks);
+    if (disk_on()) {
+      ASSERT_LE(index_->size(), o.disk_blocks);
+      ASSERT_EQ(index_->disk_replicas(), index_->size());
+    } else {
+      ASSERT_EQ(index_->blocks(kDisk), 0);
+    }
+    for (uint64_t id = 1; id < next_id_; ++id) {
+      if (!worker_.count(id)) {
+        ASSERT_EQ(index_->TierOf(id), std::nullopt);
+      }
+    }
+    for (const auto& [id, n] : pins_) {
+      ASSERT_EQ(index_->PinCount(id), n);
+      ASSERT_EQ(index_->TierOf(id), kMem) << "pinned block " << id;
+    }
+  }
+
+  // A prompt from a small alphabet, so that prefixes overlap often.
+  Tokens RandomPrompt() {
+    Tokens t(std::uniform_int_distribution<int>(0, 5 * GetParam().options.block_tokens)(rng_));
+    for (int32_t& x : t) x = std::uniform_int_distribution<int32_t>(0, 2)(rng_);
+    return t;
+  }
+
+  // Checks a Lookup against the model: a chain of the prompt's blocks that cannot be extended.
+  PrefixMatch CheckedLookup(const Tokens& t) {
+    const int32_t bt = GetParam().options.block_tokens;
+    PrefixMatch m = index_->Lookup(t.data(), static_cast<int32_t>(t.size()));
+    EXPECT_EQ(m.blocks.size(), m.tiers.size());
+    EXPECT_EQ(m.tokens, static_cast<int32_t>(m.blocks.size()) * bt);
+    uint64_t parent = 0;
+    for (size_t i = 0; i <= m.blocks.size(); ++i) {
+      const bool whole = static_cast<int64_t>(i + 1) * bt <= static_cast<int64_t>(t.size());
+      const Tokens block = whole ? Tokens(t.begin() + i * bt, t.begin() + (i + 1) * bt) : Tokens();
+      if (i == m.blocks.size()) {  // Maximal: no block the model knows continues the match.
+        for (const auto& [id, b] : worker_) {
+          EXPECT_FALSE(whole && b.parent == parent && b.tokens == block) << "missed " << id;
+        }
+        break;
+      }
+      const Block& b = worker_.at(m.blocks[i]);
+      EXPECT_EQ(b.parent, parent);
+      EXPECT_EQ(b.tokens, block);
+      EXPECT_EQ(m.tiers[i], index_->TierOf(m.blocks[i]));
+      parent = m.blocks[i];
+    }
+    return m;
+  }
+
+  void DoInsert() {
+    const Tokens t = RandomPrompt();
+    const PrefixMatch before = CheckedLookup(t);
+    Ops ops;
+    std::vector<size_t> created_at;
+    const auto added = index_->Insert(t.data(), static_cast<int32_t>(t.size()), &ops, &created_at);
+    ASSERT_EQ(created_at.size(), added.size());
+    for (uint64_t id : before.blocks) ++worker_.at(id).hits;
+    const int32_t bt = GetParam().options.block_tokens;
+    uint64_t parent = before.blocks.empty() ? 0 : before.blocks.back();
+    int32_t expect_block = static_cast<int32_t>(before.blocks.size());
+    size_t replayed = 0;
+    // The ops before each new block's creation never name it; the worker then holds it, and
+    // later ops may move it down a tier (a long prompt spilling its first blocks).
+    for (size_t k = 0; k < added.size(); ++k) {
+      const auto& [block, id] = added[k];
+      ASSERT_LE(created_at[k], ops.size());
+      ASSERT_GE(created_at[k], replayed);
+      const Ops head(ops.begin() + static_cast<std::ptrdiff_t>(replayed),
+                     ops.begin() + static_cast<std::ptrdiff_t>(created_at[k]));
+      for (const PrefixOp& op : head) ASSERT_NE(op.block_id, id);
+      ASSERT_NO_FATAL_FAILURE(Replay(head));
+      replayed = created_at[k];
+      ASSERT_EQ(block, expect_block++);
+      ASSERT_EQ(id, next_id_++);
+      Block& b = worker_[id];
+      b.memory = true;
+      b.disk = disk_on();
+      b.parent = parent;
+      b.tokens.assign(t.begin() + block * bt, t.begin() + (block + 1) * bt);
+      parent = id;
+    }
+    ASSERT_NO_FATAL_FAILURE(
+        Replay(Ops(ops.begin() + static_cast<std::ptrdiff_t>(replayed), ops.end())));
+  }
+
+  void DoPromoteAndPin() {
+    const PrefixMatch m = CheckedLookup(RandomPrompt());
+    Ops ops;
+    const int32_t k = index_->Promote(m.blocks, &ops);
+    ASSERT_NO_FATAL_FAILURE(Replay(ops));
+    ASSERT_GE(k, 0);
+    ASSERT_LE(k, static_cast<int32_t>(m.blocks.size()));
+    std::vector<uint64_t> run(m.blocks.begin(), m.blocks.begin() + k);
+    for (uint64_t id : run) ASSERT_TRUE(worker_.at(id).memory);
+    // When memory had room, the whole run must have come in.
+    if (k < static_cast<int32_t>(m.blocks.size())) {
+      ASSERT_EQ(index_->blocks(kMem), GetParam().options.memory_blocks);
+    }
+    index_->Pin(run);
+    for (uint64_t id : run) ++pins_[id];
+    held_.push_back(run);
+  }
+
+  void DoUnpin() {
+    if (held_.empty()) return;
+    const size_t i = std::uniform_int_distribution<size_t>(0, held_.size() - 1)(rng_);
+    index_->Unpin(held_[i]);
+    for (uint64_t id : held_[i]) {
+      if (--pins_[id] == 0) pins_.erase(id);
+    }
+    held_.erase(held_.begin() + i);
+  }
+
+  uint64_t RandomId() { return std::uniform_int_distribution<uint64_t>(1, next_id_)(rng_); }
+
+  void DoLost() {
+    std::vector<uint64_t> candidates;  // Lost is only reported for blocks outside memory.
+    for (const auto& [id, b] : worker_) {
+      if (!b.memory) candidates.push_back(id);
+    }
+    if (candidates.empty()) return;
+    const uint64_t id =
+        candidates[std::uniform_int_distribution<size_t>(0, candidates.size() - 1)(rng_)];
+    Ops ops;
+    index_->Lost(id, &ops);
+    ASSERT_FALSE(ops.empty());
+    ASSERT_EQ(ops[0], Drop(id));
+    for (const PrefixOp& op : ops) ASSERT_EQ(op.kind, Kind::kDrop);
+    ASSERT_NO_FATAL_FAILURE(Replay(ops));
+  }
+
+  void Run() {
+    rng_.seed(GetParam().seed);
+    index_ = std::make_unique<PrefixIndex>(GetParam().options);
+    if (GetParam().collide) PrefixIndexTestPeer::CollideAllHashes(index_.get());
+    for (int step = 0; step < 3000; ++step) {
+      SCOPED_TRACE(::testing::Message() << "step " << step);
+      const int what = std::uniform_int_distribution<int>(0, 99)(rng_);
+      if (what < 35) {
+        ASSERT_NO_FATAL_FAILURE(DoInsert());
+      } else if (what < 50) {
+        CheckedLookup(RandomPrompt());
+      } else if (what < 65) {
+        ASSERT_NO_FATAL_FAILURE(DoPromoteAndPin());
+      } else if (what < 80) {
+        DoUnpin();
+      } else if (what < 88) {
+        const PrefixMatch m = CheckedLookup(RandomPrompt());
+        index_->Touch(m.blocks);
+        for (uint64_t id : m.blocks) ++worker_.at(id).hits;
+      } else if (what < 92) {
+        ASSERT_NO_FATAL_FAILURE(DoLost());
+      } else if (what < 98) {
+        const uint64_t id = RandomId();
+        const double f = std::uniform_real_distribution<double>(-0.5, 1.5)(rng_);
+        index_->SetImportance(id, f);
+        if (worker_.count(id)) worker_[id].importance = std::clamp(f, 0.0, 1.0);
+      } else {
+        index_->Unpin({RandomId() + 1000});  // Unknown ids are ignored.
+      }
+      ASSERT_FALSE(HasFailure());
+      ASSERT_NO_FATAL_FAILURE(Check());
+    }
+    // The run must have exercised the tiers, not idled in an empty index.
+    if (GetParam().options.memory_blocks > 0) {
+      EXPECT_GT(next_id_, 100u);
+    }
+  }
+
+  std::mt19937 rng_;
+  std::unique_ptr<PrefixIndex> index_;
+  std::map<uint64_t, Block> worker_;
+  std::map<uint64_t, int32_t> pins_;
+  std::vector<std::vector<uint64_t>> held_;
+  uint64_t next_id_ = 1;
+};
+
+TEST_P(PrefixIndexRandomTest, MatchesSimulatedWorker) { Run(); }
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, PrefixIndexRandomTest,
+    ::testing::Values(RandomCase{Options(2, 6, 4, 14), 1}, RandomCase{Options(2, 6, 4, 14), 2},
+                      RandomCase{Options(1, 5, 0, 0), 3}, RandomCase{Options(2, 4, 3, 0), 4},
+                      RandomCase{Options(3, 3, 0, 8), 5}, RandomCase{Options(2, 8, 8, 10), 6},
+                      RandomCase{Options(1, 4, 2, 9), 7, /*collide=*/true},
+                      RandomCase{Options(2, 0, 3, 5), 8}));
+
+}  // namespace
+}  // namespace deja::coordinator

@@ -1,0 +1,189 @@
+// The prefix cache through the public API of a real `deja serve --tp 2` with a disk tier and
+// tiers small enough that a long prompt's blocks spill from worker memory to host memory to
+// disk: a request that shares a prefix with an earlier one reports cached prompt tokens and
+// gives the tokens of single-process generation (TP 2 equals TP 1) and the log-probabilities of
+// the same request with PrefixCache.MODE_OFF; concurrent requests sharing a prefix all do;
+// corrupt disk blocks are recomputed without an error to the client; /metrics shows the hits,
+// the bytes read per tier and the blocks per tier.
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "reference_model.h"
+#include "serving_util.h"
+
+namespace deja::serving_test {
+namespace {
+
+std::string CacheDir() { return "/tmp/deja_prefix_serving_" + std::to_string(::getpid()); }
+
+class PrefixCacheServingTest : public ServerSuite {
+ protected:
+  static void SetUpTestSuite() {
+    std::filesystem::remove_all(CacheDir());
+    StartSuite("prefix_cache", {DEJA_BINARY,
+                                "serve",
+                                "--model",
+                                ModelDir(),
+                                "--tp",
+                                "2",
+                                "--port",
+                                "0",
+                                "--metrics-port",
+                                "0",
+                                "--threads",
+                                "1",
+                                "--kv-memory-mb",
+                                "64",
+                                "--dtype",
+                                "checkpoint",
+                                "--kv-dtype",
+                                "f32",
+                                "--prefix-cache-dir",
+                                CacheDir(),
+                                "--prefix-cache-memory-mb",
+                                "1",
+                                "--prefix-cache-host-mb",
+                                "1",
+                                "--prefix-cache-disk-mb",
+                                "64"});
+  }
+  static void TearDownTestSuite() {
+    ServerSuite::TearDownTestSuite();
+    std::filesystem::remove_all(CacheDir());
+  }
+
+  // About 650 tokens (20 blocks, more than the memory and host tiers hold) every question shares.
+  static std::string Document() {
+    std::string text;
+    for (int i = 1; i <= 40; ++i) {
+      text += "Verse " + std::to_string(i) +
+              ": and the evening and the morning were the day, and it was good. ";
+    }
+    return text;
+  }
+  static v1::GenerateRequest Request(const std::string& prompt, bool cache) {
+    v1::GenerateRequest r;
+    r.set_text(prompt);
+    r.mutable_stopping()->set_max_new_tokens(12);
+    r.mutable_stopping()->set_ignore_eos(true);
+    r.mutable_response()->set_logprobs(true);
+    r.mutable_prefix_cache()->set_mode(cache ? v1::PrefixCache::MODE_ON
+                                             : v1::PrefixCache::MODE_OFF);
+    return r;
+  }
+  static std::vector<int32_t> Reference(const std::string& prompt) {
+    worker::model::GenerationOptions o;
+    o.max_new_tokens = 12;
+    o.stop_at_eos = false;
+    return ref_->Generate(prompt, o);
+  }
+  static uint32_t Cached(const StreamResult& r) {
+    return r.messages.empty() ? 0 : r.messages.back().cached_prompt_tokens();
+  }
+  static std::vector<float> Logprobs(const StreamResult& r) {
+    std::vector<float> out;
+    for (const auto& m : r.messages) {
+      for (const auto& t : m.tokens()) out.push_back(t.logprob());
+    }
+    return out;
+  }
+  static void ExpectClose(const std::vector<float>& a, const std::vector<float>& b) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 2e-3) << "token " << i;
+  }
+  static double Series(const std::string& name) {
+    return Metric(Scrape(server_->metrics_port()), name);
+  }
+};
+
+TEST_F(PrefixCacheServingTest, ModelInfoReportsTheCache) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::ModelInfo info;
+  ASSERT_TRUE(server_->stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_TRUE(info.prefix_cache_available());
+  EXPECT_EQ(info.prefix_cache_block_tokens(), 32u);
+  EXPECT_TRUE(info.prefix_cache_default());
+}
+
+TEST_F(PrefixCacheServingTest, ASharedPrefixIsReusedFromEveryTier) {
+  const std::string doc = Document() + "\n\nQuestion: ";
+  const std::vector<std::string> questions = {"Who made the light?", "What is the firmament?",
+                                              "What did God call the dry land?"};
+  // The first computes the document and leaves it in the cache; its blocks spill to disk.
+  StreamResult first = Stream(server_->stub(), Request(doc + questions[0], true));
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(Cached(first), 0u);
+  EXPECT_EQ(first.token_ids, Reference(doc + questions[0]));
+  for (size_t q = 1; q < questions.size(); ++q) {
+    SCOPED_TRACE(questions[q]);
+    StreamResult off = Stream(server_->stub(), Request(doc + questions[q], false));
+    ASSERT_TRUE(off.status.ok()) << off.status.error_message();
+    EXPECT_EQ(Cached(off), 0u);
+    StreamResult on = Stream(server_->stub(), Request(doc + questions[q], true));
+    ASSERT_TRUE(on.status.ok()) << on.status.error_message();
+    // As many blocks as the memory tier holds (7 of 135,168 bytes in 1 MiB), where a sequence
+    // reads them.
+    EXPECT_EQ(Cached(on), 7u * 32);
+    EXPECT_EQ(on.token_ids, Reference(doc + questions[q]));
+    EXPECT_EQ(on.token_ids, off.token_ids);
+    ExpectClose(Logprobs(on), Logprobs(off));
+  }
+  // 1 MiB of memory and of host hold a few blocks each: the rest came back from disk.
+  EXPECT_GT(Series("deja_prefix_cache_read_bytes_total{tier=\"disk\"}"), 0);
+  EXPECT_GE(Series("deja_prefix_cache_hits_total{tier=\"disk\"}"), 1);
+  EXPECT_GT(Series("deja_prefix_cache_blocks{tier=\"disk\"}"), 0);
+  EXPECT_GT(Series("deja_prefix_cache_hit_tokens_total"), 0);
+}
+
+TEST_F(PrefixCacheServingTest, ConcurrentRequestsSharingAPrefix) {
+  const std::string doc = "Concurrent. " + Document() + "\n\nAsk: ";
+  StreamResult seed = Stream(server_->stub(), Request(doc + "begin", true));
+  ASSERT_TRUE(seed.status.ok()) << seed.status.error_message();
+  const int n = 6;
+  std::vector<StreamResult> results(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = Stream(server_->stub(), Request(doc + "question " + std::to_string(i), true));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < n; ++i) {
+    SCOPED_TRACE(i);
+    ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();
+    EXPECT_GT(Cached(results[i]), 0u);
+    EXPECT_EQ(results[i].token_ids, Reference(doc + "question " + std::to_string(i)));
+  }
+}
+
+TEST_F(PrefixCacheServingTest, CorruptDiskBlocksAreRecomputed) {
+  const std::string doc = "Corrupt. " + Document() + "\n\nQ: ";
+  StreamResult seed = Stream(server_->stub(), Request(doc + "one", true));
+  ASSERT_TRUE(seed.status.ok()) << seed.status.error_message();
+  // Disk copies are written behind the request; give them a moment, then flip a byte in each.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  int corrupted = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(CacheDir())) {
+    if (!e.is_regular_file() || e.path().extension() != ".kvb") continue;
+    std::fstream io(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(e.file_size() - 7);
+    char c = 0;
+    io.seekg(at);
+    io.read(&c, 1);
+    c = static_cast<char>(c ^ 0x21);
+    io.seekp(at);
+    io.write(&c, 1);
+    ++corrupted;
+  }
+  ASSERT_GT(corrupted, 0);
+  const double lost = Series("deja_prefix_cache_lost_blocks_total");
+  StreamResult again = Stream(server_->stub(), Request(doc + "two", true));
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+  EXPECT_EQ(again.token_ids, Reference(doc + "two"));
+  EXPECT_GT(Series("deja_prefix_cache_lost_blocks_total"), lost);
+}
+
+}  // namespace
+}  // namespace deja::serving_test

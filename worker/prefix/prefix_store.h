@@ -1,0 +1,82 @@
+// PrefixStore: one rank's share of the prefix KV cache (docs/architecture.md#prefix-cache). The
+// coordinator keeps the index (which token blocks are cached, in which tier, what to move) and
+// sends operations; the store holds the data of this rank's heads:
+//   memory  a block of the KV pool, held like a sequence's (sequences that reuse the prefix
+//           share it: KvBlockPool counts holders);
+//   host    a host buffer of the block's bytes (KvBlockPool::CopyOut);
+//   disk    a file per block with checksums (BlockFiles), written once when the block enters
+//           the cache, so demotion from host writes nothing.
+// A block is in memory or on host, never both; with a disk tier every block also has its file.
+// Blocks are identified by the coordinator's ids. Not thread-safe: the step thread calls it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "worker/kv/kv_pool.h"
+#include "worker/prefix/block_files.h"
+
+namespace deja::worker::prefix {
+
+// What loads into memory cost in one step.
+struct PrefixIo {
+  int64_t host_bytes = 0;
+  int64_t disk_bytes = 0;
+  double seconds = 0;
+};
+
+class PrefixStore {
+ public:
+  // `files` null: no disk tier.
+  PrefixStore(std::shared_ptr<kv::KvBlockPool> pool, std::unique_ptr<BlockFiles> files);
+  ~PrefixStore();
+  PrefixStore(const PrefixStore&) = delete;
+  PrefixStore& operator=(const PrefixStore&) = delete;
+
+  bool has_disk() const { return files_ != nullptr; }
+  int32_t block_tokens() const { return pool_->block_slots(); }
+
+  // Keeps pool block `pool_block` (a sequence's, holding the final K/V of `tokens`) as cache
+  // block `id` in memory, and queues its disk copy. AlreadyExists for a known id.
+  Status Insert(uint64_t id, int32_t pool_block, std::vector<int32_t> tokens);
+  // Memory -> host (the pool block is given back).
+  Status ToHost(uint64_t id);
+  // Memory or host -> disk only (the fast copy is released; FailedPrecondition without a disk
+  // copy).
+  Status ToDisk(uint64_t id);
+  // Host or disk -> memory. A missing or corrupt file is NotFound / DataLoss, and the block is
+  // then gone from this store (the coordinator forgets it and recomputes).
+  Status ToMemory(uint64_t id, PrefixIo* io);
+  // Forgets the block everywhere (its file too). Unknown ids are ignored.
+  void Drop(uint64_t id);
+
+  // The pool blocks of cache blocks `ids` and their tokens, in order; FailedPrecondition naming
+  // the first that is not in memory.
+  Status MemoryBlocks(const std::vector<uint64_t>& ids, std::vector<int32_t>* blocks,
+                      std::vector<int32_t>* tokens) const;
+
+  int64_t memory_blocks() const { return in_memory_; }
+  int64_t host_blocks() const { return on_host_; }
+  int64_t size() const { return static_cast<int64_t>(blocks_.size()); }
+
+ private:
+  struct Block {
+    int32_t pool_block = -1;                  // memory tier
+    std::shared_ptr<std::vector<char>> host;  // host tier
+    bool on_disk = false;
+    std::vector<int32_t> tokens;
+  };
+  StatusOr<Block*> Find(uint64_t id);
+  void ReleaseMemory(Block* b);
+
+  std::shared_ptr<kv::KvBlockPool> pool_;
+  std::unique_ptr<BlockFiles> files_;
+  std::unordered_map<uint64_t, Block> blocks_;
+  int64_t in_memory_ = 0;
+  int64_t on_host_ = 0;
+};
+
+}  // namespace deja::worker::prefix
