@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
 # Time to first token with the prefix cache, one run: `deja serve` at TP 1 on the OPT-1.3B
-# shape, a ~1,000-token shared document (held-out kjv text) and QUESTIONS 32-token questions
-# (held-out war_and_peace text), each asked alone (max_new_tokens 1). Modes:
-#   recompute  every request computes its whole prompt (PrefixCache.MODE_OFF)
-#   memory     the document is in the workers' memory tier (a first request left it there)
-#   host       before each question a request with another ~1,000-token document pushes the
-#              first one out of the memory tier (which holds one document) into host memory
+# shape, ~1,000-token documents (held-out kjv text) and 32-token questions (held-out
+# war_and_peace text), QUESTIONS requests asked one at a time (max_new_tokens 1). Modes:
+#   recompute  every request computes its whole prompt (PrefixCache.MODE_OFF), document i with
+#              question i
+#   memory     one document, which a first request left in the workers' memory tier
+#   host       QUESTIONS documents are sent first (each with another question); the memory tier
+#              holds one, so the earlier ones move to host memory; then question i is asked of
+#              document i, which comes back from host (and pushes the last one out)
 #   disk       as host, with no host tier: the blocks come back from the disk tier's files
+#              (through the page cache: files this recent are usually still in memory)
 # Prints one JSON line per mode (median and each TTFT in ms, cached prompt tokens) and the
 # ratios against recompute.
 #   bash bench/prefix_cache_ttft.sh [build/release/cli/deja] [model dir]
 # Environment: QUESTIONS (default 16), MEMORY_MB (memory tier, default 256: one document of the
-# 1.3B shape), SERVE_FLAGS (extra `deja serve` flags).
+# 1.3B shape), DOC_CHARS (characters per document, default 4300: ~1,000 tokens), SERVE_FLAGS
+# (extra `deja serve` flags). The host and disk modes keep QUESTIONS
+# documents: ~3.3 GB of host memory or of /tmp at 16.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEJA=${1:-build/release/cli/deja}
 MODEL=${2:-build/models/opt-1.3b-random}
 QUESTIONS=${QUESTIONS:-16}
 MEMORY_MB=${MEMORY_MB:-256}
+DOC_CHARS=${DOC_CHARS:-4300}
 PORT=${DEJA_BENCH_PORT:-50074}
 OUT=/tmp/deja_prefix_cache_ttft
 DISK_DIR=$OUT.disk
@@ -30,28 +36,31 @@ run_mode() {  # mode, then deja serve flags
   # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
   start_deja_serve "$DEJA" $PORT $OUT.$mode.log --model "$MODEL" --tp 1 --metrics-port -1 \
     --step-timeout-ms 600000 --max-prefill-tokens 2048 "$@" ${SERVE_FLAGS:-}
-  python3 - "$DEJA" "$PORT" "$mode" "$QUESTIONS" <<'PY'
+  python3 - "$DEJA" "$PORT" "$mode" "$QUESTIONS" "$DOC_CHARS" <<'PY'
 import json, statistics, subprocess, sys
-deja, port, mode, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+deja, port, mode, n, chars = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 kjv = open("tests/data/heldout/kjv.txt").read()
 wp = open("tests/data/heldout/war_and_peace.txt").read()
-doc = kjv[:4300]
-other = kjv[50000:54300]
+def doc(i):
+    return kjv[5000 * i:5000 * i + chars] + "\n\nQuestion: "
+def question(i):
+    return wp[1000 + 131 * i:1000 + 131 * i + 130]
 def ask(prompt, cache):
     out = subprocess.run([deja, "client", "stream", "--target", "127.0.0.1:" + port, "--json",
                           "--prompt", prompt, "--max-new-tokens", "1", "--prefix-cache", cache],
                          check=True, capture_output=True, text=True).stdout
     final = [json.loads(l) for l in out.splitlines() if l.strip()][-1]
-    return (final["timings"]["timeToFirstTokenMs"], int(final.get("cachedPromptTokens", 0)),
-            int(final["promptTokens"]))
+    return (final["timings"]["time_to_first_token_ms"], int(final.get("cached_prompt_tokens", 0)),
+            int(final["prompt_tokens"]))
 cache = "off" if mode == "recompute" else "on"
-if mode != "recompute":
-    ask(doc + "\n\nQuestion: " + wp[:130], cache)  # leaves the document in the cache
+if mode == "memory":
+    ask(doc(0) + question(n), cache)  # leaves the document in the cache
+elif mode != "recompute":
+    for i in range(n):
+        ask(doc(i) + question(n + i), cache)
 ttft, cached, prompt = [], [], []
 for i in range(n):
-    if mode in ("host", "disk"):
-        ask(other + wp[5000 + 97 * i:5000 + 97 * i + 130], cache)  # pushes the document down
-    t, c, p = ask(doc + "\n\nQuestion: " + wp[1000 + 131 * i:1000 + 131 * i + 130], cache)
+    t, c, p = ask(doc(0 if mode == "memory" else i) + question(i), cache)
     ttft.append(t)
     cached.append(c)
     prompt.append(p)

@@ -422,6 +422,145 @@ TEST_F(SchedulerTest, PagedKvGrowsByBlocksAndPreemptsTheNewest) {
   EXPECT_EQ(s.reserved_bytes(), 0u);
 }
 
+// The prefix cache in the scheduler: a finished prompt's whole blocks go to the workers'
+// memory tier in the next step (a prompt longer than the tier spills its first blocks to host
+// between the inserts); a request with the same prefix starts after it, the step after its host
+// blocks were loaded; a block a rank could not load is dropped with its subtree and the
+// request computes its whole prompt; H2O and MODE_OFF requests never read the cache.
+class PrefixSchedulerTest : public SchedulerTest {
+ protected:
+  void SetUp() override {
+    SchedulerTest::SetUp();
+    options_.max_prefill_tokens = 64;
+    options_.prefix_memory_bytes = 2 * 40;  // 2 blocks of 4 positions of 10 bytes
+    options_.prefix_host_bytes = 8 * 40;
+    capacity_ = {4000, 10, 4, /*prefix_cache=*/true, /*prefix_disk=*/false};
+  }
+  Made MakePrefix(const std::string& id, std::vector<int32_t> prompt, bool cache = true,
+                  const v1::WorkerCachePolicy& policy = {}) {
+    Made m = Make(id, static_cast<int>(prompt.size()), 1, std::nullopt, 0, policy);
+    ResolvedRequest p = m.request->params();
+    p.prompt = std::move(prompt);
+    p.prefix_cache = cache;
+    m.request = std::make_shared<Request>(id, m.request->seq_id(), std::move(p), tokenizer_.get(),
+                                          metrics_.get(), Clock::now(), std::nullopt, m.sink);
+    return m;
+  }
+  static std::vector<v1::PrefixOp::Kind> Kinds(const StepPlan& plan) {
+    std::vector<v1::PrefixOp::Kind> k;
+    for (const v1::PrefixOp& op : plan.step.prefix_ops()) k.push_back(op.kind());
+    return k;
+  }
+  // Runs request `m` to its end; the next plan carries its inserts.
+  void RunAlone(Scheduler& s, const Made& m) {
+    std::string reason;
+    ASSERT_TRUE(s.Admit(m.request, &reason).ok());
+    StepPlan p = s.Plan(Clock::now());
+    ASSERT_EQ(p.step.sequences_size(), 1);
+    s.Complete(p, Answer(p), Clock::now());
+    ASSERT_TRUE(m.sink->done());
+  }
+  std::vector<int32_t> Prompt(int32_t last) const {
+    std::vector<int32_t> t;
+    for (int i = 0; i < 12; ++i) t.push_back(100 + i);  // 3 blocks
+    t.push_back(last);
+    return t;
+  }
+  KvCapacity capacity_;
+};
+
+TEST_F(PrefixSchedulerTest, FillsReusesFromHostAndRecomputesLostBlocks) {
+  Scheduler s(options_);
+  s.SetKvCapacity(capacity_);
+  ASSERT_NE(s.prefix_index(), nullptr);
+  EXPECT_EQ(s.kv_capacity().total_bytes, 4000u - 80u);  // the memory tier is set aside
+  const Made a = MakePrefix("a", Prompt(1));
+  RunAlone(s, a);
+  EXPECT_EQ(s.prefix_stats().misses, 1u);
+  EXPECT_EQ(a.sink->last().cached_prompt_tokens(), 0u);
+  StepPlan inserts = s.Plan(Clock::now());
+  using K = v1::PrefixOp;
+  EXPECT_EQ(Kinds(inserts), (std::vector<v1::PrefixOp::Kind>{K::KIND_INSERT, K::KIND_INSERT,
+                                                             K::KIND_TO_HOST, K::KIND_INSERT}));
+  const uint64_t b0 = inserts.step.prefix_ops(0).block_id();
+  const uint64_t b1 = inserts.step.prefix_ops(1).block_id();
+  for (int i : {0, 1, 3}) {
+    EXPECT_EQ(inserts.step.prefix_ops(i).seq_id(), a.request->seq_id());
+    EXPECT_EQ(inserts.step.prefix_ops(i).block_index(), static_cast<uint32_t>(i == 3 ? 2 : i));
+  }
+  EXPECT_EQ(inserts.step.prefix_ops(2).block_id(), b0);  // spilled before the third came in
+  EXPECT_EQ(Releases(inserts), std::vector<uint64_t>{a.request->seq_id()});
+  s.Complete(inserts, Answer(inserts), Clock::now());
+  EXPECT_EQ(s.prefix_stats().blocks[0], 2);
+  EXPECT_EQ(s.prefix_stats().blocks[1], 1);
+
+  // H2O and MODE_OFF requests compute everything.
+  v1::WorkerCachePolicy h2o;
+  h2o.set_kind(v1::WorkerCachePolicy::KIND_H2O);
+  h2o.set_heavy_tokens(2);
+  h2o.set_recent_tokens(2);
+  for (const Made& m :
+       {MakePrefix("h", Prompt(2), true, h2o), MakePrefix("off", Prompt(3), false)}) {
+    std::string reason;
+    ASSERT_TRUE(s.Admit(m.request, &reason).ok());
+    StepPlan p = s.Plan(Clock::now());
+    ASSERT_EQ(p.step.sequences_size(), 1);
+    EXPECT_EQ(p.step.sequences(0).config().prefix_blocks_size(), 0);
+    EXPECT_EQ(p.step.sequences(0).tokens_size(), 13);
+    s.Complete(p, Answer(p), Clock::now());
+  }
+  s.Complete(s.Plan(Clock::now()), {}, Clock::now());  // their releases
+
+  // b: two blocks (the memory tier's size), the first on host: loaded, then b starts after them.
+  const Made b = MakePrefix("b", Prompt(4));
+  std::string reason;
+  ASSERT_TRUE(s.Admit(b.request, &reason).ok());
+  StepPlan load = s.Plan(Clock::now());
+  EXPECT_EQ(load.step.sequences_size(), 0);
+  ASSERT_EQ(Kinds(load), (std::vector<v1::PrefixOp::Kind>{K::KIND_TO_HOST, K::KIND_TO_MEMORY}));
+  EXPECT_EQ(load.step.prefix_ops(1).block_id(), b0);
+  s.Complete(load, Answer(load), Clock::now());
+  StepPlan start = s.Plan(Clock::now());
+  ASSERT_EQ(start.step.sequences_size(), 1);
+  const v1::SequenceWork& w = start.step.sequences(0);
+  EXPECT_EQ(w.start_position(), 8u);
+  EXPECT_EQ(w.tokens_size(), 5);
+  EXPECT_EQ(
+      std::vector<uint64_t>(w.config().prefix_blocks().begin(), w.config().prefix_blocks().end()),
+      (std::vector<uint64_t>{b0, b1}));
+  EXPECT_EQ(s.prefix_stats().hits[1], 1u);  // by the slowest tier: host
+  s.Complete(start, Answer(start), Clock::now());
+  EXPECT_EQ(b.sink->last().cached_prompt_tokens(), 8u);
+  s.Complete(s.Plan(Clock::now()), {}, Clock::now());
+
+  // c: its host block fails to load on rank 1; the block and its subtree are dropped, c computes
+  // its whole prompt, and the next step tells every rank to forget them.
+  StepPlan push = s.Plan(Clock::now());  // nothing pending
+  EXPECT_TRUE(push.empty());
+  const Made d = MakePrefix("d", {7, 7, 7, 7, 8, 8, 8, 8, 9});  // pushes b0, b1 to host
+  RunAlone(s, d);
+  s.Complete(s.Plan(Clock::now()), {}, Clock::now());
+  const Made c = MakePrefix("c", Prompt(5));
+  ASSERT_TRUE(s.Admit(c.request, &reason).ok());
+  StepPlan failing = s.Plan(Clock::now());
+  ASSERT_EQ(failing.step.sequences_size(), 0);
+  std::vector<v1::StepResponse> resp = Answer(failing);
+  resp[1].add_prefix_failed(b0);
+  s.Complete(failing, resp, Clock::now());
+  EXPECT_EQ(s.prefix_stats().lost_blocks, 1u);
+  StepPlan recompute = s.Plan(Clock::now());
+  ASSERT_EQ(recompute.step.sequences_size(), 1);
+  EXPECT_EQ(recompute.step.sequences(0).start_position(), 0u);
+  EXPECT_EQ(recompute.step.sequences(0).tokens_size(), 13);
+  EXPECT_EQ(recompute.step.sequences(0).config().prefix_blocks_size(), 0);
+  std::set<uint64_t> dropped;
+  for (const v1::PrefixOp& op : recompute.step.prefix_ops()) {
+    if (op.kind() == K::KIND_DROP) dropped.insert(op.block_id());
+  }
+  EXPECT_EQ(dropped, (std::set<uint64_t>{b0, b1, b0 + 2}));
+  EXPECT_FALSE(s.prefix_index()->TierOf(b1).has_value());
+}
+
 TEST_F(SchedulerTest, DuplicateIdIsRefused) {
   Scheduler s(options_);
   std::string reason;

@@ -409,6 +409,27 @@ TEST_F(ValidationTest, SparsityModeAndServerDefault) {
   EXPECT_FALSE(sparse(v1::Sparsity::MODE_UNSPECIFIED, nullptr));
 }
 
+TEST_F(ValidationTest, PrefixCacheModeAndServerDefault) {
+  auto cached = [&](v1::PrefixCache::Mode mode) {
+    v1::GenerateRequest req = Text("x");
+    req.mutable_prefix_cache()->set_mode(mode);
+    StatusOr<ResolvedRequest> r = Resolve(req);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() && r->prefix_cache;
+  };
+  for (const bool server_default : {false, true}) {
+    limits_.prefix_cache_default = server_default;
+    EXPECT_EQ(cached(v1::PrefixCache::MODE_UNSPECIFIED), server_default);
+    EXPECT_TRUE(cached(v1::PrefixCache::MODE_ON));
+    EXPECT_FALSE(cached(v1::PrefixCache::MODE_OFF));
+  }
+  v1::GenerateRequest req = Text("x");
+  req.mutable_prefix_cache()->set_mode(static_cast<v1::PrefixCache::Mode>(7));
+  const Status st = Resolve(req).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("prefix_cache.mode"), std::string::npos) << st.ToString();
+}
+
 // An unknown kind names the field and the kinds the table has.
 TEST_F(ValidationTest, UnknownCacheKindsListTheKnownOnes) {
   v1::GenerateRequest req = Text("x");
