@@ -6,6 +6,7 @@ namespace deja::cli {
 
 int RunGenerate(int argc, char** argv, int first);
 int RunPerplexity(int argc, char** argv, int first);
+int RunPrefixEval(int argc, char** argv, int first);
 int RunBench(int argc, char** argv, int first);
 int RunBenchKv(int argc, char** argv, int first);
 int RunWorker(int argc, char** argv, int first);

@@ -15,6 +15,7 @@ constexpr const char* kUsage =
     "commands:\n"
     "  generate   one-shot generation in this process\n"
     "  ppl        perplexity of a text file\n"
+    "  prefix-eval  quality of important-token loading from a cached prefix\n"
     "  bench      benchmarks (bench decode)\n"
     "  worker     one tensor-parallel rank serving a coordinator\n"
     "  serve      coordinator plus N supervised workers on this host (gRPC API)\n"
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
   std::string cmd = argv[1];
   if (cmd == "generate") return deja::cli::RunGenerate(argc, argv, 2);
   if (cmd == "ppl") return deja::cli::RunPerplexity(argc, argv, 2);
+  if (cmd == "prefix-eval") return deja::cli::RunPrefixEval(argc, argv, 2);
   if (cmd == "bench") return deja::cli::RunBench(argc, argv, 2);
   if (cmd == "worker") return deja::cli::RunWorker(argc, argv, 2);
   if (cmd == "serve") return deja::cli::RunServe(argc, argv, 2);

@@ -80,6 +80,18 @@ class SequenceKv {
   // with every score 0 (a bounded policy evicts and rewrites slots in place). FailedPrecondition
   // without a pool or on a non-empty cache; OutOfRange past the capacity.
   Status SeedPrefix(const std::vector<int32_t>& blocks, bool share);
+  // Important-token loading (worker/prefix/importance.h): the next step's queries choose, layer
+  // by layer, which of the first `prefix_tokens` positions (a cached prefix the cache holds in
+  // its own slots, slot == position) stay; the rest are emptied for every later step too.
+  void SetImportantPrefix(int32_t prefix_tokens) {
+    important_prefix_ = prefix_tokens;
+    important_pending_.assign(geometry_.layers, prefix_tokens > 0);
+  }
+  int32_t important_prefix() const { return important_prefix_; }
+  bool important_pending(int32_t layer) const {
+    return layer < static_cast<int32_t>(important_pending_.size()) && important_pending_[layer];
+  }
+  void ImportantDone(int32_t layer) { important_pending_[layer] = false; }
   // The pool block holding slots [i * block_slots, (i + 1) * block_slots); -1 when none.
   int32_t pool_block(int32_t i) const {
     return i >= 0 && i < static_cast<int32_t>(blocks_.size()) ? blocks_[i] : -1;
@@ -126,6 +138,8 @@ class SequenceKv {
   std::unique_ptr<EvictionPolicy> policy_;
   int32_t length_ = 0;
   int64_t evictions_ = 0;
+  int32_t important_prefix_ = 0;
+  std::vector<bool> important_pending_;
   std::vector<Tensor> k_, v_;               // per layer: [heads, capacity, head_dim]
   std::vector<Tensor> score_;               // per layer: [heads, capacity]
   std::vector<int32_t> slot_pos_;           // [layers, heads, capacity]

@@ -17,6 +17,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/kv/eviction_policy.h"
 #include "worker/kv/kv_cache.h"
+#include "worker/prefix/importance.h"
 
 namespace deja::worker::model {
 
@@ -140,6 +141,18 @@ class Model {
   // The pool's free bytes and its block size in slots (0: no pool).
   virtual int64_t kv_pool_free_bytes() const { return 0; }
   virtual int32_t kv_block_slots() const { return 0; }
+  // Important-token loading for sequences whose cache has SetImportantPrefix (host backends; a
+  // device keeps the whole prefix). Per layer since the last reset: layers that chose a subset,
+  // layers that fell back to the whole prefix, and their summed mean Jaccard similarity.
+  struct ImportanceStats {
+    std::vector<int64_t> chosen, fallbacks;
+    std::vector<double> jaccard_sum;
+  };
+  virtual Status SetPrefixImportance(const prefix::ImportanceOptions& options) {
+    (void)options;
+    return Unimplemented("important-token loading is not available for this model");
+  }
+  virtual ImportanceStats TakeImportanceStats() { return {}; }
   // That pool (the prefix cache keeps blocks in it); nullptr without one.
   virtual std::shared_ptr<kv::KvBlockPool> kv_pool() const { return nullptr; }
   // What a cache of `capacity` slots per head reserves (SequenceKv::bytes of one from

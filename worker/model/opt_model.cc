@@ -168,6 +168,55 @@ Status OptModel::EnableSparsity(const SparsityOptions& options) {
 
 bool OptModel::sparsity_enabled() const { return sparse_ != nullptr; }
 
+Status OptModel::SetPrefixImportance(const prefix::ImportanceOptions& options) {
+  DEJA_RETURN_IF_ERROR(options.Validate(kv_geometry().heads));
+  importance_ = options;
+  return Status::Ok();
+}
+
+Model::ImportanceStats OptModel::TakeImportanceStats() {
+  ImportanceStats out = std::move(importance_stats_);
+  importance_stats_ = ImportanceStats();
+  return out;
+}
+
+Status OptModel::ChooseImportantPrefix(int32_t l, const std::vector<SequenceStep>& batch,
+                                       const float* q_rows, int64_t q_stride, bool all_heads) {
+  const int32_t layers = static_cast<int32_t>(config().num_hidden_layers);
+  ImportanceStats& st = importance_stats_;
+  if (st.chosen.empty()) {
+    st.chosen.assign(layers, 0);
+    st.fallbacks.assign(layers, 0);
+    st.jaccard_sum.assign(layers, 0.0);
+  }
+  const kv::KvGeometry g = kv_geometry();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    kv::SequenceKv& kv = *batch[i].kv;
+    if (!kv.important_pending(l)) continue;
+    kv.ImportantDone(l);
+    // A Deja Vu gather step computed q for some heads only, and a device's q is not on the
+    // host: such a step keeps the whole prefix (counted as a fallback).
+    const kernels::KvView view = kv.View(l);
+    if (!all_heads || !view.device.is_host()) {
+      ++st.fallbacks[l];
+      continue;
+    }
+    DEJA_ASSIGN_OR_RETURN(
+        prefix::LayerChoice choice,
+        prefix::ChooseImportant(view, kv.important_prefix(), q_rows + seq_row_[i] * q_stride,
+                                q_stride, batch[i].n, g.heads, g.head_dim,
+                                1.0f / std::sqrt(static_cast<float>(g.head_dim)), importance_));
+    st.jaccard_sum[l] += choice.mean_jaccard;
+    if (choice.fallback) {
+      ++st.fallbacks[l];
+    } else {
+      ++st.chosen[l];
+      prefix::KeepOnly(view, kv.important_prefix(), g.heads, choice.kept);
+    }
+  }
+  return Status::Ok();
+}
+
 Status OptModel::EnableRetaining(const std::string& path) {
   DEJA_ASSIGN_OR_RETURN(
       predictors::RetainingHeads r,
@@ -485,6 +534,10 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
       if (kv_stride != local) return Internal("locret: strided k/v beside a separate q");
     }
     DEJA_RETURN_IF_ERROR(RetainScores(l, batch, rq, k_rows, v_rows, kv_stride));
+  }
+  if (std::any_of(batch.begin(), batch.end(),
+                  [&](const SequenceStep& s) { return s.kv->important_pending(l); })) {
+    DEJA_RETURN_IF_ERROR(ChooseImportantPrefix(l, batch, q_rows, q_stride, !gather));
   }
   // Each sequence: its cache write, attention and eviction (heads are rank-local: no
   // communication).

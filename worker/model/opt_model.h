@@ -64,6 +64,8 @@ class OptModel final : public Model {
   bool sparsity_enabled() const override;
   Status EnableRetaining(const std::string& path) override;
   bool retaining_enabled() const override { return !retain_.empty(); }
+  Status SetPrefixImportance(const prefix::ImportanceOptions& options) override;
+  ImportanceStats TakeImportanceStats() override;
   Status Forward(const std::vector<SequenceStep>& batch, StepResult* result) override;
 
  private:
@@ -122,6 +124,13 @@ class OptModel final : public Model {
     Tensor w1, b1, w2, b2;
   };
   std::vector<RetainLayer> retain_;
+  // Important-token loading: the options, and per-layer counts since TakeImportanceStats.
+  prefix::ImportanceOptions importance_;
+  ImportanceStats importance_stats_;
+  // Before layer l's attention: each sequence with a pending important prefix keeps the part its
+  // new queries (q rows of the batch) choose.
+  Status ChooseImportantPrefix(int32_t l, const std::vector<SequenceStep>& batch,
+                               const float* q_rows, int64_t q_stride, bool all_heads);
   int32_t retain_hidden_ = 0;
   Tensor retain_scores_;  // [rows, local heads]
   Tensor retain_q_;       // [rows, local]: every head's q when Deja Vu computed only some
