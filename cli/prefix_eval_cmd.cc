@@ -95,7 +95,8 @@ int RunPrefixEval(int argc, char** argv, int first) {
       .Flag("greedy", "greedy tokens after a stretch's first 16", "32")
       .Flag("kept", "kept fractions, comma-separated", "0.5,0.2")
       .Flag("alpha", "the Jaccard threshold's exponent", "0.6")
-      .Flag("probe-heads", "this rank's probe heads, comma-separated", "0,1,2");
+      .Flag("probe-heads", "this rank's probe heads, comma-separated", "0,1,2")
+      .Flag("dense-layers", "the first layers, which keep the whole prefix", "1");
   args.Bool("json", "print one JSON object as the last line");
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("prefix-eval", s);
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
@@ -112,6 +113,7 @@ int RunPrefixEval(int argc, char** argv, int first) {
     DEJA_ASSIGN_OR_RETURN(std::vector<double> probes_d,
                           ParseList(args.Str("probe-heads"), "probe-heads"));
     DEJA_ASSIGN_OR_RETURN(double alpha, args.Double("alpha"));
+    DEJA_ASSIGN_OR_RETURN(int64_t dense_layers, args.Int("dense-layers"));
     DEJA_ASSIGN_OR_RETURN(std::string text, ReadFile(args.Str("text")));
     DEJA_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::Load(args.Str("model")));
     StatusOr<std::vector<int32_t>> ids = tok->Encode(text, /*add_bos=*/false);
@@ -149,6 +151,7 @@ int RunPrefixEval(int argc, char** argv, int first) {
         worker::prefix::ImportanceOptions o;
         o.kept_fraction = static_cast<float>(f);
         o.alpha = static_cast<float>(alpha);
+        o.dense_layers = static_cast<int32_t>(dense_layers);
         o.probe_heads.clear();
         for (double h : probes_d) o.probe_heads.push_back(static_cast<int32_t>(h));
         DEJA_RETURN_IF_ERROR(model.SetPrefixImportance(o));
@@ -185,10 +188,11 @@ int RunPrefixEval(int argc, char** argv, int first) {
       if (f < 1.0) {
         row["greedy_agreement"] = static_cast<double>(agree) / static_cast<double>(compared);
         nlohmann::json fallback = nlohmann::json::array(), jac = nlohmann::json::array();
+        // null for a dense layer (it never chose).
         for (int32_t l = 0; l < layers && l < static_cast<int32_t>(st.chosen.size()); ++l) {
           const double runs = static_cast<double>(st.chosen[l] + st.fallbacks[l]);
-          fallback.push_back(runs > 0 ? st.fallbacks[l] / runs : 0.0);
-          jac.push_back(runs > 0 ? st.jaccard_sum[l] / runs : 0.0);
+          fallback.push_back(runs > 0 ? nlohmann::json(st.fallbacks[l] / runs) : nlohmann::json());
+          jac.push_back(runs > 0 ? nlohmann::json(st.jaccard_sum[l] / runs) : nlohmann::json());
         }
         row["fallback_rate_per_layer"] = fallback;
         row["mean_jaccard_per_layer"] = jac;
@@ -208,6 +212,7 @@ int RunPrefixEval(int argc, char** argv, int first) {
     j["cached_tokens"] = cached;
     j["continuations"] = n_cont;
     j["alpha"] = alpha;
+    j["dense_layers"] = dense_layers;
     j["modes"] = out;
     if (args.On("json")) std::printf("%s\n", j.dump().c_str());
     return Status::Ok();

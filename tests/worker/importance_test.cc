@@ -9,6 +9,10 @@
 #include <numeric>
 #include <random>
 
+#include "kernels/backend.h"
+#include "tests/comm/tp_util.h"
+#include "worker/model/model.h"
+
 namespace deja::worker::prefix {
 namespace {
 
@@ -142,6 +146,77 @@ TEST(ImportanceTest, AgreeingProbesKeepTheReferenceTopKAndDisagreeingOnesFallBac
     }
   }
   EXPECT_GE(fallbacks, 18);
+}
+
+// In the model: keeping every token (k = n) changes nothing; at 50% with a test that always
+// passes, layer 0 (dense) keeps the whole prefix, every later layer and head keeps exactly half,
+// the same set in every head, and the step still gives finite log-probabilities.
+TEST(ImportanceModelTest, TheModelKeepsWhatTheProbesChoose) {
+  auto backend = kernels::MakeCpuBackend(1);
+  model::LoadOptions lo;
+  lo.kv_memory_bytes = 16ll << 20;
+  lo.kv_paged = true;
+  auto m =
+      model::LoadModel(test_util::ModelDir(test_util::TpModelName()), backend.get(), nullptr, lo);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  model::Model& model = **m;
+  const int32_t bs = model.kv_block_slots();
+  std::vector<int32_t> prefix(2 * bs), tail(9);
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int32_t> tok(4,
+                                             static_cast<int32_t>(model.config().vocab_size) - 1);
+  for (int32_t& t : prefix) t = tok(rng);
+  for (int32_t& t : tail) t = tok(rng);
+  auto pre = model.NewSequence(static_cast<int32_t>(prefix.size()));
+  ASSERT_TRUE(pre.ok());
+  model::StepResult step;
+  ASSERT_TRUE(model.Forward({{pre->get(), prefix.data(), 2 * bs, false}}, &step).ok());
+  auto run = [&](float kept, float alpha, std::unique_ptr<kv::SequenceKv>* out) {
+    ImportanceOptions o;
+    o.kept_fraction = kept;
+    o.alpha = alpha;
+    EXPECT_TRUE(model.SetPrefixImportance(o).ok());
+    auto kv = model.NewSequence(2 * bs + 9);
+    EXPECT_TRUE(kv.ok());
+    EXPECT_TRUE((*kv)->SeedPrefix({(*pre)->pool_block(0), (*pre)->pool_block(1)}, false).ok());
+    (*kv)->SetImportantPrefix(2 * bs);
+    model::StepResult r;
+    EXPECT_TRUE(model.Forward({{kv->get(), tail.data(), 9, true}}, &r).ok());
+    *out = std::move(*kv);
+    return std::vector<float>(r.logits.as<float>(),
+                              r.logits.as<float>() + 9 * model.config().vocab_size);
+  };
+  std::unique_ptr<kv::SequenceKv> plain_kv, all_kv, half_kv;
+  auto plain = [&] {
+    auto kv = model.NewSequence(2 * bs + 9);
+    EXPECT_TRUE((*kv)->SeedPrefix({(*pre)->pool_block(0), (*pre)->pool_block(1)}, false).ok());
+    model::StepResult r;
+    EXPECT_TRUE(model.Forward({{kv->get(), tail.data(), 9, true}}, &r).ok());
+    return std::vector<float>(r.logits.as<float>(),
+                              r.logits.as<float>() + 9 * model.config().vocab_size);
+  }();
+  EXPECT_EQ(run(1.0f, 0.6f, &all_kv), plain);
+  model.TakeImportanceStats();
+  const std::vector<float> half = run(0.5f, 50.0f, &half_kv);  // t = (1/3)^50: always passes
+  for (float x : half) ASSERT_TRUE(std::isfinite(x));
+  EXPECT_NE(half, plain);
+  const model::Model::ImportanceStats st = model.TakeImportanceStats();
+  const int32_t layers = static_cast<int32_t>(model.config().num_hidden_layers);
+  const int32_t heads = half_kv->geometry().heads;
+  for (int32_t l = 0; l < layers; ++l) {
+    const kernels::KvView v = half_kv->View(l);
+    std::vector<int32_t> first;
+    for (int32_t h = 0; h < heads; ++h) {
+      std::vector<int32_t> kept;
+      for (int32_t s = 0; s < 2 * bs; ++s) {
+        if (v.slot_pos[kernels::KvSlotIndex(v, h, s)] >= 0) kept.push_back(s);
+      }
+      EXPECT_EQ(kept.size(), static_cast<size_t>(l == 0 ? 2 * bs : bs)) << "layer " << l;
+      if (h == 0) first = kept;
+      EXPECT_EQ(kept, first) << "layer " << l << " head " << h;
+    }
+    if (l > 0) EXPECT_EQ(st.chosen[l], 1) << "layer " << l;
+  }
 }
 
 }  // namespace

@@ -194,9 +194,10 @@ Status OptModel::ChooseImportantPrefix(int32_t l, const std::vector<SequenceStep
     kv::SequenceKv& kv = *batch[i].kv;
     if (!kv.important_pending(l)) continue;
     kv.ImportantDone(l);
-    // A Deja Vu gather step computed q for some heads only, and a device's q is not on the
-    // host: such a step keeps the whole prefix (counted as a fallback).
+    // The first layers keep the whole prefix by design; a Deja Vu gather step computed q for
+    // some heads only, and a device's q is not on the host: those keep it too (fallbacks).
     const kernels::KvView view = kv.View(l);
+    if (l < importance_.dense_layers) continue;
     if (!all_heads || !view.device.is_host()) {
       ++st.fallbacks[l];
       continue;

@@ -19,6 +19,7 @@ Status ImportanceOptions::Validate(int32_t heads) const {
     return InvalidArgument("alpha must be a positive number, got " + std::to_string(alpha));
   }
   if (probe_heads.size() < 2) return InvalidArgument("at least two probe heads are needed");
+  if (dense_layers < 0) return InvalidArgument("dense layers must be >= 0");
   for (int32_t h : probe_heads) {
     if (h < 0 || h >= heads) {
       return InvalidArgument("probe head " + std::to_string(h) + " is not in [0, " +
