@@ -102,7 +102,8 @@ void AddCoordinatorFlags(Args& args) {
             "leave theirs for later ones (when the workers keep a prefix cache); off: not",
             "on")
       .Flag("prefix-cache-memory-mb",
-            "MiB of each worker's KV memory kept for cached prefix blocks (at most half of it)",
+            "most MiB of each worker's KV memory cached prefix blocks hold (only what running "
+            "requests leave free: they move down a tier when a request needs the room)",
             "256")
       .Flag("prefix-cache-host-mb", "MiB of each worker's host memory for cached prefix blocks",
             "1024")

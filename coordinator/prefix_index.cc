@@ -280,6 +280,14 @@ std::vector<std::pair<int32_t, uint64_t>> PrefixIndex::Insert(const int32_t* tok
   return added;
 }
 
+int64_t PrefixIndex::SetMemoryBlocks(int64_t blocks, std::vector<PrefixOp>* ops) {
+  options_.memory_blocks = std::max<int64_t>(0, blocks);
+  while (this->blocks(PrefixTier::kMemory) > options_.memory_blocks) {
+    if (!EvictOne(Budget::kMemory, ops)) break;
+  }
+  return this->blocks(PrefixTier::kMemory);
+}
+
 void PrefixIndex::Lost(uint64_t id, std::vector<PrefixOp>* ops) {
   if (Node* n = Find(id)) DropSubtree(*n, ops);
 }

@@ -112,6 +112,11 @@ class PrefixIndex {
                                                    std::vector<PrefixOp>* ops,
                                                    std::vector<size_t>* created_at = nullptr);
 
+  // Changes the memory tier's budget (the scheduler gives it what running sequences leave free
+  // of the KV memory): lowering it moves the lowest unpinned memory blocks down a tier (or drops
+  // them) until the tier fits, as far as pins allow. Returns the blocks in memory afterwards.
+  int64_t SetMemoryBlocks(int64_t blocks, std::vector<PrefixOp>* ops);
+
   // A worker could not produce block `id` (its disk file was corrupt or missing): forget it and
   // its subtree, emitting kDrop for each block, parent before children. Meant for blocks not in
   // memory; pins in the subtree are forgotten with it. Unknown ids are ignored.

@@ -41,19 +41,38 @@ void Scheduler::SetKvCapacity(const KvCapacity& capacity) {
   const uint64_t block = Bytes(capacity.block_tokens);
   PrefixIndexOptions o;
   o.block_tokens = static_cast<int32_t>(capacity.block_tokens);
-  // The memory tier lives in the KV pool, next to the running sequences: at most half of it.
-  o.memory_blocks = static_cast<int64_t>(
-      std::min(options_.prefix_memory_bytes, capacity.total_bytes / 2) / block);
+  // The memory tier lives in the KV pool, in what running sequences leave free (FitPrefixMemory).
+  prefix_memory_blocks_ =
+      static_cast<int64_t>(std::min(options_.prefix_memory_bytes, capacity.total_bytes) / block);
+  o.memory_blocks = prefix_memory_blocks_;
   o.host_blocks = static_cast<int64_t>(options_.prefix_host_bytes / block);
   o.disk_blocks =
       capacity.prefix_disk ? static_cast<int64_t>(options_.prefix_disk_bytes / block) : 0;
   if (o.memory_blocks == 0) return;  // every block enters through memory
-  capacity_.total_bytes -= static_cast<uint64_t>(o.memory_blocks) * block;
   prefix_ = std::make_unique<PrefixIndex>(o);
   UpdatePrefixBlocks();
-  LOG(INFO) << "scheduler: prefix cache of " << o.memory_blocks << " memory, " << o.host_blocks
-            << " host and " << o.disk_blocks << " disk blocks of " << o.block_tokens
-            << " positions (" << block << " bytes per rank each)";
+  LOG(INFO) << "scheduler: prefix cache of up to " << o.memory_blocks << " memory, "
+            << o.host_blocks << " host and " << o.disk_blocks << " disk blocks of "
+            << o.block_tokens << " positions (" << block << " bytes per rank each)";
+}
+
+uint64_t Scheduler::PrefixBytes() const {
+  if (prefix_ == nullptr) return 0;
+  return static_cast<uint64_t>(prefix_->blocks(PrefixTier::kMemory)) *
+         Bytes(capacity_.block_tokens);
+}
+
+void Scheduler::FitPrefixMemory(uint64_t more) {
+  if (prefix_ == nullptr) return;
+  const uint64_t block = Bytes(capacity_.block_tokens);
+  const uint64_t used = reserved_bytes_ + more + Headroom();
+  const int64_t room = used >= capacity_.total_bytes
+                           ? 0
+                           : static_cast<int64_t>((capacity_.total_bytes - used) / block);
+  std::vector<PrefixOp> ops;
+  prefix_->SetMemoryBlocks(std::min(prefix_memory_blocks_, room), &ops);
+  AppendOps(ops);
+  UpdatePrefixBlocks();
 }
 
 Status Scheduler::NeverFits(const Request& r, uint64_t need) const {
@@ -83,8 +102,10 @@ Status Scheduler::Admit(std::shared_ptr<Request> request, std::string* reject_re
   // Reserved now when it fits (and, when requests wait for KV, none is queued unreserved ahead
   // of it: first come, first served); else it waits for KV (wait_for_kv: Plan reserves it when
   // enough is free) or is refused.
+  // Cached prefix blocks in memory give way to a request (they move down a tier).
+  FitPrefixMemory(need);
   const bool fits = capacity_.bytes_per_token == 0 ||
-                    reserved_bytes_ + need + Headroom() <= capacity_.total_bytes;
+                    reserved_bytes_ + need + Headroom() + PrefixBytes() <= capacity_.total_bytes;
   // Requests without a reservation wait ahead (queued by wait_for_kv, or preempted).
   const bool queued_for_kv = std::any_of(waiting_.begin(), waiting_.end(), [&](const auto& w) {
     return reserved_.count(w->seq_id()) == 0;
@@ -154,8 +175,9 @@ StepPlan Scheduler::Plan(Clock::time_point now) {
       Remove(r, false);
       continue;
     }
+    if (!reserved) FitPrefixMemory(need);
     if (!reserved && capacity_.bytes_per_token > 0 &&
-        reserved_bytes_ + need + Headroom() > capacity_.total_bytes) {
+        reserved_bytes_ + need + Headroom() + PrefixBytes() > capacity_.total_bytes) {
       break;
     }
     std::shared_ptr<Request> r = std::move(waiting_.front());
@@ -169,6 +191,7 @@ StepPlan Scheduler::Plan(Clock::time_point now) {
   }
   for (uint64_t id : pending_release_) plan.step.add_release_seq_ids(id);
   pending_release_.clear();
+  FitPrefixMemory(0);  // what the step leaves free, for this step's loads and later inserts
   // Earlier steps' operations (inserts of finished prompts, drops of lost blocks) first, then
   // this plan's loads; the workers run them all before the releases and the work.
   for (v1::PrefixOp& op : pending_prefix_ops_) *plan.step.add_prefix_ops() = std::move(op);
@@ -197,7 +220,7 @@ bool Scheduler::PreparePrefix(const std::shared_ptr<Request>& r) {
     std::vector<int32_t> tokens(static_cast<size_t>(std::max(0, n)));
     for (int32_t i = 0; i < n; ++i) tokens[i] = r->prefill_token(i);
     PrefixMatch m = prefix_->Lookup(tokens.data(), n);
-    // A sequence reads its blocks from the memory tier: at most that many.
+    // A sequence reads its blocks from the memory tier: at most as many as it has room for.
     const size_t most = static_cast<size_t>(prefix_->options().memory_blocks);
     if (m.blocks.size() > most) {
       m.blocks.resize(most);
@@ -354,7 +377,9 @@ void Scheduler::GrowReservations() {
     const uint64_t need = Bytes(r->next_position() + 1);
     if (need <= it->second) continue;
     bool preempted_self = false;
-    while (reserved_bytes_ + (need - reserved_[r->seq_id()]) > capacity_.total_bytes) {
+    FitPrefixMemory(need - it->second);
+    while (reserved_bytes_ + (need - reserved_[r->seq_id()]) + PrefixBytes() >
+           capacity_.total_bytes) {
       std::shared_ptr<Request> victim;
       for (auto v = running_.rbegin(); v != running_.rend(); ++v) {
         if (Grows(**v) && !(*v)->done() && reserved_.count((*v)->seq_id())) {

@@ -51,8 +51,9 @@ struct SchedulerOptions {
   bool wait_for_kv = false;
   // Prefix cache (docs/architecture.md#prefix-cache), used when every worker keeps one
   // (KvCapacity::prefix_cache): per-rank budgets of its tiers in bytes, whole blocks of
-  // block_tokens positions. The memory tier is taken from the KV memory that admission counts;
-  // the disk tier needs workers with one (KvCapacity::prefix_disk). 0 turns a tier off.
+  // block_tokens positions. The memory tier holds at most prefix_memory_bytes of the KV memory
+  // that running sequences leave free: its blocks move down a tier when a sequence needs room.
+  // The disk tier needs workers with one (KvCapacity::prefix_disk). 0 turns a tier off.
   uint64_t prefix_memory_bytes = 0;
   uint64_t prefix_host_bytes = 0;
   uint64_t prefix_disk_bytes = 0;
@@ -192,6 +193,11 @@ class Scheduler {
   void AppendOps(const std::vector<PrefixOp>& ops);
   void ReleasePrefix(Request& r);
   void UpdatePrefixBlocks();
+  // KV bytes the memory tier's blocks take.
+  uint64_t PrefixBytes() const;
+  // Sets the memory tier's budget to what is free after `more` bytes for sequences (at most
+  // its configured size), moving its lowest blocks down when that shrinks.
+  void FitPrefixMemory(uint64_t more);
 
   SchedulerOptions options_;
   KvCapacity capacity_;
@@ -204,6 +210,7 @@ class Scheduler {
   uint64_t preemptions_ = 0;
   uint64_t own_seq_ids_ = uint64_t{1} << 62;
   std::unique_ptr<PrefixIndex> prefix_;
+  int64_t prefix_memory_blocks_ = 0;              // the memory tier's configured size
   std::vector<v1::PrefixOp> pending_prefix_ops_;  // for the next step, before anything else
   PrefixCacheStats prefix_stats_;
 };

@@ -104,6 +104,29 @@ TEST_F(PrefixIndexTest, ALongPromptSpillsItsFirstBlocksDownATier) {
   EXPECT_EQ(Lookup(t).blocks, (std::vector<uint64_t>{a, b, c, d}));
 }
 
+// The scheduler lowers the memory budget when sequences need the KV memory: the lowest unpinned
+// blocks move down (pinned ones stay, even past the budget), and raising it lets blocks in again.
+TEST_F(PrefixIndexTest, LoweringTheMemoryBudgetDemotesUnpinnedBlocks) {
+  Make(3, 4, 0);
+  const uint64_t a = Insert1(1);
+  const uint64_t b = Insert1(2);
+  const uint64_t c = Insert1(3);
+  index_->Pin({c});
+  Ops ops;
+  EXPECT_EQ(index_->SetMemoryBlocks(1, &ops), 1);
+  EXPECT_EQ(ops, (Ops{ToHost(a), ToHost(b)}));
+  ops.clear();
+  EXPECT_EQ(index_->SetMemoryBlocks(0, &ops), 1);  // c is pinned
+  EXPECT_TRUE(ops.empty());
+  EXPECT_EQ(index_->TierOf(c), kMem);
+  index_->Unpin({c});
+  ops.clear();
+  EXPECT_EQ(index_->SetMemoryBlocks(2, &ops), 1);
+  EXPECT_TRUE(ops.empty());
+  EXPECT_EQ(index_->Promote({a}, &ops), 1);
+  ExpectCounts(2, 1, 0);
+}
+
 TEST_F(PrefixIndexTest, LookupMatchesWholeBlocksOnly) {
   Make(10, 0, 0);
   const std::vector<uint64_t> ids = Insert({1, 2, 3, 4, 5});  // The partial block is not kept.
