@@ -4,6 +4,8 @@
 // sequences started by one step are continued, released and refused by the next ones; then the
 // same steps through a second engine whose KV is a block pool (the worker's --kv-paging on). A step
 // of more than kMaxStepTokens tokens is skipped to keep an execution cheap; at most kMaxSteps run.
+// The paged engine also keeps a prefix cache (memory and host tiers), so the steps' prefix
+// operations and sequences started from cached blocks run there.
 //
 // Invariants, checked against a shadow of the sequences the engine should hold:
 // - Run never fails (a single rank has no collective to lose), answers the step's id and has one
@@ -15,12 +17,14 @@
 //   with logprob <= 0 and ordered alternatives when asked to sample (-1 otherwise), and a
 //   log-softmax row per token for all_logits.
 // - The engine holds exactly the shadow's sequences after every step, and releasing them all at
-//   the end returns the KV budget whole, with nothing cached.
+//   the end (and dropping every prefix block an operation named) returns the KV budget whole,
+//   with nothing cached.
 #include <google/protobuf/stubs/logging.h>
 
 #include <cmath>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "deja/v1/worker.pb.h"
@@ -134,12 +138,14 @@ void RunStep(worker::service::StepEngine& engine, const v1::StepRequest& req,
     }
     for (int32_t t : w.tokens()) FUZZ_CHECK(t >= 0 && t < kTinyOpt.vocab);
     auto it = shadow->find(w.seq_id());
-    if (w.start_position() == 0) {
+    if (w.start_position() == 0 || w.has_config()) {
       FUZZ_CHECK_MSG(it == shadow->end(), "restarted seq_id " + std::to_string(w.seq_id()));
       const uint64_t max_tokens =
           static_cast<uint64_t>(w.config().prompt_tokens()) + w.config().max_new_tokens();
       FUZZ_CHECK(max_tokens <= static_cast<uint64_t>(kTinyOpt.positions));
-      it = shadow->emplace(w.seq_id(), ShadowSeq{0, max_tokens}).first;
+      // A sequence from cached blocks starts after them.
+      FUZZ_CHECK(w.start_position() == 0 || w.config().prefix_blocks_size() > 0);
+      it = shadow->emplace(w.seq_id(), ShadowSeq{w.start_position(), max_tokens}).first;
     } else {
       FUZZ_CHECK_MSG(it != shadow->end(), "continued unknown seq_id " + std::to_string(w.seq_id()));
       FUZZ_CHECK(it->second.length == w.start_position());
@@ -158,8 +164,13 @@ namespace deja::fuzz {
 namespace {
 
 void RunAll(worker::model::Model* model, uint64_t budget, const uint8_t* data, size_t size) {
-  auto engine = worker::service::StepEngine::Create(model, budget);
+  std::unique_ptr<worker::prefix::PrefixStore> store;
+  if (model->kv_pool() != nullptr) {
+    store = std::make_unique<worker::prefix::PrefixStore>(model->kv_pool(), nullptr);
+  }
+  auto engine = worker::service::StepEngine::Create(model, budget, std::move(store));
   FUZZ_CHECK_MSG(engine.ok(), engine.status().ToString());
+  std::set<uint64_t> blocks;  // every prefix block an operation named
 
   std::map<uint64_t, ShadowSeq> shadow;
   std::string record;
@@ -169,6 +180,7 @@ void RunAll(worker::model::Model* model, uint64_t budget, const uint8_t* data, s
     int tokens = 0;
     for (const v1::SequenceWork& w : req.sequences()) tokens += w.tokens_size();
     if (tokens > kMaxStepTokens) continue;
+    for (const v1::PrefixOp& op : req.prefix_ops()) blocks.insert(op.block_id());
     RunStep(**engine, req, &shadow);
     ++steps;
   }
@@ -176,6 +188,11 @@ void RunAll(worker::model::Model* model, uint64_t budget, const uint8_t* data, s
   v1::StepRequest release;
   release.set_step_id(1u << 31);
   for (const auto& [id, seq] : shadow) release.add_release_seq_ids(id);
+  for (uint64_t id : blocks) {
+    v1::PrefixOp* op = release.add_prefix_ops();
+    op->set_kind(v1::PrefixOp::KIND_DROP);
+    op->set_block_id(id);
+  }
   v1::StepResponse resp;
   FUZZ_CHECK((*engine)->Run(release, &resp).ok() && resp.error_code() == 0);
   FUZZ_CHECK_MSG(resp.kv().free_bytes() == resp.kv().total_bytes() && resp.kv().sequences() == 0 &&
