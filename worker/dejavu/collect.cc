@@ -14,6 +14,7 @@
 
 #include "common/dtype.h"
 #include "predictors/predictor_data.h"
+#include "worker/model/collection.h"
 
 namespace deja::worker::dejavu {
 
@@ -174,8 +175,7 @@ StatusOr<CollectSummary> Collect(model::Model& model,
 
   Recorder rec(c);
   model.set_observer(&rec);
-  const auto t0 = Clock::now();
-  auto last = t0;
+  model::CollectProgress report(progress, "collect");
   const int32_t bos = static_cast<int32_t>(c.bos_token_id);
   std::vector<int32_t> tokens;
   model::StepResult step;
@@ -185,34 +185,18 @@ StatusOr<CollectSummary> Collect(model::Model& model,
     const std::vector<int32_t>& doc = documents[w.doc];
     tokens.assign(1, bos);
     tokens.insert(tokens.end(), doc.begin() + w.begin, doc.begin() + w.end);
-    const int32_t n = static_cast<int32_t>(tokens.size());
-    StatusOr<std::unique_ptr<kv::SequenceKv>> kv = model.NewSequence(n);
-    if (!kv.ok()) {
-      st = kv.status();
-      break;
-    }
-    st = model.Forward({{kv->get(), tokens.data(), n, false}}, &step);
+    st = model::ForwardWindow(model, tokens, &step);
     if (st.ok()) st = rec.status();
     if (!st.ok()) break;
-    const int64_t take = std::min<int64_t>(n, cap - sum.rows);
+    const int64_t take = std::min<int64_t>(static_cast<int64_t>(tokens.size()), cap - sum.rows);
     rec.Append(take, &mlp, &heads);
     sum.rows += take;
     ++sum.windows;
-    const auto now = Clock::now();
-    if (progress && (std::chrono::duration<double>(now - last).count() > 5 || sum.rows >= cap)) {
-      last = now;
-      const double secs = std::chrono::duration<double>(now - t0).count();
-      char buf[200];
-      std::snprintf(buf, sizeof buf, "collect: window %lld of %lld, rows %lld of %lld, %.0f tok/s",
-                    static_cast<long long>(sum.windows), static_cast<long long>(sum.windows_total),
-                    static_cast<long long>(sum.rows), static_cast<long long>(cap),
-                    sum.rows / std::max(secs, 1e-9));
-      progress(buf);
-    }
+    report.Update(sum.windows, sum.windows_total, sum.rows, cap, sum.rows);
   }
   model.set_observer(nullptr);
   if (!st.ok()) return st.WithContext("collect");
-  sum.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  sum.seconds = report.seconds();
 
   nlohmann::json jl = nlohmann::json::array();
   for (int32_t l = 0; l < layers; ++l) {
@@ -246,10 +230,7 @@ StatusOr<CollectSummary> Collect(model::Model& model,
       {"pairing",
        "layer_L mlp.x = attention-block input of layer L; heads.x = MLP-block input of layer L-1"},
       {"layers", jl}};
-  const std::string meta_path = out_dir + "/meta.json";
-  std::ofstream out(meta_path, std::ios::trunc);
-  out << j.dump(2) << "\n";
-  if (!out.good()) return Unavailable("cannot write " + meta_path);
+  DEJA_RETURN_IF_ERROR(model::WriteJsonFile(out_dir + "/meta.json", j));
   return sum;
 }
 
