@@ -234,6 +234,71 @@ StatusOr<worker::kv::CachePolicyConfig> CachePolicyFromFlags(const Args& args) {
   return c;
 }
 
+StatusOr<std::vector<double>> ParseNumberList(const std::string& s, const char* flag) {
+  std::vector<double> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      size_t used = 0;
+      out.push_back(std::stod(item, &used));
+      if (used != item.size()) throw std::invalid_argument(item);
+    } catch (...) {
+      return InvalidArgument(std::string("--") + flag + ": '" + item + "' is not a number");
+    }
+  }
+  if (out.empty()) return InvalidArgument(std::string("--") + flag + " is empty");
+  return out;
+}
+
+void AddPrefixImportanceFlags(Args& args) {
+  args.Flag("prefix-kept-fraction",
+            "important-token loading: the fraction of a cached prefix each layer keeps", "0.5")
+      .Flag("prefix-alpha",
+            "important-token loading: exponent of the probe heads' agreement threshold "
+            "(mean Jaccard >= (f / (2 - f))^alpha, f the kept fraction)",
+            "0.6")
+      .Flag("prefix-probe-heads",
+            "important-token loading: each rank's probe heads, comma-separated", "0,1,2")
+      .Flag("prefix-dense-layers",
+            "important-token loading: the first layers, which load the whole prefix", "1");
+}
+
+StatusOr<worker::prefix::ImportanceOptions> PrefixImportanceFromFlags(const Args& args) {
+  worker::prefix::ImportanceOptions o;
+  DEJA_ASSIGN_OR_RETURN(double kept, args.Double("prefix-kept-fraction"));
+  DEJA_ASSIGN_OR_RETURN(double alpha, args.Double("prefix-alpha"));
+  DEJA_ASSIGN_OR_RETURN(int64_t dense, args.Int("prefix-dense-layers"));
+  DEJA_ASSIGN_OR_RETURN(std::vector<double> probes,
+                        ParseNumberList(args.Str("prefix-probe-heads"), "prefix-probe-heads"));
+  if (!(kept > 0.0 && kept <= 1.0)) {
+    return InvalidArgument("--prefix-kept-fraction must be in (0, 1]");
+  }
+  if (!(alpha >= 0.0 && alpha <= 16.0)) return InvalidArgument("--prefix-alpha must be in [0, 16]");
+  if (dense < 0 || dense > 1 << 20) return InvalidArgument("--prefix-dense-layers must be >= 0");
+  o.kept_fraction = static_cast<float>(kept);
+  o.alpha = static_cast<float>(alpha);
+  o.dense_layers = static_cast<int32_t>(dense);
+  o.probe_heads.clear();
+  for (double h : probes) {
+    if (h < 0 || h > 1 << 20 || h != std::floor(h)) {
+      return InvalidArgument("--prefix-probe-heads: " + std::to_string(h) + " is not a head index");
+    }
+    o.probe_heads.push_back(static_cast<int32_t>(h));
+  }
+  return o;
+}
+
+std::vector<std::string> PrefixImportanceArgs(const Args& args) {
+  std::vector<std::string> out;
+  for (const char* flag :
+       {"prefix-kept-fraction", "prefix-alpha", "prefix-probe-heads", "prefix-dense-layers"}) {
+    out.push_back(std::string("--") + flag);
+    out.push_back(args.Str(flag));
+  }
+  return out;
+}
+
 StatusOr<std::string> RetainingHeadsPath(const Args& args) {
   const std::string v = args.Str("retaining-heads");
   if (v == "none") return std::string();

@@ -10,6 +10,7 @@
 #include "kernels/backend.h"
 #include "worker/kv/eviction_policy.h"
 #include "worker/model/model.h"
+#include "worker/prefix/importance.h"
 #include "worker/sampling/sampler.h"
 
 namespace deja::cli {
@@ -52,6 +53,17 @@ struct SparsityFlags {
   std::string oracle;
   std::string default_flag;
 };
+// "a,b,c" as numbers; InvalidArgument naming --`flag` for an empty list or a non-number.
+StatusOr<std::vector<double>> ParseNumberList(const std::string& s, const char* flag);
+
+// Important-token loading of cached prefixes read from the host or disk tier (the worker's and
+// serve's flags): --prefix-kept-fraction, --prefix-alpha, --prefix-probe-heads,
+// --prefix-dense-layers. The heads are checked against the model's by the worker.
+void AddPrefixImportanceFlags(Args& args);
+StatusOr<worker::prefix::ImportanceOptions> PrefixImportanceFromFlags(const Args& args);
+// The same flags again, for the worker processes `deja serve` launches.
+std::vector<std::string> PrefixImportanceArgs(const Args& args);
+
 // `deja worker --retaining-heads`: the path to load ("" for none): auto is
 // <model>/retaining.safetensors when that file exists, none is "".
 StatusOr<std::string> RetainingHeadsPath(const Args& args);

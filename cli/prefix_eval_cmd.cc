@@ -25,21 +25,6 @@ namespace kv = worker::kv;
 
 constexpr int32_t kGreedyPrompt = 16;
 
-StatusOr<std::vector<double>> ParseList(const std::string& s, const char* flag) {
-  std::vector<double> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    try {
-      out.push_back(std::stod(item));
-    } catch (...) {
-      return InvalidArgument(std::string("--") + flag + ": '" + item + "' is not a number");
-    }
-  }
-  if (out.empty()) return InvalidArgument(std::string("--") + flag + " is empty");
-  return out;
-}
-
 // Runs one sequence from the cached prefix: `tail` in one step (all logits kept), then `greedy`
 // greedy tokens. kept < 1: important-token loading at that fraction.
 struct Run {
@@ -109,9 +94,9 @@ int RunPrefixEval(int argc, char** argv, int first) {
       return InvalidArgument(
           "--continuations and --greedy must be >= 1, --tokens >= 17, --prefix-tokens >= 2");
     }
-    DEJA_ASSIGN_OR_RETURN(std::vector<double> kept, ParseList(args.Str("kept"), "kept"));
+    DEJA_ASSIGN_OR_RETURN(std::vector<double> kept, ParseNumberList(args.Str("kept"), "kept"));
     DEJA_ASSIGN_OR_RETURN(std::vector<double> probes_d,
-                          ParseList(args.Str("probe-heads"), "probe-heads"));
+                          ParseNumberList(args.Str("probe-heads"), "probe-heads"));
     DEJA_ASSIGN_OR_RETURN(double alpha, args.Double("alpha"));
     DEJA_ASSIGN_OR_RETURN(int64_t dense_layers, args.Int("dense-layers"));
     DEJA_ASSIGN_OR_RETURN(std::string text, ReadFile(args.Str("text")));

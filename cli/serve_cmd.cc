@@ -101,6 +101,12 @@ void AddCoordinatorFlags(Args& args) {
             "on: requests that leave PrefixCache.mode unspecified reuse cached prompt blocks and "
             "leave theirs for later ones (when the workers keep a prefix cache); off: not",
             "on")
+      .Flag("prefix-load",
+            "how a request reads a cached prefix that is partly on host or disk: full (into "
+            "the memory tier first; exact) or important (where it is, each layer only the "
+            "tokens the workers' probe heads choose: approximate, reads less; see "
+            "--prefix-kept-fraction)",
+            "full")
       .Flag("prefix-cache-memory-mb",
             "most MiB of each worker's KV memory cached prefix blocks hold (only what running "
             "requests leave free: they move down a tier when a request needs the room)",
@@ -201,6 +207,11 @@ StatusOr<coordinator::CoordinatorOptions> CoordinatorFromFlags(const Args& args)
                            "'");
   }
   o.prefix_cache_default = args.Str("prefix-cache") == "on";
+  if (args.Str("prefix-load") != "full" && args.Str("prefix-load") != "important") {
+    return InvalidArgument("--prefix-load must be full or important, not '" +
+                           args.Str("prefix-load") + "'");
+  }
+  o.scheduler.prefix_important = args.Str("prefix-load") == "important";
   for (auto [flag, bytes] : {std::pair{"prefix-cache-memory-mb", &o.scheduler.prefix_memory_bytes},
                              std::pair{"prefix-cache-host-mb", &o.scheduler.prefix_host_bytes},
                              std::pair{"prefix-cache-disk-mb", &o.scheduler.prefix_disk_bytes}}) {
@@ -297,6 +308,7 @@ int RunServe(int argc, char** argv, int first) {
             "directory of the prefix cache's disk tier (each worker clears and uses "
             "rank<N>/ under it); empty: memory and host tiers only",
             "");
+  AddPrefixImportanceFlags(args);
   AddSparsityFlags(args);
   AddDtypeFlag(args);
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("serve", s);
@@ -339,6 +351,8 @@ int RunServe(int argc, char** argv, int first) {
       lo.extra_worker_args.push_back("--prefix-cache-dir");
       lo.extra_worker_args.push_back(args.Str("prefix-cache-dir"));
     }
+    DEJA_RETURN_IF_ERROR(PrefixImportanceFromFlags(args).status());
+    for (std::string& a : PrefixImportanceArgs(args)) lo.extra_worker_args.push_back(std::move(a));
     DEJA_ASSIGN_OR_RETURN(std::string heads, RetainingHeadsPath(args));
     lo.extra_worker_args.push_back("--retaining-heads");
     lo.extra_worker_args.push_back(heads.empty() ? "none" : heads);

@@ -107,6 +107,7 @@ int RunWorker(int argc, char** argv, int first) {
             "directory of the prefix cache's disk tier (files of this rank under rank<N>/, "
             "cleared at start); empty: no disk tier",
             "");
+  AddPrefixImportanceFlags(args);
   AddDtypeFlag(args);
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("worker", s);
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
@@ -162,6 +163,7 @@ int RunWorker(int argc, char** argv, int first) {
     }
     o.prefix_cache = args.Str("prefix-cache") == "on";
     o.prefix_cache_dir = args.Str("prefix-cache-dir");
+    DEJA_ASSIGN_OR_RETURN(o.prefix_importance, PrefixImportanceFromFlags(args));
     o.internal_tls = InternalTlsFromFlags(args);
     DEJA_ASSIGN_OR_RETURN(o.group_secret, GroupSecretFromFlags(args));
     return Status::Ok();

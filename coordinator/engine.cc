@@ -306,6 +306,13 @@ void Engine::ObservePrefix() {
   m.read_bytes[1]->Increment(static_cast<double>(now.host_bytes - was.host_bytes));
   m.read_bytes[2]->Increment(static_cast<double>(now.disk_bytes - was.disk_bytes));
   m.lost_blocks->Increment(static_cast<double>(now.lost_blocks - was.lost_blocks));
+  m.important_requests->Increment(
+      static_cast<double>(now.important_requests - was.important_requests));
+  m.important_layers[0]->Increment(
+      static_cast<double>(now.important_layers - was.important_layers));
+  m.important_layers[1]->Increment(static_cast<double>(now.fallback_layers - was.fallback_layers));
+  m.important_restarts->Increment(
+      static_cast<double>(now.important_restarts - was.important_restarts));
   was = now;
 }
 

@@ -165,6 +165,23 @@ CoordinatorMetrics::CoordinatorMetrics(metrics::Registry* r, const ModelInfoLabe
                                         "Cached blocks a worker could not load (a missing or "
                                         "corrupt disk copy); their tokens were recomputed.")
                               .Add({});
+    prefix.important_requests =
+        &r->AddCounter("deja_prefix_cache_important_requests_total",
+                       "Requests that read a cached prefix on host or disk where it is, each "
+                       "layer only the tokens the probe heads chose (--prefix-load important).")
+             .Add({});
+    auto& layers = r->AddCounter("deja_prefix_cache_important_layers_total",
+                                 "Layers of such requests, summed over ranks: result=chosen read "
+                                 "a subset, result=fallback read the whole prefix (the probe "
+                                 "heads disagreed). Fallback rate = fallback / (chosen + "
+                                 "fallback).",
+                                 {"result"});
+    prefix.important_layers[0] = &layers.Add({{"result", "chosen"}});
+    prefix.important_layers[1] = &layers.Add({{"result", "fallback"}});
+    prefix.important_restarts =
+        &r->AddCounter("deja_prefix_cache_important_restarts_total",
+                       "Requests recomputed because a block they were reading could not be read.")
+             .Add({});
     prefix.load_seconds = &r->AddHistogram("deja_prefix_cache_load_duration_seconds",
                                            "Per step that loaded cached blocks into memory: the "
                                            "slowest rank's load time.",

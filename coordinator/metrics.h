@@ -89,6 +89,11 @@ class CoordinatorMetrics {
     metrics::Counter* lost_blocks;
     metrics::Gauge* blocks[3];
     metrics::Histogram* load_seconds;  // steps that loaded blocks: the slowest rank's time
+    // Important-token loading: requests, layers by result (chosen subset, fallback to whole),
+    // requests recomputed after a block could not be read.
+    metrics::Counter* important_requests;
+    metrics::Counter* important_layers[2];
+    metrics::Counter* important_restarts;
   } prefix;
 
  private:

@@ -84,9 +84,13 @@ class Request {
   struct PrefixState {
     bool looked_up = false;
     bool loading = false;
+    // The blocks are read where they are, important tokens only (SchedulerOptions::
+    // prefix_important).
+    bool important = false;
     std::vector<uint64_t> blocks;
   };
   PrefixState& prefix() { return prefix_; }
+  const PrefixState& prefix() const { return prefix_; }
   // The workers start the sequence from a cached prefix of `tokens` prompt tokens.
   void StartAfterPrefix(int32_t tokens);
   int32_t cached_prompt_tokens() const { return cached_prompt_tokens_; }

@@ -37,6 +37,7 @@ void Scheduler::SetKvCapacity(const KvCapacity& capacity) {
   capacity_ = capacity;
   prefix_.reset();
   pending_prefix_ops_.clear();
+  prefix_restart_.clear();
   if (!capacity.prefix_cache || capacity.block_tokens == 0 || capacity.bytes_per_token == 0) return;
   const uint64_t block = Bytes(capacity.block_tokens);
   PrefixIndexOptions o;
@@ -196,6 +197,7 @@ StepPlan Scheduler::Plan(Clock::time_point now) {
   // this plan's loads; the workers run them all before the releases and the work.
   for (v1::PrefixOp& op : pending_prefix_ops_) *plan.step.add_prefix_ops() = std::move(op);
   pending_prefix_ops_.clear();
+  prefix_restart_.clear();
   return plan;
 }
 
@@ -220,14 +222,24 @@ bool Scheduler::PreparePrefix(const std::shared_ptr<Request>& r) {
     std::vector<int32_t> tokens(static_cast<size_t>(std::max(0, n)));
     for (int32_t i = 0; i < n; ++i) tokens[i] = r->prefill_token(i);
     PrefixMatch m = prefix_->Lookup(tokens.data(), n);
-    // A sequence reads its blocks from the memory tier: at most as many as it has room for.
+    // Important-token loading reads a prefix partly on host or disk where it is, into the
+    // sequence's own blocks; otherwise the blocks come into the memory tier, which a sequence
+    // shares: at most as many as it has room for.
+    const bool important = options_.prefix_important && !r->params().BoundedCache() &&
+                           std::any_of(m.tiers.begin(), m.tiers.end(),
+                                       [](PrefixTier t) { return t != PrefixTier::kMemory; });
     const size_t most = static_cast<size_t>(prefix_->options().memory_blocks);
-    if (m.blocks.size() > most) {
+    if (!important && m.blocks.size() > most) {
       m.blocks.resize(most);
       m.tiers.resize(most);
     }
     std::vector<PrefixOp> ops;
-    const int32_t held = m.blocks.empty() ? 0 : prefix_->Promote(m.blocks, &ops);
+    int32_t held = 0;
+    if (important) {
+      held = static_cast<int32_t>(m.blocks.size());
+    } else if (!m.blocks.empty()) {
+      held = prefix_->Promote(m.blocks, &ops);
+    }
     AppendOps(ops);
     if (held == 0) {
       ++prefix_stats_.misses;
@@ -239,7 +251,9 @@ bool Scheduler::PreparePrefix(const std::shared_ptr<Request>& r) {
     const PrefixTier slowest = *std::max_element(m.tiers.begin(), m.tiers.begin() + held);
     ++prefix_stats_.hits[static_cast<int>(slowest)];
     prefix_stats_.hit_tokens += static_cast<uint64_t>(held) * prefix_->options().block_tokens;
-    ps.loading = slowest != PrefixTier::kMemory;
+    ps.important = important;
+    prefix_stats_.important_requests += important ? 1 : 0;
+    ps.loading = !important && slowest != PrefixTier::kMemory;
     UpdatePrefixBlocks();
     if (ps.loading) return false;  // starts once the loads of this step landed on every rank
   }
@@ -271,7 +285,11 @@ void Scheduler::AppendOps(const std::vector<PrefixOp>& ops) {
 }
 
 void Scheduler::CachePrompt(const Request& r) {
-  if (!UsesPrefix(r) || r.params().BoundedCache() || capacity_.block_tokens == 0) return;
+  // A sequence that read only important tokens holds an approximation: never cached.
+  if (!UsesPrefix(r) || r.params().BoundedCache() || capacity_.block_tokens == 0 ||
+      r.prefix().important) {
+    return;
+  }
   const int32_t n = r.prefill_tokens();
   std::vector<int32_t> tokens(static_cast<size_t>(n));
   for (int32_t i = 0; i < n; ++i) tokens[i] = r.prefill_token(i);
@@ -299,6 +317,8 @@ void Scheduler::ApplyPrefixFailures(const std::vector<v1::StepResponse>& respons
   for (const v1::StepResponse& response : responses) {
     prefix_stats_.host_bytes += response.prefix_io().host_bytes_read();
     prefix_stats_.disk_bytes += response.prefix_io().disk_bytes_read();
+    prefix_stats_.important_layers += response.prefix_io().important_layers();
+    prefix_stats_.fallback_layers += response.prefix_io().fallback_layers();
   }
   if (prefix_ == nullptr) return;
   bool lost = false;
@@ -313,11 +333,13 @@ void Scheduler::ApplyPrefixFailures(const std::vector<v1::StepResponse>& respons
     }
   }
   if (!lost) return;
-  // Sequences waiting for lost blocks start after the blocks that landed (recomputing the rest).
+  // Sequences waiting for lost blocks start after the blocks that landed (recomputing the rest);
+  // one that read a lost block's important tokens this step is recomputed.
   for (const auto& r : running_) {
     std::vector<uint64_t>& blocks = r->prefix().blocks;
     auto gone = std::find_if(blocks.begin(), blocks.end(),
                              [&](uint64_t id) { return !prefix_->TierOf(id).has_value(); });
+    if (gone != blocks.end() && r->prefix().important) prefix_restart_.insert(r->seq_id());
     blocks.erase(gone, blocks.end());
   }
   UpdatePrefixBlocks();
@@ -357,6 +379,7 @@ void Scheduler::AddPrefill(const std::shared_ptr<Request>& r, int32_t* budget, S
     v1::SequenceConfig* c = w->mutable_config();
     *c = r->params().config;
     for (uint64_t id : r->prefix().blocks) c->add_prefix_blocks(id);
+    c->set_prefix_important(r->prefix().important);
     // A recomputing sequence's generated tokens count as prompt; its length limit stays.
     const int32_t again = total - r->prompt_tokens();
     c->set_prompt_tokens(static_cast<uint32_t>(total));
@@ -442,6 +465,13 @@ void Scheduler::Complete(const StepPlan& plan, const std::vector<v1::StepRespons
       Remove(r, /*force_release=*/true);
       continue;
     }
+    if (prefix_restart_.erase(r->seq_id()) > 0) {
+      ++prefix_stats_.important_restarts;
+      LOG(WARNING) << "request " << r->id() << ": a cached prefix block could not be read; "
+                   << "recomputing its prompt";
+      Preempt(r);
+      continue;
+    }
     if (work.prompt_tokens > 0) {
       r->OnPrefillChunk(work.prompt_tokens, plan.start);
       if (r->prefill_done()) {
@@ -500,6 +530,7 @@ void Scheduler::FailAll(const Status& status, Clock::time_point now) {
   // The group's blocks went with it.
   if (prefix_ != nullptr) prefix_ = std::make_unique<PrefixIndex>(prefix_->options());
   pending_prefix_ops_.clear();
+  prefix_restart_.clear();
   UpdatePrefixBlocks();
 }
 

@@ -28,6 +28,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/status.h"
@@ -57,6 +58,11 @@ struct SchedulerOptions {
   uint64_t prefix_memory_bytes = 0;
   uint64_t prefix_host_bytes = 0;
   uint64_t prefix_disk_bytes = 0;
+  // Important-token loading (IMPRESS): a FULL-cache request whose cached prefix is partly on
+  // host or disk reads it during its first step, each layer only the tokens the workers' probe
+  // heads choose (SequenceConfig.prefix_important), instead of loading every block into the
+  // memory tier first. Approximate; off: exact reuse.
+  bool prefix_important = false;
   // Sequence ids for preempted sequences (each continues under a new id, as its old one is
   // released on the workers); unset: the scheduler counts from 2^62.
   std::function<uint64_t()> next_seq_id;
@@ -89,6 +95,13 @@ struct PrefixCacheStats {
   uint64_t lost_blocks = 0;
   // Blocks per tier now (memory, host, disk only).
   int64_t blocks[3] = {0, 0, 0};
+  // Important-token loading, summed over ranks: requests that read their prefix so, layers
+  // that read a chosen subset, layers whose probe heads disagreed (read whole), and requests
+  // recomputed because a block could not be read.
+  uint64_t important_requests = 0;
+  uint64_t important_layers = 0;
+  uint64_t fallback_layers = 0;
+  uint64_t important_restarts = 0;
 };
 
 struct PlannedWork {
@@ -212,6 +225,9 @@ class Scheduler {
   std::unique_ptr<PrefixIndex> prefix_;
   int64_t prefix_memory_blocks_ = 0;              // the memory tier's configured size
   std::vector<v1::PrefixOp> pending_prefix_ops_;  // for the next step, before anything else
+  // Sequences that read their prefix's important tokens from a block a rank lost this step:
+  // recomputed (Complete preempts them).
+  std::unordered_set<uint64_t> prefix_restart_;
   PrefixCacheStats prefix_stats_;
 };
 

@@ -105,7 +105,8 @@ class PrefixCacheTest : public ::testing::TestWithParam<std::string> {
   // Runs `prompt` as sequence `id` (from cached blocks `blocks` when given) and decodes; the
   // sequence is left on the engine.
   Outcome Generate(uint64_t id, const std::vector<int32_t>& prompt,
-                   const std::vector<uint64_t>& blocks, deja::v1::WorkerCachePolicy cache = {}) {
+                   const std::vector<uint64_t>& blocks, deja::v1::WorkerCachePolicy cache = {},
+                   bool important = false, StepResponse* first_step = nullptr) {
     const size_t skip = blocks.size() * kBlock;
     StepRequest req = Step();
     deja::v1::SequenceWork w = FirstChunk(id, prompt, prompt.size(), kNewTokens);
@@ -115,10 +116,12 @@ class PrefixCacheTest : public ::testing::TestWithParam<std::string> {
       for (size_t i = skip; i < prompt.size(); ++i) w.add_tokens(prompt[i]);
       w.set_start_position(static_cast<uint32_t>(skip));
       for (uint64_t b : blocks) w.mutable_config()->add_prefix_blocks(b);
+      w.mutable_config()->set_prefix_important(important);
     }
     w.set_want_all_logits(true);
     *req.add_sequences() = w;
     StepResponse resp = Run(req);
+    if (first_step != nullptr) *first_step = resp;
     Outcome out;
     EXPECT_EQ(resp.results_size(), 1);
     if (resp.results_size() != 1 || resp.results(0).error_code() != 0) {
@@ -290,6 +293,131 @@ TEST_P(PrefixCacheTest, ACorruptOrMissingDiskCopyIsReportedNeverServed) {
   Outcome got = Generate(11, p, {1});
   EXPECT_EQ(got.tokens, want.tokens);
   Release(11);
+  All(PrefixOp::KIND_DROP);
+  EXPECT_EQ(engine_->Usage().free_bytes(), baseline_);
+}
+
+// Important-token loading: a sequence reads its prefix's blocks where they are (host memory,
+// disk), layer by layer. Keeping every token it equals recomputation; keeping half, it equals
+// the same choice made on blocks copied from memory (the chosen tokens' K/V are loaded exactly,
+// the others never), and it reads less than the whole blocks.
+TEST_P(PrefixCacheTest, ImportantLoadingReadsOnlyTheChosenTokens) {
+  const bool host = backend_->device().is_host();
+  Generate(1, prompts_[0], {});
+  Insert(1);
+  Release(1);
+  files_->Flush();
+  const Outcome want = Generate(2, prompts_[1], {});
+  Release(2);
+  const int32_t layers = static_cast<int32_t>(model_->config().num_hidden_layers);
+  const uint64_t block_bytes = static_cast<uint64_t>(model_->kv_pool()->block_bytes());
+
+  prefix::ImportanceOptions all;
+  all.kept_fraction = 1.0f;
+  ASSERT_TRUE(model_->SetPrefixImportance(all).ok());
+  All(PrefixOp::KIND_TO_HOST);
+  StepResponse step;
+  ExpectSame(Generate(3, prompts_[1], {1, 2, 3}, {}, true, &step), want);
+  Release(3);
+  EXPECT_EQ(step.prefix_failed_size(), 0);
+  EXPECT_GT(step.prefix_io().host_bytes_read(), 0u);
+  EXPECT_EQ(step.prefix_io().important_layers() + step.prefix_io().fallback_layers(),
+            static_cast<uint64_t>(layers - all.dense_layers));
+  // Nothing moved: the blocks are still on host only.
+  EXPECT_EQ(step.prefix_io().host_blocks(), 3u);
+  EXPECT_EQ(step.prefix_io().memory_blocks(), 0u);
+
+  prefix::ImportanceOptions half;
+  half.kept_fraction = 0.5f;
+  half.alpha = 16.0f;  // a threshold of (1/3)^16: every layer chooses
+  ASSERT_TRUE(model_->SetPrefixImportance(half).ok());
+  const Outcome from_host = Generate(4, prompts_[1], {1, 2, 3}, {}, true, &step);
+  Release(4);
+  const StepResponse host_step = step;
+  All(PrefixOp::KIND_TO_DISK);
+  const Outcome from_disk = Generate(5, prompts_[1], {1, 2, 3}, {}, true, &step);
+  Release(5);
+  const StepResponse disk_step = step;
+  All(PrefixOp::KIND_TO_MEMORY);
+  const Outcome from_memory = Generate(6, prompts_[1], {1, 2, 3}, {}, true);
+  Release(6);
+  ExpectSame(from_disk, from_host);
+  ExpectSame(from_memory, from_host);
+  EXPECT_EQ(disk_step.prefix_failed_size(), 0);
+  EXPECT_GT(disk_step.prefix_io().disk_bytes_read(), 0u);
+  if (host) {
+    // Exactly: layer 0 whole, then per layer three probe heads' keys and 48 of the 96 tokens'
+    // K and V in every head.
+    EXPECT_EQ(host_step.prefix_io().important_layers(), static_cast<uint64_t>(layers - 1));
+    const kv::KvGeometry g = model_->kv_geometry();
+    const uint64_t row = static_cast<uint64_t>(g.head_dim) * DTypeSize(g.kv_dtype);
+    const uint64_t n = kPrefixBlocks * kBlock;
+    const uint64_t whole = 2 * g.heads * n * row;
+    EXPECT_EQ(host_step.prefix_io().host_bytes_read(),
+              whole + (layers - 1) * (3 * n * row + 2 * g.heads * (n / 2) * row));
+    EXPECT_LT(host_step.prefix_io().host_bytes_read(), 3 * block_bytes * 7 / 10 + whole);
+    // Not what recomputing gives: half the prefix is gone from every layer but the first.
+    double diff = 0;
+    for (size_t i = 0; i < want.logprobs.size(); ++i) {
+      diff =
+          std::max(diff, std::abs(static_cast<double>(from_host.logprobs[i]) - want.logprobs[i]));
+    }
+    EXPECT_GT(diff, 1e-3);
+  } else {
+    // A device keeps the whole prefix: exact.
+    ExpectSame(from_host, want);
+  }
+  All(PrefixOp::KIND_DROP);
+  EXPECT_EQ(engine_->Usage().free_bytes(), baseline_);
+}
+
+// A block that cannot be read while a sequence loads it is reported and forgotten; that
+// sequence's step still completes (the coordinator recomputes it), and the other sequence of the
+// step is untouched.
+TEST_P(PrefixCacheTest, ImportantLoadingOfACorruptBlockFailsOnlyItsSequence) {
+  Generate(1, prompts_[0], {});
+  Insert(1);
+  Release(1);
+  files_->Flush();
+  const Outcome want = Generate(2, prompts_[1], {});
+  Release(2);
+  All(PrefixOp::KIND_TO_DISK);
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+    if (e.path().filename().string().rfind("2.", 0) == 0) std::filesystem::remove(e.path());
+  }
+  StepRequest req = Step();
+  deja::v1::SequenceWork lazy = FirstChunk(7, prompts_[1], prompts_[1].size(), 4);
+  lazy.clear_tokens();
+  for (size_t i = 3 * kBlock; i < prompts_[1].size(); ++i) lazy.add_tokens(prompts_[1][i]);
+  lazy.set_start_position(3 * kBlock);
+  for (uint64_t b : {1, 2, 3}) lazy.mutable_config()->add_prefix_blocks(b);
+  lazy.mutable_config()->set_prefix_important(true);
+  *req.add_sequences() = lazy;
+  deja::v1::SequenceWork plain = FirstChunk(8, prompts_[1], prompts_[1].size(), kNewTokens);
+  *req.add_sequences() = plain;
+  StepResponse resp = Run(req);
+  ASSERT_EQ(resp.prefix_failed_size(), 1);
+  EXPECT_EQ(resp.prefix_failed(0), 2u);
+  ASSERT_EQ(resp.results_size(), 2);
+  EXPECT_EQ(resp.results(0).error_code(), 0) << resp.results(0).error_message();
+  EXPECT_EQ(resp.results(1).error_code(), 0) << resp.results(1).error_message();
+  EXPECT_EQ(resp.results(1).token_id(), want.tokens[0]);
+  Release(7);
+  Release(8);
+  // Block 2 is gone; a FULL-policy request is the only kind that may ask for important loading.
+  StepRequest again = Step();
+  *again.add_sequences() = lazy;
+  StepResponse refused = Run(again);
+  ASSERT_EQ(refused.results_size(), 1);
+  EXPECT_NE(refused.results(0).error_message().find("config.prefix_blocks"), std::string::npos);
+  lazy.mutable_config()->mutable_cache()->set_kind(deja::v1::WorkerCachePolicy::KIND_WINDOW);
+  lazy.mutable_config()->mutable_cache()->set_recent_tokens(40);
+  StepRequest window = Step();
+  *window.add_sequences() = lazy;
+  StepResponse bad = Run(window);
+  ASSERT_EQ(bad.results_size(), 1);
+  EXPECT_EQ(bad.results(0).error_code(), static_cast<int>(StatusCode::kInvalidArgument));
+  EXPECT_NE(bad.results(0).error_message().find("config.prefix_important"), std::string::npos);
   All(PrefixOp::KIND_DROP);
   EXPECT_EQ(engine_->Usage().free_bytes(), baseline_);
 }

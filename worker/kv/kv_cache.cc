@@ -244,6 +244,7 @@ Status SequenceKv::SeedPrefix(const std::vector<int32_t>& blocks, bool share) {
   } else {
     DEJA_RETURN_IF_ERROR(pool_->Take(static_cast<int32_t>(blocks.size()), &mine));
     for (size_t i = 0; i < blocks.size(); ++i) {
+      if (blocks[i] < 0) continue;  // SeedLoadedPrefix: the loader's
       if (Status st = pool_->CopyBlock(blocks[i], mine[i]); !st.ok()) {
         pool_->Give(mine);
         return st;
@@ -267,6 +268,15 @@ Status SequenceKv::SeedPrefix(const std::vector<int32_t>& blocks, bool share) {
   }
   used_.assign(geometry_.layers, len);
   length_ = len;
+  return Status::Ok();
+}
+
+Status SequenceKv::SeedLoadedPrefix(const std::vector<int32_t>& blocks,
+                                    std::unique_ptr<PrefixLoader> loader) {
+  if (loader == nullptr) return InvalidArgument("a loaded prefix needs a loader");
+  DEJA_RETURN_IF_ERROR(SeedPrefix(blocks, false));
+  loader_ = std::move(loader);
+  SetImportantPrefix(length_);
   return Status::Ok();
 }
 

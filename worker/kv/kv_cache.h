@@ -46,6 +46,22 @@ struct KvGeometry {
 void SetKvTensorPoolLimit(size_t bytes);
 size_t KvTensorPoolBytes();
 
+class SequenceKv;
+
+// Where a sequence reads a cached prefix that is not in the KV pool (host memory or disk),
+// layer by layer as its first step needs it (worker/prefix/lazy_prefix.h).
+class PrefixLoader {
+ public:
+  virtual ~PrefixLoader() = default;
+  // Copies into `kv`'s slots of `layer`, for each of `heads`, the keys (and the values unless
+  // keys_only) of prefix positions `positions` (sorted; every prefix position when null), and
+  // gives those slots their positions. A block that cannot be read (a missing or corrupt file)
+  // leaves its slots empty and is reported by the loader's owner: never an error here, so one
+  // sequence's lost block fails no other sequence of the step.
+  virtual Status Load(const SequenceKv& kv, int32_t layer, const std::vector<int32_t>& heads,
+                      bool keys_only, const std::vector<int32_t>* positions) = 0;
+};
+
 class SequenceKv {
  public:
   ~SequenceKv();
@@ -80,6 +96,13 @@ class SequenceKv {
   // with every score 0 (a bounded policy evicts and rewrites slots in place). FailedPrecondition
   // without a pool or on a non-empty cache; OutOfRange past the capacity.
   Status SeedPrefix(const std::vector<int32_t>& blocks, bool share);
+  // As SeedPrefix without sharing, for a prefix partly outside the pool: blocks[i] is a pool
+  // block to copy, or -1 for one that `loader` fills layer by layer during the next step
+  // (important-token loading: SetImportantPrefix on the whole prefix). The loader is released
+  // after the last layer.
+  Status SeedLoadedPrefix(const std::vector<int32_t>& blocks, std::unique_ptr<PrefixLoader> loader);
+  PrefixLoader* prefix_loader() const { return loader_.get(); }
+  void ReleaseLoader() { loader_.reset(); }
   // Important-token loading (worker/prefix/importance.h): the next step's queries choose, layer
   // by layer, which of the first `prefix_tokens` positions (a cached prefix the cache holds in
   // its own slots, slot == position) stay; the rest are emptied for every later step too.
@@ -139,6 +162,7 @@ class SequenceKv {
   int32_t length_ = 0;
   int64_t evictions_ = 0;
   int32_t important_prefix_ = 0;
+  std::unique_ptr<PrefixLoader> loader_;
   std::vector<bool> important_pending_;
   std::vector<Tensor> k_, v_;               // per layer: [heads, capacity, head_dim]
   std::vector<Tensor> score_;               // per layer: [heads, capacity]

@@ -1,5 +1,6 @@
 #include "worker/kv/kv_pool.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -145,6 +146,45 @@ Status KvBlockPool::CopyBlock(int32_t from, int32_t to) {
   std::memset(staging.data() + parts[0].second + parts[1].second, 0,
               static_cast<size_t>(parts[2].second));
   return CopyIn(to, staging.data());
+}
+
+int64_t KvBlockPool::SlotBytes(int32_t part) const {
+  return part < 2 ? static_cast<int64_t>(head_dim_) * DTypeSize(kv_dtype_) : 4;
+}
+
+int64_t KvBlockPool::PartOffset(int32_t part, int32_t layer, int32_t head, int32_t slot) const {
+  const int64_t kv_part = block_stride_ * SlotBytes(0);
+  const int64_t starts[4] = {0, kv_part, 2 * kv_part, 2 * kv_part + block_stride_ * 4};
+  const int64_t index = (static_cast<int64_t>(layer) * heads_ + head) * block_slots_ + slot;
+  return starts[part] + index * SlotBytes(part);
+}
+
+Status KvBlockPool::WriteRanges(int32_t block, const std::vector<std::pair<size_t, size_t>>& ranges,
+                                const char* packed) {
+  if (block < 0 || block >= total_) return InvalidArgument("no KV block " + std::to_string(block));
+  const auto parts = Parts(block);
+  for (const auto& [offset, length] : ranges) {
+    if (offset > static_cast<size_t>(block_bytes_) ||
+        length > static_cast<size_t>(block_bytes_) - offset) {
+      return InvalidArgument("KV block range [" + std::to_string(offset) + ", +" +
+                             std::to_string(length) + ") is past its " +
+                             std::to_string(block_bytes_) + " bytes");
+    }
+    // A range may span parts: each piece goes to its part.
+    size_t at = offset, left = length, part_start = 0;
+    for (const auto& [part, bytes] : parts) {
+      const size_t part_end = part_start + static_cast<size_t>(bytes);
+      if (left > 0 && at < part_end) {
+        const size_t n = std::min(left, part_end - at);
+        DEJA_RETURN_IF_ERROR(backend_->CopyHostToDevice(part + (at - part_start), packed, n));
+        packed += n;
+        at += n;
+        left -= n;
+      }
+      part_start = part_end;
+    }
+  }
+  return Status::Ok();
 }
 
 kernels::KvView KvBlockPool::LayerView(int32_t layer) const {

@@ -57,6 +57,15 @@ class KvBlockPool {
   Status CopyIn(int32_t block, const char* host);
   // Block `from`'s K, V and positions into block `to`, with every score 0 (through host memory).
   Status CopyBlock(int32_t from, int32_t to);
+  // Where (layer, head, slot) of part `part` (0 K, 1 V, 2 score, 3 position) starts in
+  // CopyOut's layout, and the bytes one slot takes in that part.
+  int64_t PartOffset(int32_t part, int32_t layer, int32_t head, int32_t slot) const;
+  int64_t SlotBytes(int32_t part) const;
+  // Writes byte ranges (offset, length) of CopyOut's layout into `block` from `packed`, the
+  // ranges end to end (a part of a block, as CopyIn writes it whole). InvalidArgument for a
+  // range past block_bytes().
+  Status WriteRanges(int32_t block, const std::vector<std::pair<size_t, size_t>>& ranges,
+                     const char* packed);
 
   // The paged view of one layer (blocks, capacity, used and score are the sequence's to set).
   kernels::KvView LayerView(int32_t layer) const;

@@ -188,17 +188,38 @@ Status OptModel::ChooseImportantPrefix(int32_t l, const std::vector<SequenceStep
     st.jaccard_sum.assign(layers, 0.0);
   }
   const kv::KvGeometry g = kv_geometry();
+  std::vector<int32_t> every_head(static_cast<size_t>(g.heads));
+  for (int32_t h = 0; h < g.heads; ++h) every_head[h] = h;
   for (size_t i = 0; i < batch.size(); ++i) {
     kv::SequenceKv& kv = *batch[i].kv;
     if (!kv.important_pending(l)) continue;
     kv.ImportantDone(l);
+    // A prefix read from the host or disk tier (SeedLoadedPrefix) arrives layer by layer: all
+    // of it where the layer keeps it whole, the probe heads' keys and then the chosen tokens
+    // otherwise.
+    kv::PrefixLoader* loader = kv.prefix_loader();
+    auto load_all = [&]() -> Status {
+      return loader != nullptr ? loader->Load(kv, l, every_head, false, nullptr) : Status::Ok();
+    };
+    auto done = [&]() {
+      if (l + 1 == layers) kv.ReleaseLoader();
+    };
     // The first layers keep the whole prefix by design; a Deja Vu gather step computed q for
     // some heads only, and a device's q is not on the host: those keep it too (fallbacks).
     const kernels::KvView view = kv.View(l);
-    if (l < importance_.dense_layers) continue;
+    if (l < importance_.dense_layers) {
+      DEJA_RETURN_IF_ERROR(load_all());
+      done();
+      continue;
+    }
     if (!all_heads || !view.device.is_host()) {
       ++st.fallbacks[l];
+      DEJA_RETURN_IF_ERROR(load_all());
+      done();
       continue;
+    }
+    if (loader != nullptr) {
+      DEJA_RETURN_IF_ERROR(loader->Load(kv, l, importance_.probe_heads, true, nullptr));
     }
     DEJA_ASSIGN_OR_RETURN(
         prefix::LayerChoice choice,
@@ -208,10 +229,15 @@ Status OptModel::ChooseImportantPrefix(int32_t l, const std::vector<SequenceStep
     st.jaccard_sum[l] += choice.mean_jaccard;
     if (choice.fallback) {
       ++st.fallbacks[l];
+      DEJA_RETURN_IF_ERROR(load_all());
     } else {
       ++st.chosen[l];
+      if (loader != nullptr) {
+        DEJA_RETURN_IF_ERROR(loader->Load(kv, l, every_head, false, &choice.kept));
+      }
       prefix::KeepOnly(view, kv.important_prefix(), g.heads, choice.kept);
     }
+    done();
   }
   return Status::Ok();
 }

@@ -118,6 +118,38 @@ void PrefixStore::Drop(uint64_t id) {
   blocks_.erase(it);
 }
 
+Status PrefixStore::SeedLazy(const std::vector<uint64_t>& ids, kv::SequenceKv* kv,
+                             std::vector<int32_t>* tokens) {
+  std::vector<int32_t> copy(ids.size(), -1);
+  std::vector<std::optional<LazySource>> sources(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto it = blocks_.find(ids[i]);
+    if (it == blocks_.end()) return NotFound(Name(ids[i]) + " is not cached on this worker");
+    const Block& b = it->second;
+    if (b.pool_block >= 0) {
+      copy[i] = b.pool_block;
+    } else if (b.host != nullptr || b.on_disk) {
+      sources[i] = LazySource{ids[i], b.host};
+    } else {
+      return Internal(Name(ids[i]) + " has no copy");
+    }
+  }
+  DEJA_RETURN_IF_ERROR(kv->SeedLoadedPrefix(
+      copy, std::make_unique<LazyPrefix>(pool_, files_, std::move(sources), lazy_)));
+  for (uint64_t id : ids) {
+    const std::vector<int32_t>& t = blocks_.at(id).tokens;
+    tokens->insert(tokens->end(), t.begin(), t.end());
+  }
+  return Status::Ok();
+}
+
+LazyCounters PrefixStore::TakeLazy() {
+  LazyCounters out = std::move(*lazy_);
+  *lazy_ = LazyCounters();
+  for (uint64_t id : out.failed) Drop(id);
+  return out;
+}
+
 Status PrefixStore::MemoryBlocks(const std::vector<uint64_t>& ids, std::vector<int32_t>* blocks,
                                  std::vector<int32_t>* tokens) const {
   for (uint64_t id : ids) {

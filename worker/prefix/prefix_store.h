@@ -16,8 +16,10 @@
 #include <vector>
 
 #include "common/status.h"
+#include "worker/kv/kv_cache.h"
 #include "worker/kv/kv_pool.h"
 #include "worker/prefix/block_files.h"
+#include "worker/prefix/lazy_prefix.h"
 
 namespace deja::worker::prefix {
 
@@ -58,6 +60,16 @@ class PrefixStore {
   Status MemoryBlocks(const std::vector<uint64_t>& ids, std::vector<int32_t>* blocks,
                       std::vector<int32_t>* tokens) const;
 
+  // Starts `kv` (an empty pooled cache) from cache blocks `ids` without loading them first:
+  // those in memory are copied into blocks of its own now, the others are read during its next
+  // step, layer by layer, as the model asks (LazyPrefix; important-token loading). Their tokens
+  // are appended to *tokens. NotFound naming the first id this store does not hold.
+  Status SeedLazy(const std::vector<uint64_t>& ids, kv::SequenceKv* kv,
+                  std::vector<int32_t>* tokens);
+  // What lazy loads read since the last call, and the blocks they could not read (dropped from
+  // this store: the coordinator forgets them and recomputes).
+  LazyCounters TakeLazy();
+
   int64_t memory_blocks() const { return in_memory_; }
   int64_t host_blocks() const { return on_host_; }
   int64_t size() const { return static_cast<int64_t>(blocks_.size()); }
@@ -73,7 +85,8 @@ class PrefixStore {
   void ReleaseMemory(Block* b);
 
   std::shared_ptr<kv::KvBlockPool> pool_;
-  std::unique_ptr<BlockFiles> files_;
+  std::shared_ptr<BlockFiles> files_;
+  std::shared_ptr<LazyCounters> lazy_ = std::make_shared<LazyCounters>();
   std::unordered_map<uint64_t, Block> blocks_;
   int64_t in_memory_ = 0;
   int64_t on_host_ = 0;

@@ -114,6 +114,11 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
       return FailedPrecondition(Seq(id) +
                                 "config.prefix_blocks: this worker keeps no prefix cache");
     }
+    if (c.prefix_important() && *kind != kv::CachePolicyKind::kFull) {
+      return InvalidArgument(Seq(id) +
+                             "config.prefix_important: only a FULL cache reads a prefix's "
+                             "important tokens");
+    }
     if (*kind == kv::CachePolicyKind::kLocret || *kind == kv::CachePolicyKind::kH2O) {
       return InvalidArgument(Seq(id) +
                              "config.prefix_blocks: only FULL and WINDOW caches start from cached "
@@ -254,6 +259,12 @@ Status StepEngine::PlanOne(const deja::v1::SequenceWork& w,
 Status StepEngine::SeedPrefix(const deja::v1::SequenceWork& w, Sequence* seq) {
   const std::vector<uint64_t> ids(w.config().prefix_blocks().begin(),
                                   w.config().prefix_blocks().end());
+  if (w.config().prefix_important()) {
+    if (Status st = prefix_->SeedLazy(ids, seq->kv.get(), &seq->history); !st.ok()) {
+      return Status(st.code(), Seq(w.seq_id()) + "config.prefix_blocks: " + st.message());
+    }
+    return Status::Ok();
+  }
   std::vector<int32_t> blocks;
   if (Status st = prefix_->MemoryBlocks(ids, &blocks, &seq->history); !st.ok()) {
     return Status(st.code(), Seq(w.seq_id()) + "config.prefix_blocks: " + st.message());
@@ -299,6 +310,27 @@ Status StepEngine::PrefixOp(const deja::v1::PrefixOp& op, prefix::PrefixIo* io) 
       return Status::Ok();
     default:
       return InvalidArgument("prefix_ops: unknown kind " + std::to_string(op.kind()));
+  }
+}
+
+void StepEngine::ReportLazyLoads(deja::v1::StepResponse* resp) {
+  const prefix::LazyCounters lazy = prefix_->TakeLazy();
+  const model::Model::ImportanceStats stats = model_->TakeImportanceStats();
+  deja::v1::PrefixIo* out = resp->mutable_prefix_io();
+  out->set_host_bytes_read(out->host_bytes_read() + static_cast<uint64_t>(lazy.host_bytes));
+  out->set_disk_bytes_read(out->disk_bytes_read() + static_cast<uint64_t>(lazy.disk_bytes));
+  out->set_load_seconds(out->load_seconds() + lazy.seconds);
+  int64_t chosen = 0, fallbacks = 0;
+  for (int64_t c : stats.chosen) chosen += c;
+  for (int64_t f : stats.fallbacks) fallbacks += f;
+  out->set_important_layers(static_cast<uint64_t>(chosen));
+  out->set_fallback_layers(static_cast<uint64_t>(fallbacks));
+  for (uint64_t id : lazy.failed) resp->add_prefix_failed(id);
+  if (!lazy.failed.empty()) {
+    out->set_memory_blocks(static_cast<uint64_t>(prefix_->memory_blocks()));
+    out->set_host_blocks(static_cast<uint64_t>(prefix_->host_blocks()));
+    out->set_disk_blocks(
+        static_cast<uint64_t>(prefix_->size() - prefix_->memory_blocks() - prefix_->host_blocks()));
   }
 }
 
@@ -431,6 +463,7 @@ Status StepEngine::Run(const deja::v1::StepRequest& req, deja::v1::StepResponse*
         }
         ShrinkAfterPrefill(p.seq);
       }
+      if (prefix_ != nullptr) ReportLazyLoads(resp);
       if (rank_ == 0) {
         const Clock::time_point ts = Clock::now();
         Sample(plan, run, &results);

@@ -100,6 +100,8 @@ class StepEngine {
   Status PrefixOp(const deja::v1::PrefixOp& op, prefix::PrefixIo* io);
   // Starts a new sequence's cache from its config.prefix_blocks.
   Status SeedPrefix(const deja::v1::SequenceWork& w, Sequence* seq);
+  // Adds what the step's important-token loads read (and lost) to resp's prefix_io.
+  void ReportLazyLoads(deja::v1::StepResponse* resp);
   model::Model* model_;
   const uint64_t budget_;
   const uint64_t bytes_per_token_;

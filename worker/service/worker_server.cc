@@ -353,6 +353,9 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
       DEJA_ASSIGN_OR_RETURN(files, prefix::BlockFiles::Open(dir, std::hash<std::string>{}(layout)));
       service_->prefix_disk.store(true);
     }
+    if (Status st = model_->SetPrefixImportance(options_.prefix_importance); !st.ok()) {
+      return Status(st.code(), "--prefix-probe-heads: " + st.message());
+    }
     prefix_store = std::make_unique<prefix::PrefixStore>(model_->kv_pool(), std::move(files));
     service_->prefix_cache.store(true);
     LOG(INFO) << "rank " << options_.rank << ": prefix cache on"

@@ -20,6 +20,7 @@
 #include "proto/internal_plane.h"
 #include "worker/comm/key_value_store.h"
 #include "worker/model/model.h"
+#include "worker/prefix/importance.h"
 
 namespace deja::worker::service {
 
@@ -69,6 +70,9 @@ struct WorkerOptions {
   // is a directory (this rank's files in rank<N>/ under it); empty: memory and host tiers only.
   bool prefix_cache = true;
   std::string prefix_cache_dir;
+  // How a sequence told to (SequenceConfig.prefix_important) reads a prefix from the host or
+  // disk tier: per layer, the tokens its probe heads choose.
+  prefix::ImportanceOptions prefix_importance;
   bool sparsity_requested() const {
     return !sparsity.predictors.empty() || sparsity.oracle_fraction > 0.0f;
   }

@@ -1,0 +1,107 @@
+#include "worker/prefix/lazy_prefix.h"
+
+#include <glog/logging.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+
+namespace deja::worker::prefix {
+
+LazyPrefix::LazyPrefix(std::shared_ptr<kv::KvBlockPool> pool, std::shared_ptr<BlockFiles> files,
+                       std::vector<std::optional<LazySource>> sources,
+                       std::shared_ptr<LazyCounters> counters)
+    : pool_(std::move(pool)),
+      files_(std::move(files)),
+      sources_(std::move(sources)),
+      lost_(sources_.size(), false),
+      counters_(std::move(counters)) {}
+
+Status LazyPrefix::Read(const LazySource& s, const std::vector<std::pair<size_t, size_t>>& ranges,
+                        char* out) {
+  if (s.host != nullptr) {
+    for (const auto& [offset, length] : ranges) {
+      if (offset + length > s.host->size()) {
+        return DataLoss("prefix block " + std::to_string(s.id) + ": host copy is " +
+                        std::to_string(s.host->size()) + " bytes");
+      }
+      std::memcpy(out, s.host->data() + offset, length);
+      out += length;
+      counters_->host_bytes += static_cast<int64_t>(length);
+    }
+    return Status::Ok();
+  }
+  if (files_ == nullptr) return NotFound("prefix block " + std::to_string(s.id) + " has no copy");
+  const int64_t before = files_->bytes_read();
+  Status st = files_->ReadRanges(s.id, ranges, out);
+  counters_->disk_bytes += files_->bytes_read() - before;
+  return st;
+}
+
+Status LazyPrefix::Load(const kv::SequenceKv& kv, int32_t layer, const std::vector<int32_t>& heads,
+                        bool keys_only, const std::vector<int32_t>* positions) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int32_t bs = pool_->block_slots();
+  std::vector<std::pair<int32_t, int32_t>> runs;  // [a, b) within a block
+  size_t next = 0;                                // into *positions
+  Status result;
+  for (size_t i = 0; i < sources_.size() && result.ok(); ++i) {
+    const int32_t first = static_cast<int32_t>(i) * bs;
+    runs.clear();
+    if (positions == nullptr) {
+      runs.emplace_back(0, bs);
+    } else {
+      const std::vector<int32_t>& p = *positions;
+      while (next < p.size() && p[next] < first + bs) {
+        if (p[next] < first) {  // unsorted or negative: nothing to load there
+          ++next;
+          continue;
+        }
+        const int32_t a = p[next] - first;
+        int32_t b = a + 1;
+        for (++next; next < p.size() && p[next] == first + b && b < bs; ++next) ++b;
+        runs.emplace_back(a, b);
+      }
+    }
+    if (!sources_[i].has_value() || lost_[i] || runs.empty()) continue;
+    ranges_.clear();
+    pos_ranges_.clear();
+    pos_values_.clear();
+    for (int32_t part = 0; part < (keys_only ? 1 : 2); ++part) {
+      for (int32_t h : heads) {
+        for (const auto& [a, b] : runs) {
+          ranges_.emplace_back(static_cast<size_t>(pool_->PartOffset(part, layer, h, a)),
+                               static_cast<size_t>((b - a) * pool_->SlotBytes(part)));
+        }
+      }
+    }
+    for (int32_t h : heads) {
+      for (const auto& [a, b] : runs) {
+        pos_ranges_.emplace_back(static_cast<size_t>(pool_->PartOffset(3, layer, h, a)),
+                                 static_cast<size_t>(b - a) * sizeof(int32_t));
+        for (int32_t t = a; t < b; ++t) pos_values_.push_back(first + t);
+      }
+    }
+    size_t total = 0;
+    for (const auto& r : ranges_) total += r.second;
+    data_.resize(total);
+    if (Status st = Read(*sources_[i], ranges_, data_.data()); !st.ok()) {
+      // Its slots stay empty; the coordinator recomputes the sequence.
+      LOG(WARNING) << "prefix block " << sources_[i]->id << " lost while loading: " << st.message();
+      lost_[i] = true;
+      counters_->failed.push_back(sources_[i]->id);
+      continue;
+    }
+    const int32_t block = kv.pool_block(static_cast<int32_t>(i));
+    result = pool_->WriteRanges(block, ranges_, data_.data());
+    if (result.ok()) {
+      result =
+          pool_->WriteRanges(block, pos_ranges_, reinterpret_cast<const char*>(pos_values_.data()));
+    }
+  }
+  counters_->seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return result;
+}
+
+}  // namespace deja::worker::prefix

@@ -1,0 +1,61 @@
+// LazyPrefix: a cached prefix that a sequence reads from the prefix cache's host or disk tier
+// layer by layer, during its first step, instead of loading every block into the KV pool first
+// (important-token loading, docs/architecture.md#prefix-cache). For each layer the model asks
+// for the keys of its probe heads, then for the keys and values of the tokens it chose (or of
+// all of them when the probe heads disagree); only those byte ranges are copied from host
+// memory or read (and checksummed) from the block files.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "worker/kv/kv_cache.h"
+#include "worker/kv/kv_pool.h"
+#include "worker/prefix/block_files.h"
+
+namespace deja::worker::prefix {
+
+// What loads cost, and the blocks that could not be read.
+struct LazyCounters {
+  int64_t host_bytes = 0;
+  int64_t disk_bytes = 0;
+  double seconds = 0;
+  std::vector<uint64_t> failed;
+};
+
+// One block outside the pool: its host copy, or else its file.
+struct LazySource {
+  uint64_t id = 0;
+  std::shared_ptr<const std::vector<char>> host;
+};
+
+class LazyPrefix : public kv::PrefixLoader {
+ public:
+  // sources[i]: block i of the prefix, or nullopt for one the sequence copied from the pool.
+  // `files` may be null when every source has a host copy.
+  LazyPrefix(std::shared_ptr<kv::KvBlockPool> pool, std::shared_ptr<BlockFiles> files,
+             std::vector<std::optional<LazySource>> sources,
+             std::shared_ptr<LazyCounters> counters);
+
+  Status Load(const kv::SequenceKv& kv, int32_t layer, const std::vector<int32_t>& heads,
+              bool keys_only, const std::vector<int32_t>* positions) override;
+
+ private:
+  Status Read(const LazySource& s, const std::vector<std::pair<size_t, size_t>>& ranges, char* out);
+
+  std::shared_ptr<kv::KvBlockPool> pool_;
+  std::shared_ptr<BlockFiles> files_;
+  std::vector<std::optional<LazySource>> sources_;
+  std::vector<bool> lost_;
+  std::shared_ptr<LazyCounters> counters_;
+  // Scratch.
+  std::vector<std::pair<size_t, size_t>> ranges_, pos_ranges_;
+  std::vector<int32_t> pos_values_;
+  std::vector<char> data_;
+};
+
+}  // namespace deja::worker::prefix
