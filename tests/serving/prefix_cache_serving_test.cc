@@ -4,7 +4,9 @@
 // gives the tokens of single-process generation (TP 2 equals TP 1) and the log-probabilities of
 // the same request with PrefixCache.MODE_OFF; concurrent requests sharing a prefix all do;
 // corrupt disk blocks are recomputed without an error to the client; /metrics shows the hits,
-// the bytes read per tier and the blocks per tier.
+// the bytes read per tier and the blocks per tier. With --prefix-load important, requests read
+// the prefix where it is (host, disk) layer by layer; keeping every token, that is exact too,
+// and a block lost while reading is recomputed.
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -183,6 +185,98 @@ TEST_F(PrefixCacheServingTest, CorruptDiskBlocksAreRecomputed) {
   ASSERT_TRUE(again.status.ok()) << again.status.error_message();
   EXPECT_EQ(again.token_ids, Reference(doc + "two"));
   EXPECT_GT(Series("deja_prefix_cache_lost_blocks_total"), lost);
+}
+
+// Important-token loading keeping every token (--prefix-kept-fraction 1): the whole prefix is
+// read from host and disk where it is, none of it promoted into the memory tier, and the
+// result is exact.
+class ImportantLoadingServingTest : public PrefixCacheServingTest {
+ protected:
+  static void SetUpTestSuite() {
+    std::filesystem::remove_all(CacheDir());
+    StartSuite("prefix_important", {DEJA_BINARY,
+                                    "serve",
+                                    "--model",
+                                    ModelDir(),
+                                    "--tp",
+                                    "2",
+                                    "--port",
+                                    "0",
+                                    "--metrics-port",
+                                    "0",
+                                    "--threads",
+                                    "1",
+                                    "--kv-memory-mb",
+                                    "64",
+                                    "--dtype",
+                                    "checkpoint",
+                                    "--kv-dtype",
+                                    "f32",
+                                    "--prefix-cache-dir",
+                                    CacheDir(),
+                                    "--prefix-cache-memory-mb",
+                                    "1",
+                                    "--prefix-cache-host-mb",
+                                    "1",
+                                    "--prefix-cache-disk-mb",
+                                    "64",
+                                    "--prefix-load",
+                                    "important",
+                                    "--prefix-kept-fraction",
+                                    "1"});
+  }
+};
+
+TEST_F(ImportantLoadingServingTest, ThePrefixIsReadWhereItIsAndExact) {
+  const std::string doc = Document() + "\n\nQuestion: ";
+  StreamResult first = Stream(server_->stub(), Request(doc + "Who made the light?", true));
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  for (const std::string q : {"What is the firmament?", "What did God call the dry land?"}) {
+    SCOPED_TRACE(q);
+    StreamResult off = Stream(server_->stub(), Request(doc + q, false));
+    ASSERT_TRUE(off.status.ok()) << off.status.error_message();
+    StreamResult on = Stream(server_->stub(), Request(doc + q, true));
+    ASSERT_TRUE(on.status.ok()) << on.status.error_message();
+    // Every whole block of the document, not only what the memory tier holds.
+    EXPECT_GT(Cached(on), 7u * 32);
+    EXPECT_EQ(on.token_ids, Reference(doc + q));
+    EXPECT_EQ(on.token_ids, off.token_ids);
+    ExpectClose(Logprobs(on), Logprobs(off));
+  }
+  EXPECT_GE(Series("deja_prefix_cache_important_requests_total"), 2);
+  EXPECT_GT(Series("deja_prefix_cache_important_layers_total{result=\"chosen\"}"), 0);
+  EXPECT_GT(Series("deja_prefix_cache_read_bytes_total{tier=\"disk\"}"), 0);
+  // Read where they were: nothing came into the memory tier but what it already held.
+  EXPECT_LE(Series("deja_prefix_cache_blocks{tier=\"memory\"}"), 7);
+}
+
+TEST_F(ImportantLoadingServingTest, ABlockLostWhileReadingIsRecomputed) {
+  const std::string doc = "Lost. " + Document() + "\n\nQ: ";
+  StreamResult seed = Stream(server_->stub(), Request(doc + "one", true));
+  ASSERT_TRUE(seed.status.ok()) << seed.status.error_message();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // A byte of the keys (a quarter into each file) of every block file.
+  int corrupted = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(CacheDir())) {
+    if (!e.is_regular_file() || e.path().extension() != ".kvb") continue;
+    std::fstream io(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(e.file_size() / 4);
+    char c = 0;
+    io.seekg(at);
+    io.read(&c, 1);
+    c = static_cast<char>(c ^ 0x21);
+    io.seekp(at);
+    io.write(&c, 1);
+    ++corrupted;
+  }
+  ASSERT_GT(corrupted, 0);
+  const double restarts = Series("deja_prefix_cache_important_restarts_total");
+  const double lost = Series("deja_prefix_cache_lost_blocks_total");
+  StreamResult again = Stream(server_->stub(), Request(doc + "two", true));
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+  EXPECT_EQ(again.token_ids, Reference(doc + "two"));
+  EXPECT_GT(Series("deja_prefix_cache_lost_blocks_total"), lost);
+  EXPECT_GT(Series("deja_prefix_cache_important_restarts_total"), restarts);
 }
 
 }  // namespace
