@@ -53,9 +53,12 @@ disk_dir = sys.argv[6]
 def read_bytes():
     text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % (int(port) + 1)).read().decode()
     out = {}
-    for tier in ("host", "disk"):
-        m = re.search(r'^deja_prefix_cache_read_bytes_total\{tier="%s"\} (\S+)' % tier, text, re.M)
-        out[tier] = float(m.group(1)) if m else 0.0
+    for key, series in (("host", 'read_bytes_total{tier="host"}'),
+                        ("disk", 'read_bytes_total{tier="disk"}'),
+                        ("chosen", 'important_layers_total{result="chosen"}'),
+                        ("fallback", 'important_layers_total{result="fallback"}')):
+        m = re.search(r'^deja_prefix_cache_%s (\S+)' % re.escape(series), text, re.M)
+        out[key] = float(m.group(1)) if m else 0.0
     return out
 def drop_page_cache():
     for root, _, files in os.walk(disk_dir):
@@ -98,6 +101,8 @@ after = read_bytes()
 print(json.dumps({"mode": mode, "ttft_ms_median": statistics.median(ttft),
                   "host_mb_read_per_question": round((after["host"] - before["host"]) / n / 2**20, 1),
                   "disk_mb_read_per_question": round((after["disk"] - before["disk"]) / n / 2**20, 1),
+                  "layers_chosen": after["chosen"] - before["chosen"],
+                  "layers_fallback": after["fallback"] - before["fallback"],
                   "ttft_ms": [round(t, 1) for t in ttft], "cached_prompt_tokens": cached,
                   "prompt_tokens": prompt}))
 PY
