@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "tests/common/sim_device.h"
@@ -39,6 +40,42 @@ TEST(KvPoolTest, ASequenceHoldsTheBlocksItHasUsedAndGivesThemBack) {
     EXPECT_EQ(kv.held_bytes(), 4 * static_cast<size_t>((*pool)->block_bytes()));
   }
   EXPECT_EQ((*pool)->free_blocks(), 4);
+}
+
+// WriteRanges writes byte ranges of CopyOut's layout (K, V, score, position parts), a range
+// spanning two parts included, and PartOffset names where each (layer, head, slot) is; a range
+// past the block is refused and writes nothing.
+TEST(KvPoolTest, WriteRangesPatchesCopyOutsLayout) {
+  auto sim = test_util::MakeSimDeviceBackend();
+  auto pool = KvBlockPool::Create(sim.get(), kGeometry, 32, 2);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  KvBlockPool& p = **pool;
+  std::vector<int32_t> taken;
+  ASSERT_TRUE(p.Take(1, &taken).ok());
+  const size_t bytes = static_cast<size_t>(p.block_bytes());
+  std::vector<char> before(bytes), after(bytes);
+  ASSERT_TRUE(p.CopyOut(taken[0], before.data()).ok());
+  // K of (layer 1, head 2, slots 3-4), and a range from the last V slot into the scores.
+  const size_t k_at = static_cast<size_t>(p.PartOffset(0, 1, 2, 3));
+  const size_t k_len = 2 * static_cast<size_t>(p.SlotBytes(0));
+  EXPECT_EQ(k_at, ((1 * 3 + 2) * 32 + 3) * 8 * 2u);
+  const size_t v_last = static_cast<size_t>(p.PartOffset(1, 1, 2, 31));
+  EXPECT_EQ(static_cast<size_t>(p.PartOffset(2, 0, 0, 0)), v_last + p.SlotBytes(1));
+  EXPECT_EQ(p.PartOffset(3, 0, 0, 1) - p.PartOffset(3, 0, 0, 0), 4);
+  const size_t span_len = static_cast<size_t>(p.SlotBytes(1)) + 8;
+  std::vector<char> packed(k_len + span_len);
+  for (size_t i = 0; i < packed.size(); ++i) packed[i] = static_cast<char>(i * 7 + 1);
+  ASSERT_TRUE(p.WriteRanges(taken[0], {{k_at, k_len}, {v_last, span_len}}, packed.data()).ok());
+  ASSERT_TRUE(p.CopyOut(taken[0], after.data()).ok());
+  std::vector<char> want = before;
+  std::copy(packed.begin(), packed.begin() + k_len, want.begin() + k_at);
+  std::copy(packed.begin() + k_len, packed.end(), want.begin() + v_last);
+  EXPECT_EQ(after, want);
+  Status st = p.WriteRanges(taken[0], {{bytes - 4, 8}}, packed.data());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  ASSERT_TRUE(p.CopyOut(taken[0], after.data()).ok());
+  EXPECT_EQ(after, want);
+  p.Give(taken);
 }
 
 // A bounded cache on the device: eviction keeps every head at its budget, and the victims the

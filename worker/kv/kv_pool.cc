@@ -162,7 +162,6 @@ int64_t KvBlockPool::PartOffset(int32_t part, int32_t layer, int32_t head, int32
 Status KvBlockPool::WriteRanges(int32_t block, const std::vector<std::pair<size_t, size_t>>& ranges,
                                 const char* packed) {
   if (block < 0 || block >= total_) return InvalidArgument("no KV block " + std::to_string(block));
-  const auto parts = Parts(block);
   for (const auto& [offset, length] : ranges) {
     if (offset > static_cast<size_t>(block_bytes_) ||
         length > static_cast<size_t>(block_bytes_) - offset) {
@@ -170,6 +169,9 @@ Status KvBlockPool::WriteRanges(int32_t block, const std::vector<std::pair<size_
                              std::to_string(length) + ") is past its " +
                              std::to_string(block_bytes_) + " bytes");
     }
+  }
+  const auto parts = Parts(block);
+  for (const auto& [offset, length] : ranges) {
     // A range may span parts: each piece goes to its part.
     size_t at = offset, left = length, part_start = 0;
     for (const auto& [part, bytes] : parts) {

@@ -63,7 +63,7 @@ class KvBlockPool {
   int64_t SlotBytes(int32_t part) const;
   // Writes byte ranges (offset, length) of CopyOut's layout into `block` from `packed`, the
   // ranges end to end (a part of a block, as CopyIn writes it whole). InvalidArgument for a
-  // range past block_bytes().
+  // range past block_bytes(), before anything is written.
   Status WriteRanges(int32_t block, const std::vector<std::pair<size_t, size_t>>& ranges,
                      const char* packed);
 

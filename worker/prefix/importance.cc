@@ -52,7 +52,10 @@ StatusOr<LayerChoice> ChooseImportant(const kernels::KvView& kv, int32_t prefix,
   const int32_t k = std::clamp(
       static_cast<int32_t>(std::lround(o.kept_fraction * static_cast<double>(prefix))), 1, prefix);
   const size_t es = DTypeSize(kv.dtype);
-  std::vector<float> key(static_cast<size_t>(prefix) * head_dim);
+  // Keys transposed ([head_dim][prefix]) so that a query's logits are axpy's over the prefix,
+  // which vectorize; exps through vec_math.
+  std::vector<float> row(static_cast<size_t>(head_dim));
+  std::vector<float> key_t(static_cast<size_t>(prefix) * head_dim);
   std::vector<float> logit(prefix), importance(prefix);
   std::vector<int32_t> order(prefix);
   std::vector<std::vector<int32_t>> sets;
@@ -60,24 +63,23 @@ StatusOr<LayerChoice> ChooseImportant(const kernels::KvView& kv, int32_t prefix,
     for (int32_t s = 0; s < prefix; ++s) {
       const int64_t at = kernels::KvSlotIndex(kv, h, s);
       ConvertToF32(static_cast<const char*>(kv.k) + at * head_dim * es, kv.dtype, head_dim,
-                   key.data() + static_cast<size_t>(s) * head_dim, false);
+                   row.data(), false);
+      for (int32_t d = 0; d < head_dim; ++d) key_t[static_cast<size_t>(d) * prefix + s] = row[d];
     }
     std::fill(importance.begin(), importance.end(), 0.f);
     for (int32_t i = 0; i < n; ++i) {
       const float* qi = q + i * q_stride + static_cast<int64_t>(h) * head_dim;
-      float most = -std::numeric_limits<float>::infinity();
-      for (int32_t s = 0; s < prefix; ++s) {
-        const float* ks = key.data() + static_cast<size_t>(s) * head_dim;
-        float dot = 0.f;
-        for (int32_t d = 0; d < head_dim; ++d) dot += qi[d] * ks[d];
-        logit[s] = dot * scale;
-        most = std::max(most, logit[s]);
+      std::fill(logit.begin(), logit.end(), 0.f);
+      float* lg = logit.data();
+      for (int32_t d = 0; d < head_dim; ++d) {
+        const float qd = qi[d] * scale;
+        const float* kd = key_t.data() + static_cast<size_t>(d) * prefix;
+        for (int32_t s = 0; s < prefix; ++s) lg[s] += qd * kd[s];
       }
-      double sum = 0;
-      for (int32_t s = 0; s < prefix; ++s) sum += std::exp(static_cast<double>(logit[s] - most));
-      for (int32_t s = 0; s < prefix; ++s) {
-        importance[s] += static_cast<float>(std::exp(static_cast<double>(logit[s] - most)) / sum);
-      }
+      const float sum = ExpShiftInPlace(lg, prefix, MaxOf(lg, prefix));
+      const float inv = 1.f / sum;
+      float* imp = importance.data();
+      for (int32_t s = 0; s < prefix; ++s) imp[s] += lg[s] * inv;
     }
     std::iota(order.begin(), order.end(), 0);
     // Highest importance first; ties to the earlier position.
