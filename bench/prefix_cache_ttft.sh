@@ -63,7 +63,12 @@ def read_bytes():
 def drop_page_cache():
     for root, _, files in os.walk(disk_dir):
         for f in files:
-            fd = os.open(os.path.join(root, f), os.O_RDONLY)
+            if not f.endswith(".kvb"):
+                continue
+            try:
+                fd = os.open(os.path.join(root, f), os.O_RDONLY)
+            except FileNotFoundError:  # dropped meanwhile
+                continue
             try:
                 os.fsync(fd)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)

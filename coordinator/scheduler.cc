@@ -321,6 +321,17 @@ void Scheduler::ApplyPrefixFailures(const std::vector<v1::StepResponse>& respons
     prefix_stats_.fallback_layers += response.prefix_io().fallback_layers();
   }
   if (prefix_ == nullptr) return;
+  // Important-token loading measured the share of important tokens of the blocks it read: the
+  // index scores them by it (the mean over ranks: each chooses with its own heads).
+  std::unordered_map<uint64_t, std::pair<double, int>> importance;
+  for (const v1::StepResponse& response : responses) {
+    for (const v1::BlockImportance& b : response.prefix_io().block_importance()) {
+      auto& [sum, ranks] = importance[b.block_id()];
+      sum += b.important_fraction();
+      ++ranks;
+    }
+  }
+  for (const auto& [id, m] : importance) prefix_->SetImportance(id, m.first / m.second);
   bool lost = false;
   for (const v1::StepResponse& response : responses) {
     for (uint64_t id : response.prefix_failed()) {
@@ -469,6 +480,8 @@ void Scheduler::Complete(const StepPlan& plan, const std::vector<v1::StepRespons
       ++prefix_stats_.important_restarts;
       LOG(WARNING) << "request " << r->id() << ": a cached prefix block could not be read; "
                    << "recomputing its prompt";
+      // Its first step created the sequence on the workers: released with the preemption.
+      if (!r->on_workers()) pending_release_.push_back(r->seq_id());
       Preempt(r);
       continue;
     }

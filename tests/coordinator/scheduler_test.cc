@@ -469,6 +469,79 @@ class PrefixSchedulerTest : public SchedulerTest {
   KvCapacity capacity_;
 };
 
+// Important-token loading: a prefix partly on host starts at once, reading every cached block
+// where it is (no loads, not capped by the memory tier), and is not cached again; the ranks'
+// measured shares of important tokens score the blocks; a block lost while a request reads it
+// recomputes that request from the start.
+TEST_F(PrefixSchedulerTest, ImportantLoadingReadsBlocksWhereTheyAre) {
+  options_.prefix_important = true;
+  Scheduler s(options_);
+  s.SetKvCapacity(capacity_);
+  RunAlone(s, MakePrefix("a", Prompt(1)));
+  StepPlan inserts = s.Plan(Clock::now());
+  using K = v1::PrefixOp;
+  ASSERT_EQ(Kinds(inserts), (std::vector<v1::PrefixOp::Kind>{K::KIND_INSERT, K::KIND_INSERT,
+                                                             K::KIND_TO_HOST, K::KIND_INSERT}));
+  const std::vector<uint64_t> blocks = {inserts.step.prefix_ops(0).block_id(),
+                                        inserts.step.prefix_ops(1).block_id(),
+                                        inserts.step.prefix_ops(3).block_id()};
+  s.Complete(inserts, Answer(inserts), Clock::now());
+
+  const Made b = MakePrefix("b", Prompt(4));
+  std::string reason;
+  ASSERT_TRUE(s.Admit(b.request, &reason).ok());
+  StepPlan start = s.Plan(Clock::now());
+  for (const v1::PrefixOp& op : start.step.prefix_ops()) {
+    EXPECT_NE(op.kind(), K::KIND_TO_MEMORY);
+  }
+  ASSERT_EQ(start.step.sequences_size(), 1);
+  const v1::SequenceWork& w = start.step.sequences(0);
+  EXPECT_EQ(w.start_position(), 12u);
+  EXPECT_TRUE(w.config().prefix_important());
+  EXPECT_EQ(
+      std::vector<uint64_t>(w.config().prefix_blocks().begin(), w.config().prefix_blocks().end()),
+      blocks);
+  EXPECT_EQ(s.prefix_stats().important_requests, 1u);
+  EXPECT_EQ(s.prefix_stats().hits[1], 1u);  // by the slowest tier: host
+  const double before = s.prefix_index()->Score(blocks[1]);
+  std::vector<v1::StepResponse> resp = Answer(start);
+  for (size_t r = 0; r < resp.size(); ++r) {
+    resp[r].mutable_prefix_io()->set_important_layers(3);
+    v1::BlockImportance* imp = resp[r].mutable_prefix_io()->add_block_importance();
+    imp->set_block_id(blocks[1]);
+    imp->set_important_fraction(r == 0 ? 0.5 : 0.25);
+  }
+  s.Complete(start, resp, Clock::now());
+  ASSERT_TRUE(b.sink->done());
+  EXPECT_EQ(b.sink->last().cached_prompt_tokens(), 12u);
+  EXPECT_EQ(s.prefix_stats().important_layers, 3u * resp.size());
+  EXPECT_DOUBLE_EQ(s.prefix_index()->Score(blocks[1]), before * (1 + 0.375));
+  StepPlan after = s.Plan(Clock::now());  // b's release; nothing of it is inserted
+  for (const v1::PrefixOp& op : after.step.prefix_ops()) EXPECT_NE(op.kind(), K::KIND_INSERT);
+  s.Complete(after, Answer(after), Clock::now());
+
+  const Made c = MakePrefix("c", Prompt(5));
+  ASSERT_TRUE(s.Admit(c.request, &reason).ok());
+  StepPlan reading = s.Plan(Clock::now());
+  ASSERT_EQ(reading.step.sequences_size(), 1);
+  EXPECT_TRUE(reading.step.sequences(0).config().prefix_important());
+  const uint64_t first_seq = reading.step.sequences(0).seq_id();
+  std::vector<v1::StepResponse> lost = Answer(reading);
+  lost[lost.size() - 1].add_prefix_failed(blocks[0]);
+  s.Complete(reading, lost, Clock::now());
+  EXPECT_EQ(s.prefix_stats().important_restarts, 1u);
+  EXPECT_FALSE(c.sink->done());
+  StepPlan again = s.Plan(Clock::now());
+  ASSERT_EQ(again.step.sequences_size(), 1);
+  EXPECT_NE(again.step.sequences(0).seq_id(), first_seq);
+  EXPECT_EQ(again.step.sequences(0).start_position(), 0u);
+  EXPECT_EQ(again.step.sequences(0).tokens_size(), 13);
+  EXPECT_EQ(again.step.sequences(0).config().prefix_blocks_size(), 0);
+  EXPECT_EQ(Releases(again), std::vector<uint64_t>{first_seq});
+  s.Complete(again, Answer(again), Clock::now());
+  EXPECT_TRUE(c.sink->done());
+}
+
 TEST_F(PrefixSchedulerTest, FillsReusesFromHostAndRecomputesLostBlocks) {
   Scheduler s(options_);
   s.SetKvCapacity(capacity_);

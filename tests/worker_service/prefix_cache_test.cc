@@ -356,6 +356,17 @@ TEST_P(PrefixCacheTest, ImportantLoadingReadsOnlyTheChosenTokens) {
     EXPECT_EQ(host_step.prefix_io().host_bytes_read(),
               whole + (layers - 1) * (3 * n * row + 2 * g.heads * (n / 2) * row));
     EXPECT_LT(host_step.prefix_io().host_bytes_read(), 3 * block_bytes * 7 / 10 + whole);
+    // Each block's share of the 48 tokens a layer kept: 48 / 32 over the three blocks.
+    ASSERT_EQ(host_step.prefix_io().block_importance_size(), 3);
+    double shares = 0;
+    for (const auto& b : host_step.prefix_io().block_importance()) {
+      EXPECT_GE(b.block_id(), 1u);
+      EXPECT_LE(b.block_id(), 3u);
+      EXPECT_GE(b.important_fraction(), 0.0);
+      EXPECT_LE(b.important_fraction(), 1.0);
+      shares += b.important_fraction();
+    }
+    EXPECT_NEAR(shares, 1.5, 1e-9);
     // Not what recomputing gives: half the prefix is gone from every layer but the first.
     double diff = 0;
     for (size_t i = 0; i < want.logprobs.size(); ++i) {

@@ -9,10 +9,11 @@
 namespace deja::worker::prefix {
 
 LazyPrefix::LazyPrefix(std::shared_ptr<kv::KvBlockPool> pool, std::shared_ptr<BlockFiles> files,
-                       std::vector<std::optional<LazySource>> sources,
+                       std::vector<uint64_t> ids, std::vector<std::optional<LazySource>> sources,
                        std::shared_ptr<LazyCounters> counters)
     : pool_(std::move(pool)),
       files_(std::move(files)),
+      ids_(std::move(ids)),
       sources_(std::move(sources)),
       lost_(sources_.size(), false),
       counters_(std::move(counters)) {}
@@ -62,6 +63,13 @@ Status LazyPrefix::Load(const kv::SequenceKv& kv, int32_t layer, const std::vect
         for (++next; next < p.size() && p[next] == first + b && b < bs; ++next) ++b;
         runs.emplace_back(a, b);
       }
+    }
+    // A layer's choice (every head's K and V of chosen tokens) counts toward the block's share
+    // of important tokens.
+    if (positions != nullptr && !keys_only && i < ids_.size()) {
+      auto& [kept, seen] = counters_->chosen[ids_[i]];
+      for (const auto& [a, b] : runs) kept += b - a;
+      seen += bs;
     }
     if (!sources_[i].has_value() || lost_[i] || runs.empty()) continue;
     ranges_.clear();

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,8 @@ struct LazyCounters {
   int64_t disk_bytes = 0;
   double seconds = 0;
   std::vector<uint64_t> failed;
+  // Per block id: tokens the layers that chose kept, and tokens those layers considered.
+  std::unordered_map<uint64_t, std::pair<int64_t, int64_t>> chosen;
 };
 
 // One block outside the pool: its host copy, or else its file.
@@ -35,10 +38,10 @@ struct LazySource {
 
 class LazyPrefix : public kv::PrefixLoader {
  public:
-  // sources[i]: block i of the prefix, or nullopt for one the sequence copied from the pool.
-  // `files` may be null when every source has a host copy.
+  // ids[i]: block i of the prefix; sources[i]: where it is read from, or nullopt for one the
+  // sequence copied from the pool. `files` may be null when every source has a host copy.
   LazyPrefix(std::shared_ptr<kv::KvBlockPool> pool, std::shared_ptr<BlockFiles> files,
-             std::vector<std::optional<LazySource>> sources,
+             std::vector<uint64_t> ids, std::vector<std::optional<LazySource>> sources,
              std::shared_ptr<LazyCounters> counters);
 
   Status Load(const kv::SequenceKv& kv, int32_t layer, const std::vector<int32_t>& heads,
@@ -49,6 +52,7 @@ class LazyPrefix : public kv::PrefixLoader {
 
   std::shared_ptr<kv::KvBlockPool> pool_;
   std::shared_ptr<BlockFiles> files_;
+  std::vector<uint64_t> ids_;
   std::vector<std::optional<LazySource>> sources_;
   std::vector<bool> lost_;
   std::shared_ptr<LazyCounters> counters_;

@@ -135,7 +135,7 @@ Status PrefixStore::SeedLazy(const std::vector<uint64_t>& ids, kv::SequenceKv* k
     }
   }
   DEJA_RETURN_IF_ERROR(kv->SeedLoadedPrefix(
-      copy, std::make_unique<LazyPrefix>(pool_, files_, std::move(sources), lazy_)));
+      copy, std::make_unique<LazyPrefix>(pool_, files_, ids, std::move(sources), lazy_)));
   for (uint64_t id : ids) {
     const std::vector<int32_t>& t = blocks_.at(id).tokens;
     tokens->insert(tokens->end(), t.begin(), t.end());

@@ -325,6 +325,12 @@ void StepEngine::ReportLazyLoads(deja::v1::StepResponse* resp) {
   for (int64_t f : stats.fallbacks) fallbacks += f;
   out->set_important_layers(static_cast<uint64_t>(chosen));
   out->set_fallback_layers(static_cast<uint64_t>(fallbacks));
+  for (const auto& [id, counts] : lazy.chosen) {
+    if (counts.second <= 0) continue;
+    deja::v1::BlockImportance* b = out->add_block_importance();
+    b->set_block_id(id);
+    b->set_important_fraction(static_cast<double>(counts.first) / counts.second);
+  }
   for (uint64_t id : lazy.failed) resp->add_prefix_failed(id);
   if (!lazy.failed.empty()) {
     out->set_memory_blocks(static_cast<uint64_t>(prefix_->memory_blocks()));
