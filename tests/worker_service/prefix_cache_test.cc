@@ -150,6 +150,14 @@ class PrefixCacheTest : public ::testing::TestWithParam<std::string> {
     r.add_release_seq_ids(id);
     Run(r);
   }
+  // The first prompt, computed as sequence 1, leaves its prefix in the cache as blocks 1, 2, 3
+  // (their files written).
+  void CacheFirstPrompt() {
+    Generate(1, prompts_[0], {});
+    Insert(1);
+    Release(1);
+    files_->Flush();
+  }
   // Sequence `seq`'s prefix blocks join the cache as ids 1, 2, 3.
   StepResponse Insert(uint64_t seq) {
     StepRequest r = Step();
@@ -246,10 +254,7 @@ TEST_P(PrefixCacheTest, ABoundedPolicyWorksOnACopy) {
 }
 
 TEST_P(PrefixCacheTest, ACorruptOrMissingDiskCopyIsReportedNeverServed) {
-  Generate(1, prompts_[0], {});
-  Insert(1);
-  Release(1);
-  files_->Flush();
+  CacheFirstPrompt();
   All(PrefixOp::KIND_TO_DISK);
   // Block 2's file gets a flipped byte in the middle, block 3's file is deleted.
   std::vector<std::filesystem::path> files;
@@ -303,10 +308,7 @@ TEST_P(PrefixCacheTest, ACorruptOrMissingDiskCopyIsReportedNeverServed) {
 // the others never), and it reads less than the whole blocks.
 TEST_P(PrefixCacheTest, ImportantLoadingReadsOnlyTheChosenTokens) {
   const bool host = backend_->device().is_host();
-  Generate(1, prompts_[0], {});
-  Insert(1);
-  Release(1);
-  files_->Flush();
+  CacheFirstPrompt();
   const Outcome want = Generate(2, prompts_[1], {});
   Release(2);
   const int32_t layers = static_cast<int32_t>(model_->config().num_hidden_layers);
@@ -386,10 +388,7 @@ TEST_P(PrefixCacheTest, ImportantLoadingReadsOnlyTheChosenTokens) {
 // sequence's step still completes (the coordinator recomputes it), and the other sequence of the
 // step is untouched.
 TEST_P(PrefixCacheTest, ImportantLoadingOfACorruptBlockFailsOnlyItsSequence) {
-  Generate(1, prompts_[0], {});
-  Insert(1);
-  Release(1);
-  files_->Flush();
+  CacheFirstPrompt();
   const Outcome want = Generate(2, prompts_[1], {});
   Release(2);
   All(PrefixOp::KIND_TO_DISK);
