@@ -336,6 +336,22 @@ TEST_P(PrefixCacheTest, ImportantLoadingReadsOnlyTheChosenTokens) {
   const Outcome from_host = Generate(4, prompts_[1], {1, 2, 3}, {}, true, &step);
   Release(4);
   const StepResponse host_step = step;
+  if (host) {
+    // Probe heads that never agree (a threshold of (1/3)^1e-6): every layer reads everything,
+    // each byte once.
+    prefix::ImportanceOptions strict = half;
+    strict.alpha = 1e-6f;
+    ASSERT_TRUE(model_->SetPrefixImportance(strict).ok());
+    ExpectSame(Generate(7, prompts_[1], {1, 2, 3}, {}, true, &step), want);
+    Release(7);
+    EXPECT_EQ(step.prefix_io().fallback_layers(), static_cast<uint64_t>(layers - 1));
+    EXPECT_EQ(step.prefix_io().important_layers(), 0u);
+    const kv::KvGeometry g = model_->kv_geometry();
+    EXPECT_EQ(step.prefix_io().host_bytes_read(), static_cast<uint64_t>(layers) * 2 * g.heads *
+                                                      kPrefixBlocks * kBlock * g.head_dim *
+                                                      DTypeSize(g.kv_dtype));
+    ASSERT_TRUE(model_->SetPrefixImportance(half).ok());
+  }
   All(PrefixOp::KIND_TO_DISK);
   const Outcome from_disk = Generate(5, prompts_[1], {1, 2, 3}, {}, true, &step);
   Release(5);
@@ -349,14 +365,14 @@ TEST_P(PrefixCacheTest, ImportantLoadingReadsOnlyTheChosenTokens) {
   EXPECT_GT(disk_step.prefix_io().disk_bytes_read(), 0u);
   if (host) {
     // Exactly: layer 0 whole, then per layer three probe heads' keys and 48 of the 96 tokens'
-    // K and V in every head.
+    // K and V in every head (but the probe heads' keys, read already).
     EXPECT_EQ(host_step.prefix_io().important_layers(), static_cast<uint64_t>(layers - 1));
     const kv::KvGeometry g = model_->kv_geometry();
     const uint64_t row = static_cast<uint64_t>(g.head_dim) * DTypeSize(g.kv_dtype);
     const uint64_t n = kPrefixBlocks * kBlock;
     const uint64_t whole = 2 * g.heads * n * row;
     EXPECT_EQ(host_step.prefix_io().host_bytes_read(),
-              whole + (layers - 1) * (3 * n * row + 2 * g.heads * (n / 2) * row));
+              whole + (layers - 1) * (3 * n * row + (2 * g.heads - 3) * (n / 2) * row));
     EXPECT_LT(host_step.prefix_io().host_bytes_read(), 3 * block_bytes * 7 / 10 + whole);
     // Each block's share of the 48 tokens a layer kept: 48 / 32 over the three blocks.
     ASSERT_EQ(host_step.prefix_io().block_importance_size(), 3);

@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -43,6 +44,13 @@ Status LazyPrefix::Load(const kv::SequenceKv& kv, int32_t layer, const std::vect
                         bool keys_only, const std::vector<int32_t>* positions) {
   const auto t0 = std::chrono::steady_clock::now();
   const int32_t bs = pool_->block_slots();
+  if (keys_layer_ != layer) {
+    keys_layer_ = layer;
+    keys_done_.clear();
+  }
+  int32_t most = 0;
+  for (int32_t h : heads) most = std::max(most, h + 1);
+  if (static_cast<int32_t>(keys_done_.size()) < most) keys_done_.resize(static_cast<size_t>(most));
   std::vector<std::pair<int32_t, int32_t>> runs;  // [a, b) within a block
   size_t next = 0;                                // into *positions
   Status result;
@@ -77,6 +85,7 @@ Status LazyPrefix::Load(const kv::SequenceKv& kv, int32_t layer, const std::vect
     pos_values_.clear();
     for (int32_t part = 0; part < (keys_only ? 1 : 2); ++part) {
       for (int32_t h : heads) {
+        if (part == 0 && keys_done_[h]) continue;
         for (const auto& [a, b] : runs) {
           ranges_.emplace_back(static_cast<size_t>(pool_->PartOffset(part, layer, h, a)),
                                static_cast<size_t>((b - a) * pool_->SlotBytes(part)));
@@ -106,6 +115,9 @@ Status LazyPrefix::Load(const kv::SequenceKv& kv, int32_t layer, const std::vect
       result =
           pool_->WriteRanges(block, pos_ranges_, reinterpret_cast<const char*>(pos_values_.data()));
     }
+  }
+  if (positions == nullptr) {
+    for (int32_t h : heads) keys_done_[h] = true;
   }
   counters_->seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -3,7 +3,8 @@
 // (important-token loading, docs/architecture.md#prefix-cache). For each layer the model asks
 // for the keys of its probe heads, then for the keys and values of the tokens it chose (or of
 // all of them when the probe heads disagree); only those byte ranges are copied from host
-// memory or read (and checksummed) from the block files.
+// memory or read (and checksummed) from the block files, and keys already read are not read
+// again.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +56,10 @@ class LazyPrefix : public kv::PrefixLoader {
   std::vector<uint64_t> ids_;
   std::vector<std::optional<LazySource>> sources_;
   std::vector<bool> lost_;
+  // Heads whose keys of every prefix token layer keys_layer_ has read already (the probe heads):
+  // later reads of that layer skip them.
+  int32_t keys_layer_ = -1;
+  std::vector<bool> keys_done_;
   std::shared_ptr<LazyCounters> counters_;
   // Scratch.
   std::vector<std::pair<size_t, size_t>> ranges_, pos_ranges_;
