@@ -100,6 +100,40 @@ class PrefixCacheServingTest : public ServerSuite {
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 2e-3) << "token " << i;
   }
+  // `prompt` with MODE_OFF, then MODE_ON: the same tokens (single-process generation's) and
+  // log-probabilities. Returns the cached prompt tokens of the second (0 after a failure).
+  static uint32_t ExpectSameAsRecomputing(const std::string& prompt) {
+    StreamResult off = Stream(server_->stub(), Request(prompt, false));
+    StreamResult on = Stream(server_->stub(), Request(prompt, true));
+    if (!off.status.ok() || !on.status.ok()) {
+      ADD_FAILURE() << off.status.error_message() << " / " << on.status.error_message();
+      return 0;
+    }
+    EXPECT_EQ(Cached(off), 0u);
+    EXPECT_EQ(on.token_ids, Reference(prompt));
+    EXPECT_EQ(on.token_ids, off.token_ids);
+    ExpectClose(Logprobs(on), Logprobs(off));
+    return Cached(on);
+  }
+  // Flips one byte, at(file size) into it, of every block file (written behind the requests:
+  // after a moment). Returns how many.
+  static int CorruptBlockFiles(uintmax_t (*at)(uintmax_t size)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    int corrupted = 0;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(CacheDir())) {
+      if (!e.is_regular_file() || e.path().extension() != ".kvb") continue;
+      std::fstream io(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+      const auto where = static_cast<std::streamoff>(at(e.file_size()));
+      char c = 0;
+      io.seekg(where);
+      io.read(&c, 1);
+      c = static_cast<char>(c ^ 0x21);
+      io.seekp(where);
+      io.write(&c, 1);
+      ++corrupted;
+    }
+    return corrupted;
+  }
   static double Series(const std::string& name) {
     return Metric(Scrape(server_->metrics_port()), name);
   }
@@ -126,17 +160,9 @@ TEST_F(PrefixCacheServingTest, ASharedPrefixIsReusedFromEveryTier) {
   EXPECT_EQ(first.token_ids, Reference(doc + questions[0]));
   for (size_t q = 1; q < questions.size(); ++q) {
     SCOPED_TRACE(questions[q]);
-    StreamResult off = Stream(server_->stub(), Request(doc + questions[q], false));
-    ASSERT_TRUE(off.status.ok()) << off.status.error_message();
-    EXPECT_EQ(Cached(off), 0u);
-    StreamResult on = Stream(server_->stub(), Request(doc + questions[q], true));
-    ASSERT_TRUE(on.status.ok()) << on.status.error_message();
     // As many blocks as the memory tier holds (7 of 135,168 bytes in 1 MiB), where a sequence
     // reads them.
-    EXPECT_EQ(Cached(on), 7u * 32);
-    EXPECT_EQ(on.token_ids, Reference(doc + questions[q]));
-    EXPECT_EQ(on.token_ids, off.token_ids);
-    ExpectClose(Logprobs(on), Logprobs(off));
+    EXPECT_EQ(ExpectSameAsRecomputing(doc + questions[q]), 7u * 32);
   }
   // 1 MiB of memory and of host hold a few blocks each: the rest came back from disk.
   EXPECT_GT(Series("deja_prefix_cache_read_bytes_total{tier=\"disk\"}"), 0);
@@ -170,22 +196,8 @@ TEST_F(PrefixCacheServingTest, CorruptDiskBlocksAreRecomputed) {
   const std::string doc = "Corrupt. " + Document() + "\n\nQ: ";
   StreamResult seed = Stream(server_->stub(), Request(doc + "one", true));
   ASSERT_TRUE(seed.status.ok()) << seed.status.error_message();
-  // Disk copies are written behind the request; give them a moment, then flip a byte in each.
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  int corrupted = 0;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(CacheDir())) {
-    if (!e.is_regular_file() || e.path().extension() != ".kvb") continue;
-    std::fstream io(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-    const auto at = static_cast<std::streamoff>(e.file_size() - 7);
-    char c = 0;
-    io.seekg(at);
-    io.read(&c, 1);
-    c = static_cast<char>(c ^ 0x21);
-    io.seekp(at);
-    io.write(&c, 1);
-    ++corrupted;
-  }
-  ASSERT_GT(corrupted, 0);
+  // A byte near the end (the positions) of every block file.
+  ASSERT_GT(CorruptBlockFiles([](uintmax_t size) { return size - 7; }), 0);
   const double lost = Series("deja_prefix_cache_lost_blocks_total");
   StreamResult again = Stream(server_->stub(), Request(doc + "two", true));
   ASSERT_TRUE(again.status.ok()) << again.status.error_message();
@@ -211,15 +223,8 @@ TEST_F(ImportantLoadingServingTest, ThePrefixIsReadWhereItIsAndExact) {
   ASSERT_TRUE(first.status.ok()) << first.status.error_message();
   for (const std::string q : {"What is the firmament?", "What did God call the dry land?"}) {
     SCOPED_TRACE(q);
-    StreamResult off = Stream(server_->stub(), Request(doc + q, false));
-    ASSERT_TRUE(off.status.ok()) << off.status.error_message();
-    StreamResult on = Stream(server_->stub(), Request(doc + q, true));
-    ASSERT_TRUE(on.status.ok()) << on.status.error_message();
     // Every whole block of the document, not only what the memory tier holds.
-    EXPECT_GT(Cached(on), 7u * 32);
-    EXPECT_EQ(on.token_ids, Reference(doc + q));
-    EXPECT_EQ(on.token_ids, off.token_ids);
-    ExpectClose(Logprobs(on), Logprobs(off));
+    EXPECT_GT(ExpectSameAsRecomputing(doc + q), 7u * 32);
   }
   EXPECT_GE(Series("deja_prefix_cache_important_requests_total"), 2);
   EXPECT_GT(Series("deja_prefix_cache_important_layers_total{result=\"chosen\"}"), 0);
@@ -232,22 +237,8 @@ TEST_F(ImportantLoadingServingTest, ABlockLostWhileReadingIsRecomputed) {
   const std::string doc = "Lost. " + Document() + "\n\nQ: ";
   StreamResult seed = Stream(server_->stub(), Request(doc + "one", true));
   ASSERT_TRUE(seed.status.ok()) << seed.status.error_message();
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   // A byte of the keys (a quarter into each file) of every block file.
-  int corrupted = 0;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(CacheDir())) {
-    if (!e.is_regular_file() || e.path().extension() != ".kvb") continue;
-    std::fstream io(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-    const auto at = static_cast<std::streamoff>(e.file_size() / 4);
-    char c = 0;
-    io.seekg(at);
-    io.read(&c, 1);
-    c = static_cast<char>(c ^ 0x21);
-    io.seekp(at);
-    io.write(&c, 1);
-    ++corrupted;
-  }
-  ASSERT_GT(corrupted, 0);
+  ASSERT_GT(CorruptBlockFiles([](uintmax_t size) { return size / 4; }), 0);
   const double restarts = Series("deja_prefix_cache_important_restarts_total");
   const double lost = Series("deja_prefix_cache_lost_blocks_total");
   StreamResult again = Stream(server_->stub(), Request(doc + "two", true));
