@@ -15,9 +15,14 @@
 #   *-important  host, disk and disk-cold with --prefix-load important: the prefix is read
 #              where it is, each layer only the tokens the probe heads choose
 #              (--prefix-kept-fraction KEPT, default 0.5)
-# Prints one JSON line per mode (median and each TTFT in ms, cached prompt tokens, bytes the
-# workers read per question from host and disk) and the ratios against recompute and of each
-# important mode against its full-loading mode.
+# Each cached mode asks its questions ROUNDS times (default 2), each round with new questions:
+# the first important round reads files in position order and the workers rewrite them in the
+# background with the tokens it chose first (--prefix-file-order importance), so later rounds
+# read the chosen tokens contiguously.
+# Prints one JSON line per mode (the last round's median and each TTFT in ms, cached prompt
+# tokens, bytes the workers read per question from host and disk; each round's median and
+# bytes) and the ratios against recompute and of each important mode against its full-loading
+# mode, from the last round.
 #   bash bench/prefix_cache_ttft.sh [build/release/cli/deja] [model dir]
 # Environment: QUESTIONS (default 16), MEMORY_MB (memory tier, default 256: one document of the
 # 1.3B shape), DOC_CHARS (characters per document, default 4300: ~1,000 tokens), SERVE_FLAGS
@@ -29,6 +34,7 @@ cd "$(dirname "$0")/.."
 DEJA=${1:-build/release/cli/deja}
 MODEL=${2:-build/models/opt-1.3b-random}
 QUESTIONS=${QUESTIONS:-16}
+ROUNDS=${ROUNDS:-2}
 MEMORY_MB=${MEMORY_MB:-256}
 KEPT=${KEPT:-0.5}
 MODES=${MODES:-recompute memory host host-important disk disk-important disk-cold disk-cold-important}
@@ -46,10 +52,11 @@ run_mode() {  # mode, then deja serve flags
   start_deja_serve "$DEJA" $PORT $OUT.$mode.log --model "$MODEL" --tp 1 \
     --metrics-port $((PORT + 1)) --metrics-host 127.0.0.1 \
     --step-timeout-ms 600000 --max-prefill-tokens 2048 "$@" ${SERVE_FLAGS:-}
-  python3 - "$DEJA" "$PORT" "$mode" "$QUESTIONS" "$DOC_CHARS" "$DISK_DIR" <<'PY'
-import json, os, re, statistics, subprocess, sys, urllib.request
+  python3 - "$DEJA" "$PORT" "$mode" "$QUESTIONS" "$DOC_CHARS" "$DISK_DIR" "$ROUNDS" <<'PY'
+import json, os, re, statistics, subprocess, sys, time, urllib.request
 deja, port, mode, n, chars = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 disk_dir = sys.argv[6]
+rounds = 1 if mode == "recompute" else int(sys.argv[7])
 def read_bytes():
     text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % (int(port) + 1)).read().decode()
     out = {}
@@ -93,23 +100,30 @@ if mode == "memory":
 elif mode != "recompute":
     for i in range(n):
         ask(doc(i) + question(n + i), cache)
-ttft, cached, prompt = [], [], []
-before = read_bytes()
-for i in range(n):
-    if mode.startswith("disk-cold"):
-        drop_page_cache()
-    t, c, p = ask(doc(0 if mode == "memory" else i) + question(i), cache)
-    ttft.append(t)
-    cached.append(c)
-    prompt.append(p)
-after = read_bytes()
-print(json.dumps({"mode": mode, "ttft_ms_median": statistics.median(ttft),
-                  "host_mb_read_per_question": round((after["host"] - before["host"]) / n / 2**20, 1),
-                  "disk_mb_read_per_question": round((after["disk"] - before["disk"]) / n / 2**20, 1),
-                  "layers_chosen": after["chosen"] - before["chosen"],
-                  "layers_fallback": after["fallback"] - before["fallback"],
-                  "ttft_ms": [round(t, 1) for t in ttft], "cached_prompt_tokens": cached,
-                  "prompt_tokens": prompt}))
+per_round = []
+for r in range(rounds):
+    ttft, cached, prompt = [], [], []
+    before = read_bytes()
+    for i in range(n):
+        if mode.startswith("disk-cold"):
+            drop_page_cache()
+        q = question(i if r == 0 else (r + 1) * n + i)
+        t, c, p = ask(doc(0 if mode == "memory" else i) + q, cache)
+        ttft.append(t)
+        cached.append(c)
+        prompt.append(p)
+    after = read_bytes()
+    per_round.append({"ttft_ms_median": statistics.median(ttft),
+                      "host_mb_read_per_question": round((after["host"] - before["host"]) / n / 2**20, 1),
+                      "disk_mb_read_per_question": round((after["disk"] - before["disk"]) / n / 2**20, 1),
+                      "layers_chosen": after["chosen"] - before["chosen"],
+                      "layers_fallback": after["fallback"] - before["fallback"]})
+    if r + 1 < rounds:
+        time.sleep(2)  # the background rewrites of the last question's files
+last = per_round[-1]
+print(json.dumps(dict(mode=mode, **last, ttft_ms=[round(t, 1) for t in ttft],
+                      cached_prompt_tokens=cached, prompt_tokens=prompt,
+                      rounds=per_round)))
 PY
   stop_deja_serve
 }

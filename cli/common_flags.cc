@@ -261,7 +261,11 @@ void AddPrefixImportanceFlags(Args& args) {
       .Flag("prefix-probe-heads",
             "important-token loading: each rank's probe heads, comma-separated", "0,1,2")
       .Flag("prefix-dense-layers",
-            "important-token loading: the first layers, which load the whole prefix", "1");
+            "important-token loading: the first layers, which load the whole prefix", "1")
+      .Flag("prefix-file-order",
+            "important-token loading: `importance` (block files rewritten in the background with "
+            "their most often chosen tokens first, read contiguously) or `position`",
+            "importance");
 }
 
 StatusOr<worker::prefix::ImportanceOptions> PrefixImportanceFromFlags(const Args& args) {
@@ -279,6 +283,11 @@ StatusOr<worker::prefix::ImportanceOptions> PrefixImportanceFromFlags(const Args
   o.kept_fraction = static_cast<float>(kept);
   o.alpha = static_cast<float>(alpha);
   o.dense_layers = static_cast<int32_t>(dense);
+  const std::string order = args.Str("prefix-file-order");
+  if (order != "importance" && order != "position") {
+    return InvalidArgument("--prefix-file-order must be importance or position, not " + order);
+  }
+  o.reorder_files = order == "importance";
   o.probe_heads.clear();
   for (double h : probes) {
     if (h < 0 || h > 1 << 20 || h != std::floor(h)) {
@@ -291,8 +300,8 @@ StatusOr<worker::prefix::ImportanceOptions> PrefixImportanceFromFlags(const Args
 
 std::vector<std::string> PrefixImportanceArgs(const Args& args) {
   std::vector<std::string> out;
-  for (const char* flag :
-       {"prefix-kept-fraction", "prefix-alpha", "prefix-probe-heads", "prefix-dense-layers"}) {
+  for (const char* flag : {"prefix-kept-fraction", "prefix-alpha", "prefix-probe-heads",
+                           "prefix-dense-layers", "prefix-file-order"}) {
     out.push_back(std::string("--") + flag);
     out.push_back(args.Str(flag));
   }

@@ -313,6 +313,7 @@ void Engine::ObservePrefix() {
   m.important_layers[1]->Increment(static_cast<double>(now.fallback_layers - was.fallback_layers));
   m.important_restarts->Increment(
       static_cast<double>(now.important_restarts - was.important_restarts));
+  m.reordered_files->Increment(static_cast<double>(now.reordered_files - was.reordered_files));
   was = now;
 }
 

@@ -182,6 +182,11 @@ CoordinatorMetrics::CoordinatorMetrics(metrics::Registry* r, const ModelInfoLabe
         &r->AddCounter("deja_prefix_cache_important_restarts_total",
                        "Requests recomputed because a block they were reading could not be read.")
              .Add({});
+    prefix.reordered_files =
+        &r->AddCounter("deja_prefix_cache_reordered_files_total",
+                       "Block files rewritten in the background with the tokens loads chose most "
+                       "often first (--prefix-file-order importance), summed over ranks.")
+             .Add({});
     prefix.load_seconds = &r->AddHistogram("deja_prefix_cache_load_duration_seconds",
                                            "Per step that loaded cached blocks into memory: the "
                                            "slowest rank's load time.",

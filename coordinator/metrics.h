@@ -94,6 +94,7 @@ class CoordinatorMetrics {
     metrics::Counter* important_requests;
     metrics::Counter* important_layers[2];
     metrics::Counter* important_restarts;
+    metrics::Counter* reordered_files;
   } prefix;
 
  private:

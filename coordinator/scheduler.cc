@@ -319,6 +319,7 @@ void Scheduler::ApplyPrefixFailures(const std::vector<v1::StepResponse>& respons
     prefix_stats_.disk_bytes += response.prefix_io().disk_bytes_read();
     prefix_stats_.important_layers += response.prefix_io().important_layers();
     prefix_stats_.fallback_layers += response.prefix_io().fallback_layers();
+    prefix_stats_.reordered_files += response.prefix_io().reordered_files();
   }
   if (prefix_ == nullptr) return;
   // Important-token loading measured the share of important tokens of the blocks it read: the

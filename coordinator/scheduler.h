@@ -102,6 +102,8 @@ struct PrefixCacheStats {
   uint64_t important_layers = 0;
   uint64_t fallback_layers = 0;
   uint64_t important_restarts = 0;
+  // Block files rewritten in importance order, summed over ranks.
+  uint64_t reordered_files = 0;
 };
 
 struct PlannedWork {

@@ -29,6 +29,8 @@ using test_util::NextChunk;
 constexpr int32_t kBlock = 32;  // model::LoadOptions::kv_block_slots
 constexpr int32_t kPrefixBlocks = 3;
 constexpr int32_t kNewTokens = 6;
+// The files' checksum chunks: small, so that ranged reads read close to what they ask for.
+constexpr uint32_t kChunk = 1024;
 
 class PrefixCacheTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -50,7 +52,8 @@ class PrefixCacheTest : public ::testing::TestWithParam<std::string> {
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
     const uint64_t layout = 42;
-    auto files = prefix::BlockFiles::Open(dir_, layout);
+    auto files =
+        prefix::BlockFiles::Open(dir_, layout, prefix::BlockFilesOptions{.chunk_bytes = kChunk});
     ASSERT_TRUE(files.ok()) << files.status().ToString();
     files_ = files->get();
     auto store = std::make_unique<prefix::PrefixStore>(model_->kv_pool(), std::move(*files));
@@ -171,6 +174,7 @@ class PrefixCacheTest : public ::testing::TestWithParam<std::string> {
     for (int32_t b = 0; b < kPrefixBlocks; ++b) *r.add_prefix_ops() = Op(kind, b + 1);
     return Run(r);
   }
+  prefix::OrderedLayout FileLayout() const { return prefix::OrderedLayout::Of(*model_->kv_pool()); }
   static void ExpectSame(const Outcome& got, const Outcome& want) {
     EXPECT_EQ(got.tokens, want.tokens);
     ASSERT_EQ(got.logprobs.size(), want.logprobs.size());
@@ -221,8 +225,11 @@ TEST_P(PrefixCacheTest, ReuseFromEveryTierEqualsRecomputation) {
   EXPECT_EQ(disk.prefix_io().disk_blocks(), 3u);
   StepResponse load = All(PrefixOp::KIND_TO_MEMORY);
   EXPECT_EQ(load.prefix_failed_size(), 0);
+  // Each whole file: its 48-byte header, a CRC per chunk, the payload (the block's bytes and its
+  // order table).
+  const uint64_t payload = static_cast<uint64_t>(FileLayout().file_bytes());
   EXPECT_EQ(load.prefix_io().disk_bytes_read(),
-            3 * static_cast<uint64_t>(model_->kv_pool()->block_bytes()));
+            3 * (48 + 4 * ((payload + kChunk - 1) / kChunk) + payload));
   ExpectSame(Generate(5, prompts_[1], {1, 2, 3}), want);
   // The first prompt again, from the cache, while sequence 5 still shares the blocks.
   ExpectSame(Generate(6, prompts_[0], {1, 2, 3}), first);
@@ -396,6 +403,58 @@ TEST_P(PrefixCacheTest, ImportantLoadingReadsOnlyTheChosenTokens) {
     // A device keeps the whole prefix: exact.
     ExpectSame(from_host, want);
   }
+  All(PrefixOp::KIND_DROP);
+  EXPECT_EQ(engine_->Usage().free_bytes(), baseline_);
+}
+
+// Loads count which tokens each layer chose; the files are rewritten in the background with
+// those first (grouped over every head), so the same question then reads the few groups that
+// hold its choice, and gets the same log-probabilities. A whole load of a reordered file equals
+// recomputation.
+TEST_P(PrefixCacheTest, ReorderedFilesReadTheChosenTokensContiguously) {
+  if (!backend_->device().is_host()) GTEST_SKIP() << "a device keeps the whole prefix";
+  CacheFirstPrompt();
+  const Outcome want = Generate(2, prompts_[1], {});
+  Release(2);
+  // Every layer chooses half, by two probe heads: all but their keys follow the choice.
+  prefix::ImportanceOptions half;
+  half.kept_fraction = 0.5f;
+  half.alpha = 16.0f;
+  half.dense_layers = 0;
+  half.probe_heads = {0, 1};
+  ASSERT_TRUE(model_->SetPrefixImportance(half).ok());
+  All(PrefixOp::KIND_TO_DISK);
+  prefix::PrefixStore* store = engine_->prefix_store();
+  ASSERT_NE(store, nullptr);
+  StepResponse first_step, second_step;
+  const Outcome first = Generate(3, prompts_[1], {1, 2, 3}, {}, true, &first_step);
+  Release(3);
+  store->FinishReorders();
+  EXPECT_EQ(store->reordered_files(), kPrefixBlocks);
+  const Outcome second = Generate(4, prompts_[1], {1, 2, 3}, {}, true, &second_step);
+  Release(4);
+  ExpectSame(second, first);
+  EXPECT_EQ(second_step.prefix_failed_size(), 0);
+  // In position order a layer's 48 chosen tokens of 96 touch nearly every group of 8; in their
+  // own order they fill 6 to 9 of the 12 groups. Every layer reads the probe heads' keys (1/8
+  // of its K and V) and the chosen groups of the rest (7/8).
+  const uint64_t a = first_step.prefix_io().disk_bytes_read();
+  const uint64_t b = second_step.prefix_io().disk_bytes_read();
+  const int32_t layers = static_cast<int32_t>(model_->config().num_hidden_layers);
+  const prefix::OrderedLayout l = FileLayout();
+  const double all = 2.0 * layers * l.heads() * l.block_slots() * l.row_bytes() * kPrefixBlocks;
+  EXPECT_GT(static_cast<double>(a), all * (1.0 / 8 + 7.0 / 8 * 0.9)) << "first";
+  EXPECT_GE(static_cast<double>(b), all * (1.0 / 8 + 7.0 / 8 * 6 / 12)) << "second";
+  // 9 groups at most, and the headers (a CRC per chunk) of two reads per layer and block.
+  EXPECT_LT(static_cast<double>(b), all * (1.0 / 8 + 7.0 / 8 * 9 / 12) * 1.06) << "second";
+  // The same choice again counts the same tokens: no new order, no rewrite.
+  store->FinishReorders();
+  EXPECT_EQ(store->reordered_files(), kPrefixBlocks);
+  // Back into memory whole, from the reordered files: exact.
+  StepResponse load = All(PrefixOp::KIND_TO_MEMORY);
+  EXPECT_EQ(load.prefix_failed_size(), 0);
+  ExpectSame(Generate(5, prompts_[1], {1, 2, 3}), want);
+  Release(5);
   All(PrefixOp::KIND_DROP);
   EXPECT_EQ(engine_->Usage().free_bytes(), baseline_);
 }

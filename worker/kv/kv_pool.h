@@ -37,6 +37,8 @@ class KvBlockPool {
 
   kernels::Backend& backend() const { return *backend_; }
   int32_t block_slots() const { return block_slots_; }
+  int32_t layers() const { return layers_; }
+  int32_t heads() const { return heads_; }
   int64_t total_blocks() const { return total_; }
   int64_t free_blocks() const;
   int64_t block_bytes() const { return block_bytes_; }

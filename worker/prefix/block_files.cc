@@ -387,17 +387,28 @@ std::shared_ptr<const std::vector<char>> BlockFiles::FindUnwritten(uint64_t id) 
   return it == unwritten_.end() ? nullptr : it->second.data;
 }
 
-Status BlockFiles::Read(uint64_t id, char* out, size_t bytes) {
-  return ReadInto(id, {{0, bytes}}, out, bytes);
+Status BlockFiles::Read(uint64_t id, char* out, size_t bytes, int64_t* bytes_read) {
+  return ReadCounted(id, {{0, bytes}}, out, bytes, bytes_read);
 }
 
 Status BlockFiles::ReadRanges(uint64_t id, const std::vector<std::pair<size_t, size_t>>& ranges,
-                              char* out) {
-  return ReadInto(id, ranges, out, std::nullopt);
+                              char* out, int64_t* bytes_read) {
+  return ReadCounted(id, ranges, out, std::nullopt, bytes_read);
+}
+
+Status BlockFiles::ReadCounted(uint64_t id, const std::vector<std::pair<size_t, size_t>>& ranges,
+                               char* out, std::optional<size_t> payload_bytes,
+                               int64_t* bytes_read) {
+  std::atomic<int64_t> read{0};
+  Status st = ReadInto(id, ranges, out, payload_bytes, read);
+  bytes_read_ += read.load();
+  if (bytes_read != nullptr) *bytes_read += read.load();
+  return st;
 }
 
 Status BlockFiles::ReadInto(uint64_t id, const std::vector<std::pair<size_t, size_t>>& ranges,
-                            char* out, std::optional<size_t> payload_bytes) {
+                            char* out, std::optional<size_t> payload_bytes,
+                            std::atomic<int64_t>& bytes_read) {
   std::string path = PathOf(id);
   auto size_is = [&](uint64_t actual) {
     if (!payload_bytes || actual == *payload_bytes) return CheckRanges(ranges, actual, path);
@@ -417,7 +428,7 @@ Status BlockFiles::ReadInto(uint64_t id, const std::vector<std::pair<size_t, siz
   Fd fd;
   Header h;
   std::vector<uint32_t> crcs;
-  DEJA_RETURN_IF_ERROR(OpenChecked(path, layout_key_, id, fd, h, crcs, bytes_read_));
+  DEJA_RETURN_IF_ERROR(OpenChecked(path, layout_key_, id, fd, h, crcs, bytes_read));
   DEJA_RETURN_IF_ERROR(size_is(h.payload_bytes));
 
   // Ranges in file order, so those whose chunks touch or overlap share one read and one check.
@@ -447,7 +458,7 @@ Status BlockFiles::ReadInto(uint64_t id, const std::vector<std::pair<size_t, siz
     if (!direct) buf.resize(run_bytes);
     char* run = direct ? out + out_offset[order[k]] : buf.data();
     DEJA_RETURN_IF_ERROR(
-        PreadAll(fd.get(), run, run_bytes, PayloadOffset(h) + begin_byte, path, bytes_read_));
+        PreadAll(fd.get(), run, run_bytes, PayloadOffset(h) + begin_byte, path, bytes_read));
     DEJA_RETURN_IF_ERROR(VerifyChunks(path, h, crcs, first, last + 1, run));
     for (; !direct && k < end; ++k) {
       const size_t i = order[k];

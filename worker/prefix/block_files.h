@@ -80,12 +80,14 @@ class BlockFiles {
   // Copies block `id`, which must be `bytes` long, into `out`. A block still queued or being
   // written is copied from its buffer, without waiting behind the queue. NotFound without a
   // file; DataLoss naming the file and the mismatch for a file that is torn, corrupt, of another
-  // layout or block, or not `bytes` long; Internal for other I/O errors.
-  Status Read(uint64_t id, char* out, size_t bytes);
+  // layout or block, or not `bytes` long; Internal for other I/O errors. `bytes_read`, when not
+  // null, grows by what this call read from the file (as bytes_read()).
+  Status Read(uint64_t id, char* out, size_t bytes, int64_t* bytes_read = nullptr);
   // Copies the payload ranges (offset, length), in order, end to end into `out`. Reads and
   // verifies only the chunks that cover them. InvalidArgument for a range past the payload's
   // end; otherwise as Read.
-  Status ReadRanges(uint64_t id, const std::vector<std::pair<size_t, size_t>>& ranges, char* out);
+  Status ReadRanges(uint64_t id, const std::vector<std::pair<size_t, size_t>>& ranges, char* out,
+                    int64_t* bytes_read = nullptr);
 
   // Drops block `id`: cancels its queued writes, waits for one in flight, deletes its file.
   void Remove(uint64_t id);
@@ -115,9 +117,12 @@ class BlockFiles {
   BlockFiles(std::string dir, uint64_t layout_key, const BlockFilesOptions& options);
   void WriterLoop();
   Status WriteFile(const Job& job);
-  // Read (`payload_bytes` set) and ReadRanges.
+  // Read (`payload_bytes` set) and ReadRanges: ReadInto counting into bytes_read_ and
+  // *bytes_read.
+  Status ReadCounted(uint64_t id, const std::vector<std::pair<size_t, size_t>>& ranges, char* out,
+                     std::optional<size_t> payload_bytes, int64_t* bytes_read);
   Status ReadInto(uint64_t id, const std::vector<std::pair<size_t, size_t>>& ranges, char* out,
-                  std::optional<size_t> payload_bytes);
+                  std::optional<size_t> payload_bytes, std::atomic<int64_t>& bytes_read);
   // The buffer of an unfinished write of `id`, or null.
   std::shared_ptr<const std::vector<char>> FindUnwritten(uint64_t id);
   std::string PathOf(uint64_t id) const;

@@ -27,6 +27,9 @@ struct ImportanceOptions {
   // 0's probe heads often agree while its other heads attend elsewhere, and its choice alone
   // cost 10-12% of perplexity at 50% kept; loading it whole costs 1/layers of the savings.
   int32_t dense_layers = 1;
+  // Block files keep their tokens in importance order, rewritten in the background from the
+  // choices loads make (PrefixStore); false keeps them in position order (to compare).
+  bool reorder_files = true;
   Status Validate(int32_t heads) const;
 };
 

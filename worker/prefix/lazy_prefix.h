@@ -4,7 +4,8 @@
 // for the keys of its probe heads, then for the keys and values of the tokens it chose (or of
 // all of them when the probe heads disagree); only those byte ranges are copied from host
 // memory or read (and checksummed) from the block files, and keys already read are not read
-// again.
+// again. A file stores its tokens in importance order (OrderedLayout), so a block's chosen tokens
+// are read as the few groups of rows that hold them, for every head at once.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include "worker/kv/kv_cache.h"
 #include "worker/kv/kv_pool.h"
 #include "worker/prefix/block_files.h"
+#include "worker/prefix/block_layout.h"
 
 namespace deja::worker::prefix {
 
@@ -29,12 +31,16 @@ struct LazyCounters {
   std::vector<uint64_t> failed;
   // Per block id: tokens the layers that chose kept, and tokens those layers considered.
   std::unordered_map<uint64_t, std::pair<int64_t, int64_t>> chosen;
+  // Per block id: how often each (layer, slot) was chosen, layers x block_slots.
+  std::unordered_map<uint64_t, std::vector<int32_t>> chosen_slots;
 };
 
-// One block outside the pool: its host copy, or else its file.
+// One block outside the pool: its host copy, or else its file, whose tokens are stored in
+// `order` (OrderedLayout: rank -> slot for every layer).
 struct LazySource {
   uint64_t id = 0;
   std::shared_ptr<const std::vector<char>> host;
+  std::shared_ptr<const std::vector<int32_t>> order;
 };
 
 class LazyPrefix : public kv::PrefixLoader {
@@ -50,9 +56,15 @@ class LazyPrefix : public kv::PrefixLoader {
 
  private:
   Status Read(const LazySource& s, const std::vector<std::pair<size_t, size_t>>& ranges, char* out);
+  // The slots marked in want_ of `s` from its file, rows of `heads` (keys only, or keys and
+  // values), into pool block `block`. Returns the read's status (an error: the block is lost);
+  // *write gets the pool's.
+  Status ReadFromFile(const LazySource& s, int32_t layer, const std::vector<int32_t>& heads,
+                      bool keys_only, int32_t block, Status* write);
 
   std::shared_ptr<kv::KvBlockPool> pool_;
   std::shared_ptr<BlockFiles> files_;
+  OrderedLayout layout_;
   std::vector<uint64_t> ids_;
   std::vector<std::optional<LazySource>> sources_;
   std::vector<bool> lost_;
@@ -64,7 +76,13 @@ class LazyPrefix : public kv::PrefixLoader {
   // Scratch.
   std::vector<std::pair<size_t, size_t>> ranges_, pos_ranges_;
   std::vector<int32_t> pos_values_;
-  std::vector<char> data_;
+  std::vector<char> data_, packed_, want_;
+  std::vector<std::pair<size_t, size_t>> file_ranges_;
+  struct Piece {
+    int32_t part, group, head;
+    size_t at;  // in data_
+  };
+  std::vector<Piece> pieces_;
 };
 
 }  // namespace deja::worker::prefix

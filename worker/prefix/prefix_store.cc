@@ -1,6 +1,10 @@
 #include "worker/prefix/prefix_store.h"
 
+#include <glog/logging.h>
+
+#include <algorithm>
 #include <chrono>
+#include <numeric>
 #include <string>
 #include <utility>
 
@@ -11,10 +15,22 @@ std::string Name(uint64_t id) { return "prefix block " + std::to_string(id); }
 
 }  // namespace
 
-PrefixStore::PrefixStore(std::shared_ptr<kv::KvBlockPool> pool, std::unique_ptr<BlockFiles> files)
-    : pool_(std::move(pool)), files_(std::move(files)) {}
+PrefixStore::PrefixStore(std::shared_ptr<kv::KvBlockPool> pool, std::unique_ptr<BlockFiles> files,
+                         bool reorder_files)
+    : pool_(std::move(pool)),
+      files_(std::move(files)),
+      layout_(OrderedLayout::Of(*pool_)),
+      reorder_files_(reorder_files && files_ != nullptr) {
+  if (reorder_files_) reorderer_ = std::thread([this] { ReorderLoop(); });
+}
 
 PrefixStore::~PrefixStore() {
+  {
+    std::lock_guard<std::mutex> lock(reorder_mu_);
+    stop_ = true;
+  }
+  reorder_cv_.notify_all();
+  if (reorderer_.joinable()) reorderer_.join();
   for (auto& [id, b] : blocks_) ReleaseMemory(&b);
 }
 
@@ -40,10 +56,14 @@ Status PrefixStore::Insert(uint64_t id, int32_t pool_block, std::vector<int32_t>
   }
   Block b;
   if (files_ != nullptr) {
-    auto bytes = std::make_shared<std::vector<char>>(static_cast<size_t>(pool_->block_bytes()));
-    DEJA_RETURN_IF_ERROR(pool_->CopyOut(pool_block, bytes->data()));
-    files_->Write(id, std::move(bytes));
+    std::vector<char> bytes(static_cast<size_t>(pool_->block_bytes()));
+    DEJA_RETURN_IF_ERROR(pool_->CopyOut(pool_block, bytes.data()));
+    auto order = std::make_shared<const std::vector<int32_t>>(layout_.PositionOrder());
+    auto file = std::make_shared<std::vector<char>>(static_cast<size_t>(layout_.file_bytes()));
+    layout_.Encode(bytes.data(), *order, file->data());
+    files_->Write(id, std::move(file));
     b.on_disk = true;
+    b.order = std::move(order);
   }
   pool_->Retain(pool_block);
   b.pool_block = pool_block;
@@ -86,10 +106,11 @@ Status PrefixStore::ToMemory(uint64_t id, PrefixIo* io) {
     st = pool_->CopyIn(taken[0], b->host->data());
     if (st.ok()) io->host_bytes += pool_->block_bytes();
   } else if (b->on_disk) {
+    std::vector<char> file(static_cast<size_t>(layout_.file_bytes()));
     std::vector<char> bytes(static_cast<size_t>(pool_->block_bytes()));
-    st = files_->Read(id, bytes.data(), bytes.size());
+    st = files_->Read(id, file.data(), file.size(), &io->disk_bytes);
+    if (st.ok()) st = layout_.Decode(file.data(), bytes.data());
     if (st.ok()) st = pool_->CopyIn(taken[0], bytes.data());
-    if (st.ok()) io->disk_bytes += pool_->block_bytes();
     if (!st.ok() && st.code() != StatusCode::kResourceExhausted) Drop(id);  // lost: never serve it
   } else {
     st = Internal(Name(id) + " has no copy");
@@ -129,7 +150,7 @@ Status PrefixStore::SeedLazy(const std::vector<uint64_t>& ids, kv::SequenceKv* k
     if (b.pool_block >= 0) {
       copy[i] = b.pool_block;
     } else if (b.host != nullptr || b.on_disk) {
-      sources[i] = LazySource{ids[i], b.host};
+      sources[i] = LazySource{ids[i], b.host, b.order};
     } else {
       return Internal(Name(ids[i]) + " has no copy");
     }
@@ -147,7 +168,125 @@ LazyCounters PrefixStore::TakeLazy() {
   LazyCounters out = std::move(*lazy_);
   *lazy_ = LazyCounters();
   for (uint64_t id : out.failed) Drop(id);
+  if (!reorder_files_) return out;
+  PublishReorders();
+  for (const auto& [id, counts] : out.chosen_slots) {
+    auto it = blocks_.find(id);
+    if (it == blocks_.end() || !it->second.on_disk) continue;
+    Block& b = it->second;
+    b.chosen.resize(counts.size());
+    for (size_t i = 0; i < counts.size(); ++i) b.chosen[i] += static_cast<float>(counts[i]);
+    if (b.reordering) continue;
+    std::shared_ptr<const std::vector<int32_t>> to = NewOrder(b);
+    if (to == nullptr) continue;
+    b.reordering = true;
+    {
+      std::lock_guard<std::mutex> lock(reorder_mu_);
+      todo_.push_back(Reorder{id, b.host, b.order, std::move(to), nullptr, Status::Ok()});
+      ++reordering_;
+    }
+    reorder_cv_.notify_all();
+  }
   return out;
+}
+
+std::shared_ptr<const std::vector<int32_t>> PrefixStore::NewOrder(const Block& b) const {
+  const int32_t bs = layout_.block_slots();
+  const int32_t rows = layout_.group_rows();
+  std::vector<int32_t> order = *b.order;
+  std::vector<int32_t> old_group(static_cast<size_t>(bs));
+  int64_t moved = 0, counted = 0;
+  for (int32_t l = 0; l < layout_.layers(); ++l) {
+    const float* c = b.chosen.data() + static_cast<int64_t>(l) * bs;
+    if (std::all_of(c, c + bs, [](float x) { return x == 0.f; })) continue;
+    int32_t* o = order.data() + static_cast<int64_t>(l) * bs;
+    for (int32_t r = 0; r < bs; ++r) old_group[o[r]] = r / rows;
+    std::iota(o, o + bs, 0);
+    std::stable_sort(o, o + bs, [c](int32_t a, int32_t z) { return c[a] > c[z]; });
+    for (int32_t r = 0; r < bs; ++r) moved += old_group[o[r]] != r / rows;
+    counted += bs;
+  }
+  // A rewrite costs the whole file: worth it when at least an eighth of the counted slots
+  // change group (the first time, from position order, most do).
+  if (counted == 0 || moved * 8 < counted) return nullptr;
+  return std::make_shared<const std::vector<int32_t>>(std::move(order));
+}
+
+void PrefixStore::ReorderLoop() {
+  std::vector<char> file, pool;
+  std::vector<int32_t> order;
+  for (;;) {
+    Reorder job;
+    {
+      std::unique_lock<std::mutex> lock(reorder_mu_);
+      reorder_cv_.wait(lock, [&] { return stop_ || !todo_.empty(); });
+      if (stop_) return;
+      job = std::move(todo_.front());
+      todo_.pop_front();
+    }
+    job.file = std::make_shared<std::vector<char>>(static_cast<size_t>(layout_.file_bytes()));
+    if (job.host != nullptr) {
+      layout_.Encode(job.host->data(), *job.to, job.file->data());
+    } else {
+      file.resize(static_cast<size_t>(layout_.file_bytes()));
+      pool.resize(static_cast<size_t>(layout_.pool_bytes()));
+      job.status = files_->Read(job.id, file.data(), file.size());
+      if (job.status.ok()) job.status = layout_.Decode(file.data(), pool.data(), &order);
+      if (job.status.ok() && order != *job.from) {
+        job.status = FailedPrecondition(Name(job.id) + "'s file is not in the order expected");
+      }
+      if (job.status.ok()) layout_.Encode(pool.data(), *job.to, job.file->data());
+    }
+    {
+      std::lock_guard<std::mutex> lock(reorder_mu_);
+      done_.push_back(std::move(job));
+      --reordering_;
+    }
+    reorder_cv_.notify_all();
+  }
+}
+
+void PrefixStore::PublishReorders() {
+  std::vector<Reorder> ready = std::move(waiting_);
+  waiting_.clear();
+  {
+    std::lock_guard<std::mutex> lock(reorder_mu_);
+    for (Reorder& r : done_) ready.push_back(std::move(r));
+    done_.clear();
+  }
+  for (Reorder& r : ready) {
+    auto it = blocks_.find(r.id);
+    // Dropped, or another block under that id since.
+    if (it == blocks_.end() || it->second.order != r.from) continue;
+    Block& b = it->second;
+    if (!r.status.ok()) {
+      // The next load that reads it finds what is wrong; until then it keeps its order.
+      LOG(WARNING) << "not reordering " << Name(r.id) << ": " << r.status.message();
+      b.reordering = false;
+      continue;
+    }
+    if (b.order.use_count() > 2) {
+      // Held by more than the block and this job: a sequence seeded from the file reads it in
+      // its next step, in the old order.
+      waiting_.push_back(std::move(r));
+      continue;
+    }
+    // Reads of the block see the new payload from here on (BlockFiles serves a queued write
+    // from its buffer), so the order and the bytes change together.
+    files_->Write(r.id, std::move(r.file));
+    b.order = std::move(r.to);
+    b.reordering = false;
+    ++reordered_;
+  }
+}
+
+void PrefixStore::FinishReorders() {
+  if (!reorder_files_) return;
+  {
+    std::unique_lock<std::mutex> lock(reorder_mu_);
+    reorder_cv_.wait(lock, [&] { return reordering_ == 0; });
+  }
+  PublishReorders();
 }
 
 Status PrefixStore::MemoryBlocks(const std::vector<uint64_t>& ids, std::vector<int32_t>* blocks,

@@ -5,13 +5,21 @@
 //           share it: KvBlockPool counts holders);
 //   host    a host buffer of the block's bytes (KvBlockPool::CopyOut);
 //   disk    a file per block with checksums (BlockFiles), written once when the block enters
-//           the cache, so demotion from host writes nothing.
+//           the cache, so demotion from host writes nothing. Its tokens are stored in importance
+//           order (OrderedLayout): position order at first; the choices important-token loads
+//           make are counted per (layer, slot), and a background thread rewrites a file whose
+//           order they change (the new file replaces the old one once no sequence is about to
+//           read the old order).
 // A block is in memory or on host, never both; with a disk tier every block also has its file.
 // Blocks are identified by the coordinator's ids. Not thread-safe: the step thread calls it.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -19,6 +27,7 @@
 #include "worker/kv/kv_cache.h"
 #include "worker/kv/kv_pool.h"
 #include "worker/prefix/block_files.h"
+#include "worker/prefix/block_layout.h"
 #include "worker/prefix/lazy_prefix.h"
 
 namespace deja::worker::prefix {
@@ -32,8 +41,9 @@ struct PrefixIo {
 
 class PrefixStore {
  public:
-  // `files` null: no disk tier.
-  PrefixStore(std::shared_ptr<kv::KvBlockPool> pool, std::unique_ptr<BlockFiles> files);
+  // `files` null: no disk tier. `reorder_files` false keeps every file in position order.
+  PrefixStore(std::shared_ptr<kv::KvBlockPool> pool, std::unique_ptr<BlockFiles> files,
+              bool reorder_files = true);
   ~PrefixStore();
   PrefixStore(const PrefixStore&) = delete;
   PrefixStore& operator=(const PrefixStore&) = delete;
@@ -67,8 +77,13 @@ class PrefixStore {
   Status SeedLazy(const std::vector<uint64_t>& ids, kv::SequenceKv* kv,
                   std::vector<int32_t>* tokens);
   // What lazy loads read since the last call, and the blocks they could not read (dropped from
-  // this store: the coordinator forgets them and recomputes).
+  // this store: the coordinator forgets them and recomputes). Their choices count toward the
+  // blocks' file orders: files to reorder are queued, and files reordered since are published.
   LazyCounters TakeLazy();
+  // Waits until no file is being reordered, then publishes what was (tests).
+  void FinishReorders();
+  // Files rewritten in a new order so far.
+  int64_t reordered_files() const { return reordered_; }
 
   int64_t memory_blocks() const { return in_memory_; }
   int64_t host_blocks() const { return on_host_; }
@@ -79,13 +94,41 @@ class PrefixStore {
     int32_t pool_block = -1;                  // memory tier
     std::shared_ptr<std::vector<char>> host;  // host tier
     bool on_disk = false;
+    // The file's order (OrderedLayout; its own object: a sequence seeded from the file holds it
+    // until its loads are done), and how often loads chose each (layer, slot).
+    std::shared_ptr<const std::vector<int32_t>> order;
+    std::vector<float> chosen;
+    bool reordering = false;
     std::vector<int32_t> tokens;
+  };
+  // A file to rewrite in order `to`, from the host copy when there is one, else from the file.
+  struct Reorder {
+    uint64_t id;
+    std::shared_ptr<const std::vector<char>> host;
+    std::shared_ptr<const std::vector<int32_t>> from, to;
+    std::shared_ptr<std::vector<char>> file;  // the new payload, once made
+    Status status;
   };
   StatusOr<Block*> Find(uint64_t id);
   void ReleaseMemory(Block* b);
+  // The order `b`'s counts give (each layer that has any by count, most chosen first; the
+  // others as they are), or null when it moves too few slots to another group to pay a rewrite.
+  std::shared_ptr<const std::vector<int32_t>> NewOrder(const Block& b) const;
+  void ReorderLoop();
+  void PublishReorders();
 
   std::shared_ptr<kv::KvBlockPool> pool_;
   std::shared_ptr<BlockFiles> files_;
+  const OrderedLayout layout_;
+  const bool reorder_files_;
+  int64_t reordered_ = 0;
+  std::mutex reorder_mu_;
+  std::condition_variable reorder_cv_;  // the thread: a job or stop; FinishReorders: a job done
+  std::deque<Reorder> todo_, done_;
+  int32_t reordering_ = 0;  // jobs queued or being made
+  bool stop_ = false;
+  std::vector<Reorder> waiting_;  // made, their old order still held by a sequence
+  std::thread reorderer_;
   std::shared_ptr<LazyCounters> lazy_ = std::make_shared<LazyCounters>();
   std::unordered_map<uint64_t, Block> blocks_;
   int64_t in_memory_ = 0;

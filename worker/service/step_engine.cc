@@ -325,6 +325,9 @@ void StepEngine::ReportLazyLoads(deja::v1::StepResponse* resp) {
   for (int64_t f : stats.fallbacks) fallbacks += f;
   out->set_important_layers(static_cast<uint64_t>(chosen));
   out->set_fallback_layers(static_cast<uint64_t>(fallbacks));
+  const int64_t reordered = prefix_->reordered_files();
+  out->set_reordered_files(static_cast<uint64_t>(reordered - reordered_reported_));
+  reordered_reported_ = reordered;
   for (const auto& [id, counts] : lazy.chosen) {
     if (counts.second <= 0) continue;
     deja::v1::BlockImportance* b = out->add_block_importance();

@@ -53,6 +53,8 @@ class StepEngine {
   // Safe to call from any thread.
   deja::v1::KvUsage Usage() const;
   uint64_t kv_bytes_per_token() const { return bytes_per_token_; }
+  // The prefix cache (null without one); the step thread's, like Run.
+  prefix::PrefixStore* prefix_store() { return prefix_.get(); }
 
  private:
   StepEngine(model::Model* model, uint64_t kv_budget_bytes, uint64_t bytes_per_token,
@@ -120,6 +122,7 @@ class StepEngine {
   deja::v1::KvUsage usage_;
 
   std::unique_ptr<prefix::PrefixStore> prefix_;
+  int64_t reordered_reported_ = 0;  // prefix_->reordered_files() at the last report
 };
 
 }  // namespace deja::worker::service

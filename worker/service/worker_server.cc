@@ -344,11 +344,12 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
     if (!options_.prefix_cache_dir.empty()) {
       // Files of another model, dtype, geometry or group shape never pass the layout check.
       const kv::KvGeometry g = model_->kv_geometry();
-      const std::string layout =
-          options_.model_dir + "|" + DTypeName(model_->weight_dtype()) + "|" +
-          DTypeName(g.kv_dtype) + "|" + std::to_string(g.layers) + "x" + std::to_string(g.heads) +
-          "x" + std::to_string(g.head_dim) + "|" + std::to_string(model_->kv_block_slots()) + "|" +
-          std::to_string(options_.rank) + "/" + std::to_string(options_.world_size);
+      const std::string layout = options_.model_dir + "|" + DTypeName(model_->weight_dtype()) +
+                                 "|" + DTypeName(g.kv_dtype) + "|" + std::to_string(g.layers) +
+                                 "x" + std::to_string(g.heads) + "x" + std::to_string(g.head_dim) +
+                                 "|" + std::to_string(model_->kv_block_slots()) + "|" +
+                                 std::to_string(options_.rank) + "/" +
+                                 std::to_string(options_.world_size) + "|importance-ordered";
       const std::string dir = options_.prefix_cache_dir + "/rank" + std::to_string(options_.rank);
       DEJA_ASSIGN_OR_RETURN(files, prefix::BlockFiles::Open(dir, std::hash<std::string>{}(layout)));
       service_->prefix_disk.store(true);
@@ -356,7 +357,8 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
     if (Status st = model_->SetPrefixImportance(options_.prefix_importance); !st.ok()) {
       return Status(st.code(), "--prefix-probe-heads: " + st.message());
     }
-    prefix_store = std::make_unique<prefix::PrefixStore>(model_->kv_pool(), std::move(files));
+    prefix_store = std::make_unique<prefix::PrefixStore>(model_->kv_pool(), std::move(files),
+                                                         options_.prefix_importance.reorder_files);
     service_->prefix_cache.store(true);
     LOG(INFO) << "rank " << options_.rank << ": prefix cache on"
               << (options_.prefix_cache_dir.empty()
