@@ -63,7 +63,8 @@ def read_bytes():
     for key, series in (("host", 'read_bytes_total{tier="host"}'),
                         ("disk", 'read_bytes_total{tier="disk"}'),
                         ("chosen", 'important_layers_total{result="chosen"}'),
-                        ("fallback", 'important_layers_total{result="fallback"}')):
+                        ("fallback", 'important_layers_total{result="fallback"}'),
+                        ("reordered", 'reordered_files_total')):
         m = re.search(r'^deja_prefix_cache_%s (\S+)' % re.escape(series), text, re.M)
         out[key] = float(m.group(1)) if m else 0.0
     return out
@@ -117,7 +118,8 @@ for r in range(rounds):
                       "host_mb_read_per_question": round((after["host"] - before["host"]) / n / 2**20, 1),
                       "disk_mb_read_per_question": round((after["disk"] - before["disk"]) / n / 2**20, 1),
                       "layers_chosen": after["chosen"] - before["chosen"],
-                      "layers_fallback": after["fallback"] - before["fallback"]})
+                      "layers_fallback": after["fallback"] - before["fallback"],
+                      "files_reordered": after["reordered"] - before["reordered"]})
     if r + 1 < rounds:
         time.sleep(2)  # the background rewrites of the last question's files
 last = per_round[-1]
