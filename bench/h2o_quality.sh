@@ -28,7 +28,8 @@ if [ "${VARIANTS:-0}" = 1 ]; then
       "h2o_sinks4:h2o:$((budget / 2)):--sink-tokens 4" \
       "h2o_mean:h2o:$((budget / 2)):--h2o-score mean" \
       "h2o_heavy1/8:h2o:$((budget / 8)):" "h2o_heavy1/16_mean:h2o:$((budget / 16)):--h2o-score mean" \
-      "h2o_heavy4:h2o:4:"; do
+      "h2o_heavy4:h2o:4:" "h2o_heavy8_decay0.6:h2o:8:--h2o-decay 0.6" \
+      "h2o_heavy4_decay0.6:h2o:4:--h2o-decay 0.6"; do
       IFS=: read -r label policy heavy flags <<<"$run"
       recent=$((budget - heavy))
       budget_flags=()
