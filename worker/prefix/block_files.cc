@@ -18,6 +18,7 @@
 #include <string_view>
 #include <system_error>
 #include <type_traits>
+#include <unordered_map>
 
 namespace deja::worker::prefix {
 namespace {
@@ -129,11 +130,8 @@ Status PreadAll(int fd, void* out, size_t bytes, uint64_t offset, const std::str
   return Status::Ok();
 }
 
-// Opens block file `path` and checks everything but the payload: that it is a regular file whose
-// size matches its header, the header's checksum, layout and id. Nothing in the file is trusted
-// before it has been bounded by the file's size.
-Status OpenChecked(const std::string& path, uint64_t layout_key, uint64_t id, Fd& fd, Header& h,
-                   std::vector<uint32_t>& crcs, std::atomic<int64_t>& bytes_read) {
+// Opens block file `path`: a regular file.
+Status OpenBlockFile(const std::string& path, Fd& fd, struct stat& st) {
   const int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (raw < 0) {
     const int err = errno;
@@ -141,9 +139,17 @@ Status OpenChecked(const std::string& path, uint64_t layout_key, uint64_t id, Fd
     return Internal(ErrnoMessage(err, "opening", path));
   }
   fd = Fd(raw);
-  struct stat st;
   if (::fstat(fd.get(), &st) != 0) return Internal(ErrnoMessage(errno, "stat of", path));
   if (!S_ISREG(st.st_mode)) return DataLoss(path + ": not a regular file");
+  return Status::Ok();
+}
+
+// Checks everything in an open block file but the payload: that its size matches its header,
+// the header's checksum, layout and id. Nothing in the file is trusted before it has been
+// bounded by the file's size.
+Status CheckHeader(const std::string& path, uint64_t layout_key, uint64_t id, const Fd& fd,
+                   const struct stat& st, Header& h, std::vector<uint32_t>& crcs,
+                   std::atomic<int64_t>& bytes_read) {
   const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
   if (file_bytes < sizeof(Header)) {
     return DataLoss(path + ": truncated: " + std::to_string(file_bytes) +
@@ -269,10 +275,71 @@ StatusOr<std::unique_ptr<BlockFiles>> BlockFiles::Open(const std::string& dir, u
   return std::unique_ptr<BlockFiles>(new BlockFiles(dir, layout_key, options));
 }
 
+// Headers and CRC tables already checked, per block id, with the identity of the file they came
+// from: a later read of the same file (same device, inode, size and change time) does not read
+// and check them again. Its payload is still checked chunk by chunk against the table. A file
+// rewritten by this class is a new inode (written aside, then renamed over).
+struct VerifiedTables {
+  struct Entry {
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    int64_t ctime_ns;
+    Header header;
+    std::shared_ptr<const std::vector<uint32_t>> crcs;
+  };
+  static constexpr int64_t kMaxBytes = 64ll << 20;  // of tables held; past it, start over
+
+  static int64_t CtimeNs(const struct stat& st) {
+    return static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+  }
+  bool Find(uint64_t id, const struct stat& st, Header* h,
+            std::shared_ptr<const std::vector<uint32_t>>* crcs) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = entries.find(id);
+    if (it == entries.end()) return false;
+    const Entry& e = it->second;
+    if (e.dev != st.st_dev || e.ino != st.st_ino || e.size != st.st_size ||
+        e.ctime_ns != CtimeNs(st)) {
+      return false;
+    }
+    *h = e.header;
+    *crcs = e.crcs;
+    return true;
+  }
+  void Put(uint64_t id, const struct stat& st, const Header& h,
+           std::shared_ptr<const std::vector<uint32_t>> crcs) {
+    std::lock_guard<std::mutex> lock(mu);
+    EraseLocked(id);
+    const int64_t b = static_cast<int64_t>(crcs->size()) * 4;
+    if (bytes + b > kMaxBytes) {
+      entries.clear();
+      bytes = 0;
+    }
+    bytes += b;
+    entries[id] = Entry{st.st_dev, st.st_ino, st.st_size, CtimeNs(st), h, std::move(crcs)};
+  }
+  void Erase(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu);
+    EraseLocked(id);
+  }
+  void EraseLocked(uint64_t id) {
+    auto it = entries.find(id);
+    if (it == entries.end()) return;
+    bytes -= static_cast<int64_t>(it->second.crcs->size()) * 4;
+    entries.erase(it);
+  }
+
+  std::mutex mu;
+  std::unordered_map<uint64_t, Entry> entries;
+  int64_t bytes = 0;
+};
+
 BlockFiles::BlockFiles(std::string dir, uint64_t layout_key, const BlockFilesOptions& options)
     : dir_(std::move(dir)),
       layout_key_(layout_key),
       options_(options),
+      verified_(std::make_unique<VerifiedTables>()),
       writer_([this] { WriterLoop(); }) {}
 
 BlockFiles::~BlockFiles() {
@@ -426,9 +493,17 @@ Status BlockFiles::ReadInto(uint64_t id, const std::vector<std::pair<size_t, siz
     return Status::Ok();
   }
   Fd fd;
+  struct stat st;
+  DEJA_RETURN_IF_ERROR(OpenBlockFile(path, fd, st));
   Header h;
-  std::vector<uint32_t> crcs;
-  DEJA_RETURN_IF_ERROR(OpenChecked(path, layout_key_, id, fd, h, crcs, bytes_read));
+  std::shared_ptr<const std::vector<uint32_t>> table;
+  if (!verified_->Find(id, st, &h, &table)) {
+    std::vector<uint32_t> read;
+    DEJA_RETURN_IF_ERROR(CheckHeader(path, layout_key_, id, fd, st, h, read, bytes_read));
+    table = std::make_shared<const std::vector<uint32_t>>(std::move(read));
+    verified_->Put(id, st, h, table);
+  }
+  const std::vector<uint32_t>& crcs = *table;
   DEJA_RETURN_IF_ERROR(size_is(h.payload_bytes));
 
   // Ranges in file order, so those whose chunks touch or overlap share one read and one check.
@@ -484,6 +559,7 @@ void BlockFiles::Remove(uint64_t id) {
     done_cv_.notify_all();  // the queue shrank: Write and Flush may go on
     done_cv_.wait(lock, [&] { return in_flight_ != id; });
   }
+  verified_->Erase(id);
   if (::unlink(PathOf(id).c_str()) != 0 && errno != ENOENT) {
     LOG(WARNING) << ErrnoMessage(errno, "deleting", PathOf(id));
   }

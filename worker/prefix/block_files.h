@@ -16,7 +16,8 @@
 //   48+4*n    ..  payload
 // Chunk CRCs are the only payload check: a whole read verifies all of them, a ranged read only
 // the chunks it touches, so one flipped bit costs at most one chunk and a slice never pays for
-// the whole block.
+// the whole block. The header and CRC table of a file read before are kept in memory (keyed by
+// the file's inode, size and change time), so later ranged reads of it read only their chunks.
 #pragma once
 
 #include <atomic>
@@ -53,6 +54,8 @@ struct BlockFilesOptions {
   // (and costs a device flush per block).
   bool sync = false;
 };
+
+struct VerifiedTables;
 
 class BlockFiles {
  public:
@@ -144,6 +147,8 @@ class BlockFiles {
   std::atomic<int64_t> bytes_read_{0};
   std::atomic<int64_t> write_failures_{0};
   std::atomic<int64_t> pending_bytes_{0};
+  // The headers and CRC tables of files read before (block_files.cc).
+  std::unique_ptr<VerifiedTables> verified_;
 
   std::thread writer_;  // last: starts after every member it uses exists
 };
