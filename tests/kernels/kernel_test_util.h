@@ -183,6 +183,16 @@ inline Tensor CopyOf(const Tensor& t) {
   return c;
 }
 
+// |t| element-wise, in t's dtype (exact: only the sign changes).
+inline Tensor AbsCopy(const Tensor& t) {
+  Tensor c = Tensor::Empty(t.dtype(), t.shape());
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    StoreFromFloat(c.data(), t.dtype(), static_cast<size_t>(i),
+                   std::fabs(LoadAsFloat(t.data(), t.dtype(), static_cast<size_t>(i))));
+  }
+  return c;
+}
+
 // The base seed of a comparison test binary: DEJA_TEST_SEED when set (to replay a failure), else
 // a fresh random one; printed once with the binary's name.
 inline uint32_t BaseSeed(const char* binary) {
@@ -229,8 +239,12 @@ inline double LinearTolerance(const Backend& b, DType weight_dtype) {
 
 // ||got - want|| / ||want|| <= rel_tol and max |got - want| <= 10 * rel_tol * max |want|:
 // the norm-wise bound for the bulk, the max-abs bound so no single element may be far off.
+// `magnitude`, when given, is per element the sum of the magnitudes of the terms that make it
+// (the same op on |inputs|): an element whose terms cancel to near zero is then held to the
+// accuracy of its terms, the most f32 arithmetic can give, rather than to its own size.
 inline ::testing::AssertionResult Close(const float* got, const float* want, int64_t n,
-                                        double rel_tol = kRelTol) {
+                                        double rel_tol = kRelTol,
+                                        const float* magnitude = nullptr) {
   double diff2 = 0, ref2 = 0, max_diff = 0, max_ref = 0;
   int64_t worst = -1;
   for (int64_t i = 0; i < n; ++i) {
@@ -240,13 +254,15 @@ inline ::testing::AssertionResult Close(const float* got, const float* want, int
     }
     if (std::isnan(want[i])) continue;
     double d = std::fabs(static_cast<double>(got[i]) - want[i]);
+    const double size = std::max(std::fabs(static_cast<double>(want[i])),
+                                 magnitude != nullptr ? std::fabs(magnitude[i]) : 0.0);
     diff2 += d * d;
-    ref2 += static_cast<double>(want[i]) * want[i];
+    ref2 += size * size;
     if (d > max_diff || worst < 0) {
       max_diff = d;
       worst = i;
     }
-    max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
+    max_ref = std::max(max_ref, size);
   }
   double rel = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
   double max_bound = 10 * rel_tol * std::max(max_ref, 1e-30);
