@@ -434,13 +434,13 @@ void Scheduler::GrowReservations() {
   }
 }
 
-void Scheduler::Preempt(const std::shared_ptr<Request>& r) {
+void Scheduler::Preempt(const std::shared_ptr<Request>& r, bool force_release) {
   auto res = reserved_.find(r->seq_id());
   if (res != reserved_.end()) {
     reserved_bytes_ -= res->second;
     reserved_.erase(res);
   }
-  if (r->on_workers()) pending_release_.push_back(r->seq_id());
+  if (force_release || r->on_workers()) pending_release_.push_back(r->seq_id());
   ReleasePrefix(*r);
   const uint64_t old_id = r->seq_id();
   r->Preempt(options_.next_seq_id ? options_.next_seq_id() : own_seq_ids_++);
@@ -482,8 +482,7 @@ void Scheduler::Complete(const StepPlan& plan, const std::vector<v1::StepRespons
       LOG(WARNING) << "request " << r->id() << ": a cached prefix block could not be read; "
                    << "recomputing its prompt";
       // Its first step created the sequence on the workers: released with the preemption.
-      if (!r->on_workers()) pending_release_.push_back(r->seq_id());
-      Preempt(r);
+      Preempt(r, /*force_release=*/true);
       continue;
     }
     if (work.prompt_tokens > 0) {

@@ -186,7 +186,10 @@ class Scheduler {
   // Paged: reserves the block each decoding sequence's next position reaches, preempting the
   // newest growing sequences while none is free.
   void GrowReservations();
-  void Preempt(const std::shared_ptr<Request>& r);
+  // Requeues a running request to recompute from the start; its sequence is released in the
+  // next step when the workers hold it (force_release: whenever they may, as after a step that
+  // created it).
+  void Preempt(const std::shared_ptr<Request>& r, bool force_release = false);
   // RESOURCE_EXHAUSTED for a request needing more KV memory than the workers have in all.
   Status NeverFits(const Request& r, uint64_t need) const;
   void AddPrefill(const std::shared_ptr<Request>& r, int32_t* budget, StepPlan* plan);

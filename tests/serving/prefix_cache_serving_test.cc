@@ -22,39 +22,17 @@ std::string CacheDir() { return "/tmp/deja_prefix_serving_" + std::to_string(::g
 class PrefixCacheServingTest : public ServerSuite {
  protected:
   // `deja serve --tp 2` whose 1 MiB memory and host tiers make a long prompt spill to disk.
-  static std::vector<std::string> ServeArgs(const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {DEJA_BINARY,
-                                     "serve",
-                                     "--model",
-                                     ModelDir(),
-                                     "--tp",
-                                     "2",
-                                     "--port",
-                                     "0",
-                                     "--metrics-port",
-                                     "0",
-                                     "--threads",
-                                     "1",
-                                     "--kv-memory-mb",
-                                     "64",
-                                     "--dtype",
-                                     "checkpoint",
-                                     "--kv-dtype",
-                                     "f32",
-                                     "--prefix-cache-dir",
-                                     CacheDir(),
-                                     "--prefix-cache-memory-mb",
-                                     "1",
-                                     "--prefix-cache-host-mb",
-                                     "1",
-                                     "--prefix-cache-disk-mb",
-                                     "64"};
+  static std::vector<std::string> PrefixServeArgs(const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {
+        "--kv-memory-mb",           "64", "--prefix-cache-dir",     CacheDir(),
+        "--prefix-cache-memory-mb", "1",  "--prefix-cache-host-mb", "1",
+        "--prefix-cache-disk-mb",   "64"};
     args.insert(args.end(), extra.begin(), extra.end());
-    return args;
+    return ServeArgs(args);
   }
   static void SetUpTestSuite() {
     std::filesystem::remove_all(CacheDir());
-    StartSuite("prefix_cache", ServeArgs({}));
+    StartSuite("prefix_cache", PrefixServeArgs({}));
   }
   static void TearDownTestSuite() {
     ServerSuite::TearDownTestSuite();
@@ -213,7 +191,7 @@ class ImportantLoadingServingTest : public PrefixCacheServingTest {
   static void SetUpTestSuite() {
     std::filesystem::remove_all(CacheDir());
     StartSuite("prefix_important",
-               ServeArgs({"--prefix-load", "important", "--prefix-kept-fraction", "1"}));
+               PrefixServeArgs({"--prefix-load", "important", "--prefix-kept-fraction", "1"}));
   }
 };
 

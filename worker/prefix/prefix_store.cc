@@ -182,7 +182,7 @@ LazyCounters PrefixStore::TakeLazy() {
     b.reordering = true;
     {
       std::lock_guard<std::mutex> lock(reorder_mu_);
-      todo_.push_back(Reorder{id, b.host, b.order, std::move(to), nullptr, Status::Ok()});
+      queued_.push_back(Reorder{id, b.host, b.order, std::move(to), nullptr, Status::Ok()});
       ++reordering_;
     }
     reorder_cv_.notify_all();
@@ -219,10 +219,10 @@ void PrefixStore::ReorderLoop() {
     Reorder job;
     {
       std::unique_lock<std::mutex> lock(reorder_mu_);
-      reorder_cv_.wait(lock, [&] { return stop_ || !todo_.empty(); });
+      reorder_cv_.wait(lock, [&] { return stop_ || !queued_.empty(); });
       if (stop_) return;
-      job = std::move(todo_.front());
-      todo_.pop_front();
+      job = std::move(queued_.front());
+      queued_.pop_front();
     }
     job.file = std::make_shared<std::vector<char>>(static_cast<size_t>(layout_.file_bytes()));
     if (job.host != nullptr) {

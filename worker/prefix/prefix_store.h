@@ -124,7 +124,7 @@ class PrefixStore {
   int64_t reordered_ = 0;
   std::mutex reorder_mu_;
   std::condition_variable reorder_cv_;  // the thread: a job or stop; FinishReorders: a job done
-  std::deque<Reorder> todo_, done_;
+  std::deque<Reorder> queued_, done_;
   int32_t reordering_ = 0;  // jobs queued or being made
   bool stop_ = false;
   std::vector<Reorder> waiting_;  // made, their old order still held by a sequence
