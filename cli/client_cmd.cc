@@ -120,6 +120,10 @@ StatusOr<v1::GenerateRequest> RequestFromFlags(const Args& args) {
       c->set_recent_tokens(static_cast<uint32_t>(v));
     }
   }
+  if (args.Has("h2o-decay")) {
+    DEJA_ASSIGN_OR_RETURN(double v, args.Double("h2o-decay"));
+    c->set_score_decay(static_cast<float>(v));
+  }
   return r;
 }
 
@@ -296,6 +300,7 @@ int RunClient(int argc, char** argv, int first) {
       .Flag("recent-ratio", "recent-token budget, a fraction of the prompt")
       .Flag("heavy-tokens", "h2o heavy-hitter budget in tokens per head")
       .Flag("recent-tokens", "recent-token budget in tokens per head")
+      .Flag("h2o-decay", "h2o: decay of the accumulated scores per step, in (0, 1]")
       .Bool("logprobs", "return each token's log-probability")
       .Flag("request-id", "client request id (cancel: the id to cancel)")
       .Bool("add-bos", "tokenize: prepend BOS")

@@ -208,7 +208,11 @@ void AddCachePolicyFlags(Args& args, std::optional<worker::kv::CachePolicyKind> 
       .Flag("heavy-ratio", "h2o heavy-hitter budget as a ratio of the prompt length", "0.1")
       .Flag("recent-ratio", "recent-token budget as a ratio of the prompt length", "0.1")
       .Flag("heavy-tokens", "absolute heavy-hitter budget per head (with --recent-tokens)")
-      .Flag("recent-tokens", "absolute recent-token budget per head (with --heavy-tokens)");
+      .Flag("recent-tokens", "absolute recent-token budget per head (with --heavy-tokens)")
+      .Flag("h2o-decay",
+            "with --kv-policy h2o: each step multiplies the accumulated scores by this factor, in "
+            "(0, 1], before adding the step's attention (1: the reference's plain sum)",
+            "1");
 }
 
 StatusOr<worker::kv::CachePolicyConfig> CachePolicyFromFlags(const Args& args) {
@@ -230,6 +234,12 @@ StatusOr<worker::kv::CachePolicyConfig> CachePolicyFromFlags(const Args& args) {
     c.heavy_tokens = static_cast<int32_t>(ht);
     c.recent_tokens = static_cast<int32_t>(rt);
   }
+  DEJA_ASSIGN_OR_RETURN(double decay, args.Double("h2o-decay"));
+  if (!(decay > 0.0 && decay <= 1.0)) return InvalidArgument("--h2o-decay must be in (0, 1]");
+  if (decay != 1.0 && c.kind != worker::kv::CachePolicyKind::kH2O) {
+    return InvalidArgument("--h2o-decay applies to --kv-policy h2o only");
+  }
+  c.h2o_decay = static_cast<float>(decay);
   DEJA_RETURN_IF_ERROR(c.Validate());
   return c;
 }

@@ -25,10 +25,6 @@ int RunPerplexity(int argc, char** argv, int first) {
             "with --kv-policy h2o: rank heavy hitters by accumulated attention (sum, the "
             "reference) or by it divided by the queries that saw the token (mean, an alternative)",
             "sum")
-      .Flag("h2o-decay",
-            "with --kv-policy h2o: each step multiplies the accumulated scores by this factor "
-            "before adding the step's attention (1: the reference's plain sum)",
-            "1")
       .Flag("sink-tokens", "with --kv-policy h2o: the first positions never evicted", "0")
       .Flag("locret-chunk",
             "with --kv-policy locret: prompt tokens per prefill step (the cache holds at most "
@@ -63,15 +59,12 @@ int RunPerplexity(int argc, char** argv, int first) {
         return InvalidArgument("--h2o-score must be sum or mean");
       }
       cache.h2o_mean_score = score == "mean";
-      DEJA_ASSIGN_OR_RETURN(double decay, args.Double("h2o-decay"));
       DEJA_ASSIGN_OR_RETURN(int64_t sinks, args.Int("sink-tokens"));
-      if (!(decay > 0.0 && decay <= 1.0)) return InvalidArgument("--h2o-decay must be in (0, 1]");
       if (sinks < 0) return InvalidArgument("--sink-tokens must be >= 0");
-      if ((decay != 1.0 || sinks > 0) &&
+      if (sinks > 0 &&
           (cache.kind != worker::kv::CachePolicyKind::kH2O || !m.backend->device().is_host())) {
-        return InvalidArgument("--h2o-decay and --sink-tokens apply to --kv-policy h2o on the CPU");
+        return InvalidArgument("--sink-tokens applies to --kv-policy h2o on the CPU");
       }
-      cache.h2o_decay = static_cast<float>(decay);
       cache.sink_tokens = static_cast<int32_t>(sinks);
       DEJA_ASSIGN_OR_RETURN(int64_t prompt, args.Int("prompt-tokens"));
       DEJA_ASSIGN_OR_RETURN(int64_t chunk, args.Int("locret-chunk"));

@@ -139,6 +139,7 @@ StatusOr<v1::CachePolicy> DefaultCacheFromFlags(const Args& args) {
   v1::CachePolicy p;
   p.set_kind(row.api);
   if (!row.bounded) return p;
+  if (c.h2o_decay != 1.0f) p.set_score_decay(c.h2o_decay);
   if (row.heavy_hitters) {
     if (c.heavy_tokens >= 0) {
       p.set_heavy_tokens(static_cast<uint32_t>(c.heavy_tokens));

@@ -68,6 +68,14 @@ Status CheckHeavyBudget(const v1::CachePolicy& f, const kv::CachePolicyRow& row,
                  "is not allowed with " + v1::CachePolicy::Kind_Name(row.api));
 }
 
+// Decayed scores are h2o's: refused for any other kind.
+Status CheckScoreDecay(const v1::CachePolicy& f, const kv::CachePolicyRow& row,
+                       const std::string& prefix) {
+  if (!f.has_score_decay() || row.kind == kv::CachePolicyKind::kH2O) return Status::Ok();
+  return Invalid(prefix + "score_decay",
+                 "is not allowed with " + v1::CachePolicy::Kind_Name(row.api));
+}
+
 // Range and exclusivity rules of a policy's budget fields; `prefix` names where they came from.
 Status CheckCacheFields(const v1::CachePolicy& f, const std::string& prefix) {
   if (f.has_heavy_ratio() && f.has_heavy_tokens()) {
@@ -86,9 +94,13 @@ Status CheckCacheFields(const v1::CachePolicy& f, const std::string& prefix) {
   if (f.has_recent_tokens() && f.recent_tokens() < 1) {
     return Invalid(prefix + "recent_tokens", "must be >= 1, got 0");
   }
+  if (f.has_score_decay() && !(f.score_decay() > 0.f && f.score_decay() <= 1.f)) {
+    return Invalid(prefix + "score_decay", "must be in (0, 1], got " + Num(f.score_decay()));
+  }
   if (const kv::CachePolicyRow* row =
           FindRow(kv::CachePolicyTable(), &kv::CachePolicyRow::api, f.kind())) {
     DEJA_RETURN_IF_ERROR(CheckHeavyBudget(f, *row, prefix));
+    DEJA_RETURN_IF_ERROR(CheckScoreDecay(f, *row, prefix));
   }
   return Status::Ok();
 }
@@ -123,6 +135,7 @@ Status ResolveCache(const v1::CachePolicy& requested, const ModelLimits& limits,
   }
   const kv::CachePolicyRow& row = kv::CachePolicyOf(kind);
   DEJA_RETURN_IF_ERROR(CheckHeavyBudget(requested, row, "cache."));
+  DEJA_RETURN_IF_ERROR(CheckScoreDecay(requested, row, "cache."));
   // Each budget: the request's own field, else the server default's when the request asks for
   // the default's kind (or leaves the kind to it), else 10% of the prompt.
   const bool default_budgets = api == server_default.kind();
@@ -145,6 +158,15 @@ Status ResolveCache(const v1::CachePolicy& requested, const ModelLimits& limits,
   }
   if (row.heavy_hitters) out->set_heavy_tokens(heavy);
   out->set_recent_tokens(recent);
+  if (kind == kv::CachePolicyKind::kH2O) {
+    float decay = 1.f;
+    if (requested.has_score_decay()) {
+      decay = requested.score_decay();
+    } else if (default_budgets && server_default.has_score_decay()) {
+      decay = server_default.score_decay();
+    }
+    if (decay != 1.f) out->set_score_decay(decay);
+  }
   if (kind == kv::CachePolicyKind::kLocret) {
     out->set_chunk_tokens(static_cast<uint32_t>(std::max(1, limits.locret_chunk)));
   }

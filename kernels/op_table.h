@@ -86,9 +86,12 @@ enum class KvRank { kScore, kMeanScore, kPosition };
 
 struct KvEvictArgs {
   KvRank rank = KvRank::kScore;
-  int32_t excess = 0;         // slots each head gives up (>= 1)
+  int32_t excess = 0;         // slots each head gives up (>= 1; 0 with decay != 1: decay only)
   int32_t oldest_recent = 0;  // candidates hold positions < oldest_recent (never the recent ones)
   int32_t length = 0;         // the sequence's length (kMeanScore's age)
+  // In (0, 1]: before ranking, every occupied slot's score among [0, kv.used), recent ones
+  // included, is multiplied by it (h2o's decayed scores: a token ranks by its recent attention).
+  float decay = 1.0f;
 };
 
 struct AttentionArgs {
@@ -147,7 +150,8 @@ using GatherLinearTFn = Status (*)(Backend&, TensorView x, TensorView wt, const 
 using KvWriteFn = Status (*)(Backend&, const KvView& kv, int32_t heads, int32_t head_dim,
                              const int32_t* slots, const int32_t* positions, int32_t n,
                              TensorView k, TensorView v, const float* scores);
-// Per head: the `excess` lowest-ranked occupied slots among [0, kv.used) whose position is below
+// Per head: the scores of the occupied slots among [0, kv.used) are multiplied by args.decay (when
+// it is not 1); then the `excess` lowest-ranked occupied slots whose position is below
 // args.oldest_recent (KvRank) are freed (position -1, score 0) and written, lowest first, to
 // victims[h * excess + j] (device memory, int32; -1 where a head has fewer candidates).
 using KvEvictFn = Status (*)(Backend&, const KvView& kv, int32_t heads, const KvEvictArgs& args,

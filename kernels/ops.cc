@@ -599,7 +599,13 @@ Status KvEvict(Backend& backend, const KvView& kv, int32_t heads, const KvEvictA
   DEJA_RETURN_IF_ERROR(CheckDevice(backend, backend.device(), kOp, "kv", kv.k, kv.device));
   if (heads <= 0) return Bad(kOp, "heads", "must be positive");
   DEJA_RETURN_IF_ERROR(CheckKvLayout(backend, kOp, kv, 1, heads, nullptr));
-  if (args.excess < 1) return Bad(kOp, "excess", "must be at least 1");
+  if (!(args.decay > 0.f && args.decay <= 1.f)) return Bad(kOp, "decay", "must be in (0, 1]");
+  if (args.excess < (args.decay != 1.f ? 0 : 1)) {
+    return Bad(kOp, "excess", "must be at least 1 (0 only with a decay)");
+  }
+  if (args.decay != 1.f && kv.score == nullptr) {
+    return Bad(kOp, "kv.score", "is null, but decay multiplies scores");
+  }
   if (args.length < 0 || args.oldest_recent > args.length) {
     return Bad(
         kOp, "oldest_recent",

@@ -26,7 +26,8 @@ void EvictHead(const KvView& kv, int32_t h, const KvEvictArgs& a, int32_t* victi
   for (int32_t s = 0; s < kv.used; ++s) {
     const int64_t at = KvSlotIndex(kv, h, s);
     const int32_t pos = kv.slot_pos[at];
-    if (pos < 0 || pos >= a.oldest_recent) continue;
+    if (pos >= 0 && a.decay != 1.f) kv.score[at] *= a.decay;
+    if (a.excess == 0 || pos < 0 || pos >= a.oldest_recent) continue;
     double rank = pos;
     if (a.rank == KvRank::kScore) rank = kv.score[at];
     // In float, as the reference and the host policy divide.

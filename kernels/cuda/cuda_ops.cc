@@ -182,6 +182,7 @@ Status CudaKvEvict(Backend& b, const KvView& kv, int32_t heads, const KvEvictArg
   a.excess = args.excess;
   a.oldest_recent = args.oldest_recent;
   a.length = args.length;
+  a.decay = args.decay;
   a.victims = victims;
   return CudaStatus(LaunchKvEvict(a, ctx.stream.get()), "kv_evict kernel");
 }

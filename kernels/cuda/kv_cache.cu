@@ -113,7 +113,14 @@ __global__ void __launch_bounds__(kEvictThreads) KvEvictKernel(KvEvictLaunch a) 
   const int32_t h = static_cast<int32_t>(blockIdx.x);
   int32_t* victims = a.victims + static_cast<int64_t>(h) * a.excess;
   for (int32_t j = threadIdx.x; j < a.excess; j += blockDim.x) victims[j] = -1;
-  __syncthreads();  // the -1s land before any victim is written
+  if (a.decay != 1.f) {
+    for (int32_t s = threadIdx.x; s < a.used; s += blockDim.x) {
+      const int64_t at = SlotIndex(a.slots, h, s);
+      if (a.slot_pos[at] >= 0) a.score[at] *= a.decay;
+    }
+  }
+  __syncthreads();  // the -1s and the decayed scores land before any candidate is ranked
+  if (a.excess == 0) return;
 
   for (int32_t chunk = 0; chunk < a.used; chunk += blockDim.x) {
     const int32_t s = chunk + static_cast<int32_t>(threadIdx.x);

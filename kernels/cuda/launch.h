@@ -152,6 +152,7 @@ struct KvEvictLaunch {
   int32_t heads = 0, used = 0;
   EvictRank rank = EvictRank::kScore;
   int32_t excess = 0, oldest_recent = 0, length = 0;
+  float decay = 1.f;           // multiplies every occupied slot's score first (1: none)
   int32_t* victims = nullptr;  // [heads, excess]
 };
 cudaError_t LaunchKvEvict(const KvEvictLaunch& a, cudaStream_t stream);

@@ -273,6 +273,12 @@ Status KvEvict(Backend&, const KvView& kv, int32_t heads, const KvEvictArgs& a, 
   };
   std::vector<Cand> cand;
   for (int32_t h = 0; h < heads; ++h) {
+    if (a.decay != 1.f) {
+      for (int32_t s = 0; s < kv.used; ++s) {
+        const int64_t at = KvSlotIndex(kv, h, s);
+        if (kv.slot_pos[at] >= 0) kv.score[at] *= a.decay;
+      }
+    }
     cand.clear();
     for (int32_t s = 0; s < kv.used; ++s) {
       const int64_t at = KvSlotIndex(kv, h, s);

@@ -139,6 +139,24 @@ TEST_F(ValidationTest, EveryRuleNamesItsField) {
          r->mutable_cache()->set_heavy_tokens(3);
        },
        StatusCode::kInvalidArgument, "cache.heavy_tokens"},
+      {"score decay above one",
+       [](auto* r) {
+         r->mutable_cache()->set_kind(v1::CachePolicy::KIND_H2O);
+         r->mutable_cache()->set_score_decay(1.01f);
+       },
+       StatusCode::kInvalidArgument, "cache.score_decay"},
+      {"score decay of zero",
+       [](auto* r) {
+         r->mutable_cache()->set_kind(v1::CachePolicy::KIND_H2O);
+         r->mutable_cache()->set_score_decay(0.f);
+       },
+       StatusCode::kInvalidArgument, "cache.score_decay"},
+      {"score decay with locret",
+       [](auto* r) {
+         r->mutable_cache()->set_kind(v1::CachePolicy::KIND_LOCRET);
+         r->mutable_cache()->set_score_decay(0.5f);
+       },
+       StatusCode::kInvalidArgument, "cache.score_decay"},
       {"zero recent tokens",
        [](auto* r) {
          r->mutable_cache()->set_kind(v1::CachePolicy::KIND_WINDOW);
@@ -342,6 +360,22 @@ TEST_F(ValidationTest, ServerDefaultCachePolicyAndItsBudgets) {
   c.set_kind(v1::CachePolicy::KIND_FULL);
   EXPECT_EQ(resolved(c).kind(), v1::WorkerCachePolicy::KIND_FULL);
 
+  // Decayed scores: the request's own, else the default's for its kind, else none (1, unset).
+  EXPECT_EQ(resolved(v1::CachePolicy()).score_decay(), 0.f);
+  limits_.default_cache.set_score_decay(0.6f);
+  ASSERT_TRUE(ValidateDefaultCachePolicy(limits_.default_cache).ok());
+  EXPECT_EQ(resolved(v1::CachePolicy()).score_decay(), 0.6f);
+  c = v1::CachePolicy();
+  c.set_kind(v1::CachePolicy::KIND_H2O);
+  EXPECT_EQ(resolved(c).score_decay(), 0.6f);
+  c.set_score_decay(0.9f);
+  EXPECT_EQ(resolved(c).score_decay(), 0.9f);
+  c.set_score_decay(1.f);  // the plain sum, asked for over the default's decay
+  EXPECT_EQ(resolved(c).score_decay(), 0.f);
+  c = v1::CachePolicy();
+  c.set_kind(v1::CachePolicy::KIND_WINDOW);  // another kind: no decay
+  EXPECT_EQ(resolved(c).score_decay(), 0.f);
+
   // A window default: a request leaving the kind unset may not add a heavy budget.
   limits_.default_cache = v1::CachePolicy();
   limits_.default_cache.set_kind(v1::CachePolicy::KIND_WINDOW);
@@ -374,6 +408,13 @@ TEST_F(ValidationTest, BadServerDefaultCachePoliciesNameTheField) {
   EXPECT_EQ(ValidateDefaultCachePolicy(c).code(), StatusCode::kInvalidArgument);
   c.set_kind(v1::CachePolicy::KIND_H2O);
   EXPECT_TRUE(ValidateDefaultCachePolicy(c).ok());
+  c.set_score_decay(2.f);
+  s = ValidateDefaultCachePolicy(c);
+  EXPECT_NE(s.message().find("default cache policy score_decay"), std::string::npos) << s.message();
+  c.set_kind(v1::CachePolicy::KIND_WINDOW);
+  c.set_score_decay(0.5f);
+  s = ValidateDefaultCachePolicy(c);
+  EXPECT_NE(s.message().find("score_decay"), std::string::npos) << s.message();
 }
 
 // With sparsity available, the server default decides MODE_UNSPECIFIED; MODE_ON/OFF and a

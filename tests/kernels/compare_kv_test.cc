@@ -219,12 +219,12 @@ const char* RankName(KvRank r) {
 // ties: scores from {0, 0.25, 0.5, 0.75} (many equal keys, ordered by position); else uniform.
 // kPosition cases without ties run with no score buffer at all.
 std::string CheckKvEvict(Backend& b, const KvEvictCase& c, KvRank rank, bool ties,
-                         int32_t block_slots, uint32_t seed) {
+                         int32_t block_slots, uint32_t seed, float decay = 1.f) {
   SCOPED_TRACE(c.Label() + " rank=" + RankName(rank) + (ties ? " ties" : "") +
-               " block_slots=" + std::to_string(block_slots));
+               " block_slots=" + std::to_string(block_slots) + " decay=" + std::to_string(decay));
   std::mt19937 rng(seed);
   const int64_t cache = static_cast<int64_t>(c.heads) * c.capacity;
-  const bool with_score = rank != KvRank::kPosition || ties;
+  const bool with_score = rank != KvRank::kPosition || ties || decay != 1.f;
   // Per head: distinct positions in shuffled slots with holes; slots past `used` hold positions
   // that would be candidates if they were read.
   Tensor pos0 = Tensor::Empty(DType::kI32, {cache});
@@ -243,12 +243,14 @@ std::string CheckKvEvict(Backend& b, const KvEvictCase& c, KvRank rank, bool tie
   KvEvictArgs args;
   args.rank = rank;
   args.excess = c.excess;
+  args.decay = decay;
   args.length = c.used + static_cast<int32_t>(rng() % 8);
   // Leave the most recent quarter (or so) out of the candidates; sometimes none.
   args.oldest_recent =
       c.used == 0 ? 0 : static_cast<int32_t>(rng() % (c.used + 1) / 4 + c.used / 2);
   // Victims are poisoned so a slot never written shows.
-  Tensor victims0 = Tensor::Empty(DType::kI32, {static_cast<int64_t>(c.heads) * c.excess});
+  Tensor victims0 =
+      Tensor::Empty(DType::kI32, {std::max<int64_t>(1, static_cast<int64_t>(c.heads) * c.excess)});
   std::fill_n(victims0.as<int32_t>(), victims0.numel(), 0x7eadbeef);
 
   auto ref = MakeReferenceBackend();
@@ -307,6 +309,12 @@ const KvEvictCase kKvEvictCases[] = {
     {8, 64, 64, 100}, {2, 16, 0, 2},     {5, 700, 513, 256},
 };
 
+// Decayed scores (h2o's CachePolicy.score_decay): every occupied slot's score, recent ones
+// included, is multiplied first; excess 0 only decays.
+const KvEvictCase kKvDecayCases[] = {
+    {3, 40, 33, 0}, {3, 40, 33, 1}, {4, 300, 257, 0}, {4, 300, 257, 64}, {2, 3000, 2900, 1},
+};
+
 class CompareKvEvict : public BackendTest {};
 
 void RunKvEvictGrid(Backend& b, bool paged, uint32_t seed) {
@@ -318,6 +326,13 @@ void RunKvEvictGrid(Backend& b, bool paged, uint32_t seed) {
         std::string skipped = CheckKvEvict(b, c, rank, ties, block_slots, seed++);
         if (!skipped.empty()) GTEST_SKIP() << skipped;
       }
+    }
+  }
+  for (const auto& c : kKvDecayCases) {
+    for (KvRank rank : {KvRank::kScore, KvRank::kMeanScore}) {
+      const int32_t block_slots = paged ? kBlockSlots[1 + i++ % 2] : 0;
+      std::string skipped = CheckKvEvict(b, c, rank, false, block_slots, seed++, 0.625f);
+      if (!skipped.empty()) GTEST_SKIP() << skipped;
     }
   }
 }

@@ -512,6 +512,16 @@ TEST(KvOpsValidationTest, KvWriteKvEvictAndConvertNameTheirBadArguments) {
   no_score.score = nullptr;
   EXPECT_TRUE(RejectsArg(KvEvict(*ref, no_score, kHeads, args, victims.data()), "kv.score"));
   EXPECT_TRUE(RejectsArg(KvEvict(*ref, kv, kHeads, args, nullptr), "victims"));
+  for (float decay : {0.f, -0.5f, 1.5f, std::numeric_limits<float>::quiet_NaN()}) {
+    args.decay = decay;
+    EXPECT_TRUE(RejectsArg(KvEvict(*ref, kv, kHeads, args, victims.data()), "decay")) << decay;
+  }
+  args.decay = 0.5f;  // decay only: no victims, no score buffer refused
+  args.excess = 0;
+  args.rank = KvRank::kPosition;
+  EXPECT_TRUE(RejectsArg(KvEvict(*ref, no_score, kHeads, args, victims.data()), "kv.score"));
+  EXPECT_TRUE(KvEvict(*ref, kv, kHeads, args, victims.data()).ok());
+  args.decay = 1.f;
 
   std::vector<uint16_t> half(8);
   TensorView src{k.data(), DType::kF32, Shape{8}}, dst{half.data(), DType::kBF16, Shape{8}};

@@ -1,11 +1,11 @@
 // KV-cache policies through the public API of a real `deja serve --tp 2` whose default policy is
 // H2O (`--kv-policy h2o --heavy-tokens 4 --recent-tokens 4`): ModelInfo reports that default, a
 // request without CachePolicy.kind runs under it, requests naming full, window or h2o (with or
-// without budgets) run under theirs, and every result equals single-process generation under the
-// same policy, in one batch; evictions show in a real /metrics scrape. The workers load the
-// model's retaining heads (`--retaining-heads auto`), so ModelInfo reports locret available and a
-// locret request, prefilled in chunks of `--locret-chunk 16`, equals single-process generation
-// in the same chunks.
+// without budgets, with decayed scores) run under theirs, and every result equals single-process
+// generation under the same policy, in one batch; evictions show in a real /metrics scrape. The
+// workers load the model's retaining heads (`--retaining-heads auto`), so ModelInfo reports locret
+// available and a locret request, prefilled in chunks of `--locret-chunk 16`, equals single-process
+// generation in the same chunks.
 #include <thread>
 
 #include "reference_model.h"
@@ -87,6 +87,10 @@ TEST_F(CachePolicyServingTest, EachRequestRunsUnderItsPolicyInOneBatch) {
   c.set_heavy_tokens(2);
   c.set_recent_tokens(6);
   cases.push_back({"h2o 2 + 6", c, Policy(worker::kv::CachePolicyKind::kH2O, 2, 6)});
+  c.set_score_decay(0.5f);
+  worker::kv::CachePolicyConfig decayed = Policy(worker::kv::CachePolicyKind::kH2O, 2, 6);
+  decayed.h2o_decay = 0.5f;
+  cases.push_back({"h2o 2 + 6, scores decayed by 0.5", c, decayed});
   c = v1::CachePolicy();
   c.set_kind(v1::CachePolicy::KIND_WINDOW);  // another kind: 10% of the prompt
   cases.push_back(
@@ -99,8 +103,9 @@ TEST_F(CachePolicyServingTest, EachRequestRunsUnderItsPolicyInOneBatch) {
       {"locret 3 + 5 in chunks of 16", c, Policy(worker::kv::CachePolicyKind::kLocret, 3, 5)});
   std::vector<std::vector<int32_t>> want;
   for (const Case& k : cases) want.push_back(Reference(prompt, max_new, k.reference));
-  // The budgets matter here: the h2o 4 + 4 and full references differ.
+  // The budgets matter here: the h2o 4 + 4 and full references differ; so does the decay.
   EXPECT_NE(want[0], want[1]);
+  EXPECT_NE(want[3], want[4]);
 
   const std::string m0 = Scrape(server_->metrics_port());
   const double evicted0 = Metric(m0, "deja_worker_kv_evicted_tokens_total{rank=\"0\"}");
@@ -148,6 +153,22 @@ TEST_F(CachePolicyServingTest, BadBudgetsAreInvalidArgumentNamingTheField) {
   EXPECT_NE(s.error_message().find("cache.heavy_tokens"), std::string::npos) << s.error_message();
   // The server keeps serving.
   EXPECT_EQ(Health(server_->channel(), "deja.v1.TextGeneration"), kServing);
+  // A decay out of range, and one for a kind without accumulated scores.
+  for (auto [kind, decay, why] :
+       {std::tuple{v1::CachePolicy::KIND_H2O, 1.5f, "must be in (0, 1]"},
+        std::tuple{v1::CachePolicy::KIND_H2O, 0.f, "must be in (0, 1]"},
+        std::tuple{v1::CachePolicy::KIND_WINDOW, 0.5f, "is not allowed with KIND_WINDOW"}}) {
+    v1::GenerateRequest bad;
+    bad.set_text("And God said");
+    bad.mutable_cache()->set_kind(kind);
+    bad.mutable_cache()->set_score_decay(decay);
+    grpc::ClientContext bctx;
+    SetDeadline(&bctx);
+    grpc::Status bs = server_->stub().Generate(&bctx, bad, &resp);
+    EXPECT_EQ(bs.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << decay;
+    EXPECT_NE(bs.error_message().find(std::string("cache.score_decay ") + why), std::string::npos)
+        << bs.error_message();
+  }
 }
 
 }  // namespace

@@ -122,6 +122,9 @@ Status ReferenceH2O::Step(const std::vector<int32_t>& tokens, int32_t start,
           for (int64_t t = 0; t < hd; ++t) out[t] += static_cast<float>(p * cache[j].v[t]);
         }
       }
+      if (retain_ == nullptr) {
+        for (Entry& e : cache) e.score *= decay_;
+      }
       Evict(cache, start + static_cast<int32_t>(n));
     }
     DEJA_RETURN_IF_ERROR(

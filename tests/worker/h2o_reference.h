@@ -25,6 +25,8 @@ class ReferenceH2O {
   static StatusOr<std::unique_ptr<ReferenceH2O>> Load(
       const std::string& dir, int32_t heavy, int32_t recent,
       const predictors::RetainingHeads* retain = nullptr);
+  // h2o's decayed scores: after each step's attention, every cached score is multiplied by it.
+  void set_decay(double decay) { decay_ = decay; }
   // Runs the prompt as one prefill (in steps of `chunk` tokens when > 0), then `steps` greedy
   // decode steps; returns the greedy ids and, for each, its log-probability. `max_held`, when
   // given, gets the most entries any head held during the run (before each step's eviction).
@@ -47,6 +49,7 @@ class ReferenceH2O {
   model::OptWeights w_;
   std::unique_ptr<kernels::Backend> backend_;
   int32_t heavy_ = -1, recent_ = -1;
+  double decay_ = 1.0;
   const predictors::RetainingHeads* retain_ = nullptr;
   int32_t max_held_ = 0;
   std::vector<std::vector<Entry>> cache_;  // [layer * heads + head]

@@ -55,9 +55,11 @@ class H2OTest : public ::testing::TestWithParam<std::string> {
   }
 
   void ExpectMatchesReference(const std::vector<int32_t>& prompt, int32_t heavy, int32_t recent,
-                              int32_t steps) {
+                              int32_t steps, float decay = 1.0f,
+                              std::vector<int32_t>* ids = nullptr) {
     auto ref = ReferenceH2O::Load(ModelDir("opt-mini"), heavy, recent);
     ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+    (*ref)->set_decay(decay);
     std::vector<int32_t> want_ids;
     std::vector<float> want_lp;
     ASSERT_TRUE((*ref)->Greedy(prompt, steps, &want_ids, &want_lp).ok());
@@ -70,6 +72,7 @@ class H2OTest : public ::testing::TestWithParam<std::string> {
       opt.cache.kind = kv::CachePolicyKind::kH2O;
       opt.cache.heavy_tokens = heavy;
       opt.cache.recent_tokens = recent;
+      opt.cache.h2o_decay = decay;
     }
     auto r = Generate(*model_, prompt, opt);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -81,6 +84,7 @@ class H2OTest : public ::testing::TestWithParam<std::string> {
     if (heavy >= 0) {
       EXPECT_GT(r->evictions, 0);
     }
+    if (ids != nullptr) *ids = want_ids;
   }
 
   std::unique_ptr<kernels::Backend> backend_;
@@ -93,6 +97,15 @@ TEST_P(H2OTest, FastPathEqualsReferenceOnRealText) {
 
 TEST_P(H2OTest, FastPathEqualsReferenceOnRandomTokensWithTinyBudget) {
   ExpectMatchesReference(RandomPrompt(120, 5), /*heavy=*/4, /*recent=*/3, /*steps=*/24);
+}
+
+// Decayed scores (CachePolicy.score_decay): on a device the paged cache's KvEvict decays them,
+// every step, evicting or not; on the CPU, SequenceKv does. The decay changes which tokens stay.
+TEST_P(H2OTest, DecayedScoresEqualReference) {
+  std::vector<int32_t> decayed, summed;
+  ExpectMatchesReference(RealPrompt(), /*heavy=*/4, /*recent=*/12, /*steps=*/24, 0.6f, &decayed);
+  ExpectMatchesReference(RealPrompt(), /*heavy=*/4, /*recent=*/12, /*steps=*/24, 1.0f, &summed);
+  EXPECT_NE(decayed, summed);
 }
 
 TEST_P(H2OTest, ReferenceWithoutEvictionEqualsFullCache) {

@@ -415,8 +415,10 @@ kernels::KvView SequenceKv::View(int32_t layer) {
 Status SequenceKv::EvictLayer(int32_t layer) {
   if (policy_->budget() == 0) return Status::Ok();
   if (pool_ != nullptr) {
-    const int32_t excess = occupied_[HeadIndex(layer, 0)] - policy_->budget();
-    if (excess <= 0) return Status::Ok();
+    const int32_t excess = std::max(0, occupied_[HeadIndex(layer, 0)] - policy_->budget());
+    // Decayed scores (h2o's alternative) decay every step, evicting or not, as below.
+    const float decay = policy_->accumulates_scores() ? policy_->score_decay() : 1.0f;
+    if (excess == 0 && decay == 1.0f) return Status::Ok();
     kernels::KvEvictArgs args;
     args.rank = policy_->kind() == CachePolicyKind::kWindow ? kernels::KvRank::kPosition
                 : policy_->mean_score()                     ? kernels::KvRank::kMeanScore
@@ -424,6 +426,7 @@ Status SequenceKv::EvictLayer(int32_t layer) {
     args.excess = excess;
     args.oldest_recent = std::max(0, length_ - policy_->recent());
     args.length = length_;
+    args.decay = decay;
     int32_t* victims =
         victims_dev_.as<int32_t>() + static_cast<int64_t>(layer) * geometry_.heads * victim_cap_;
     DEJA_RETURN_IF_ERROR(

@@ -4,9 +4,9 @@
 // Ties go to the older token's eviction, so the plan is deterministic. Cost: O(slots) per head per
 // step: one pass when one slot goes (decode), a selection over the candidates otherwise. With
 // mean_score (an alternative, not the reference) a token ranks by its score divided by the number
-// of queries that have attended to it so far (length - position), its mean attention. Two more
-// alternatives (deja ppl only): decayed scores (SequenceKv multiplies them by score_decay() each
-// step) and sinks (the first positions, within the heavy budget, never go).
+// of queries that have attended to it so far (length - position), its mean attention. Decayed
+// scores (SequenceKv, or KvEvict on a paged cache, multiplies them by score_decay() each step;
+// served) and sinks (the first positions, within the heavy budget, never go; deja ppl only).
 #include <algorithm>
 #include <cstdint>
 
