@@ -130,6 +130,7 @@ TEST_P(StepEngineTest, BudgetsReachingTheLengthActAsTheFullCache) {
   first.mutable_config()->mutable_cache()->set_kind(deja::v1::WorkerCachePolicy::KIND_H2O);
   first.mutable_config()->mutable_cache()->set_heavy_tokens(2147483647u);
   first.mutable_config()->mutable_cache()->set_recent_tokens(2147483647u);
+  first.mutable_config()->mutable_cache()->set_score_decay(0.5f);  // nothing to decay: accepted
   *req.add_sequences() = first;
   StepResponse resp = Run(req);
   ASSERT_EQ(resp.error_code(), 0) << resp.error_message();
@@ -238,6 +239,15 @@ TEST_P(StepEngineTest, BadSequencesAreRefusedAloneAndChangeNothing) {
   auto h2o = FirstChunk(3, p, p.size(), 2);
   h2o.mutable_config()->mutable_cache()->set_kind(deja::v1::WorkerCachePolicy::KIND_H2O);
   add("h2o without a budget", StatusCode::kInvalidArgument, h2o);
+  h2o.mutable_config()->mutable_cache()->set_heavy_tokens(2);
+  h2o.mutable_config()->mutable_cache()->set_recent_tokens(2);
+  h2o.mutable_config()->mutable_cache()->set_score_decay(1.5f);
+  add("h2o score decay above 1", StatusCode::kInvalidArgument, h2o);
+  auto window = FirstChunk(3, p, p.size(), 2);
+  window.mutable_config()->mutable_cache()->set_kind(deja::v1::WorkerCachePolicy::KIND_WINDOW);
+  window.mutable_config()->mutable_cache()->set_recent_tokens(2);
+  window.mutable_config()->mutable_cache()->set_score_decay(0.5f);
+  add("window with a score decay", StatusCode::kInvalidArgument, window);
   auto sampling = FirstChunk(3, p, p.size(), 2);
   sampling.mutable_config()->mutable_sampling()->set_do_sample(true);
   add("temperature 0", StatusCode::kInvalidArgument, sampling);

@@ -93,14 +93,16 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
     p->cache.recent_tokens = static_cast<int32_t>(c.cache().recent_tokens());
   }
   if (const float decay = c.cache().score_decay(); decay != 0.f) {
-    if (*kind != kv::CachePolicyKind::kH2O) {
+    // Checked against the kind asked for: an H2O budget reaching the length runs as FULL,
+    // which has no scores to decay.
+    if (c.cache().kind() != deja::v1::WorkerCachePolicy::KIND_H2O) {
       return InvalidArgument(Seq(id) + "config.cache.score_decay applies to KIND_H2O only");
     }
     if (!(decay > 0.f && decay <= 1.f)) {
       return InvalidArgument(Seq(id) + "config.cache.score_decay must be in (0, 1], got " +
                              std::to_string(decay));
     }
-    p->cache.h2o_decay = decay;
+    if (*kind == kv::CachePolicyKind::kH2O) p->cache.h2o_decay = decay;
   }
   if (Status v = p->cache.Validate(); !v.ok()) {
     return InvalidArgument(Seq(id) + "config.cache: " + v.message());
