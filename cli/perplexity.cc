@@ -8,6 +8,7 @@
 #include "cli/common_flags.h"
 #include "cli/sparsity_cli.h"
 #include "common/tokenizer.h"
+#include "worker/locret/oracle.h"
 #include "worker/model/generation.h"
 
 namespace deja::cli {
@@ -29,7 +30,16 @@ int RunPerplexity(int argc, char** argv, int first) {
       .Flag("locret-chunk",
             "with --kv-policy locret: prompt tokens per prefill step (the cache holds at most "
             "its budget plus this many)",
-            "64");
+            "64")
+      .Flag("locret-oracle",
+            "with --kv-policy locret, an upper-bound study: off, or score each token by the "
+            "attention the window's scored positions give it in a dense run instead of by the "
+            "retaining heads: max (the largest log probability) or sum (the log of the summed "
+            "probability)",
+            "off")
+      .Flag("locret-oracle-skip",
+            "with --locret-oracle: the first positions are never kept by score (the BOS is 1)",
+            "0");
   AddRetainingFlag(args);
   AddCachePolicyFlags(args, std::nullopt);
   AddSparsityRunFlags(args);
@@ -70,11 +80,40 @@ int RunPerplexity(int argc, char** argv, int first) {
       DEJA_ASSIGN_OR_RETURN(int64_t chunk, args.Int("locret-chunk"));
       if (chunk < 1 || chunk > (1 << 20)) return InvalidArgument("--locret-chunk must be >= 1");
       DEJA_RETURN_IF_ERROR(EnableRetainingFromFlags(args, cache, *m.model));
+      const std::string oracle = args.Str("locret-oracle");
+      if (oracle != "off" && oracle != "max" && oracle != "sum") {
+        return InvalidArgument("--locret-oracle must be off, max or sum");
+      }
+      DEJA_ASSIGN_OR_RETURN(int64_t oracle_skip, args.Int("locret-oracle-skip"));
+      if (oracle_skip < 0 || oracle_skip > (1 << 20)) {
+        return InvalidArgument("--locret-oracle-skip must be >= 0");
+      }
+      std::unique_ptr<worker::locret::OracleScorer> scorer;
+      std::function<Status(const std::vector<int32_t>&)> before_window;
+      if (oracle != "off") {
+        if (cache.kind != worker::kv::CachePolicyKind::kLocret || !m.backend->device().is_host()) {
+          return InvalidArgument("--locret-oracle applies to --kv-policy locret on the CPU");
+        }
+        scorer = std::make_unique<worker::locret::OracleScorer>(
+            *m.model,
+            oracle == "max" ? worker::locret::OracleKind::kMax : worker::locret::OracleKind::kSum,
+            static_cast<int32_t>(oracle_skip));
+        // The window's last token is only scored: its own query predicts nothing. The queries
+        // whose predictions are scored start at the prompt's last position.
+        before_window = [&](const std::vector<int32_t>& window) {
+          return scorer->Prepare(std::vector<int32_t>(window.begin(), window.end() - 1),
+                                 static_cast<int32_t>(prompt) - 1);
+        };
+      }
       DEJA_ASSIGN_OR_RETURN(
           worker::model::PolicyPerplexityResult pr,
           worker::model::PolicyPerplexity(*m.model, *ids, static_cast<int32_t>(context),
                                           static_cast<int32_t>(prompt), cache, sparsity.has_value(),
-                                          static_cast<int32_t>(chunk)));
+                                          static_cast<int32_t>(chunk), before_window));
+      if (oracle != "off") {
+        j["locret_oracle"] = oracle;
+        j["locret_oracle_skip"] = oracle_skip;
+      }
       r = pr.result;
       j["kv_policy"] = args.Str("kv-policy");
       if (cache.kind == worker::kv::CachePolicyKind::kH2O) j["h2o_score"] = score;

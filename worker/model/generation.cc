@@ -121,10 +121,10 @@ StatusOr<PerplexityResult> Perplexity(Model& model, const std::vector<int32_t>& 
   return r;
 }
 
-StatusOr<PolicyPerplexityResult> PolicyPerplexity(Model& model, const std::vector<int32_t>& tokens,
-                                                  int32_t context, int32_t prompt_tokens,
-                                                  const kv::CachePolicyConfig& cache, bool sparse,
-                                                  int32_t locret_chunk) {
+StatusOr<PolicyPerplexityResult> PolicyPerplexity(
+    Model& model, const std::vector<int32_t>& tokens, int32_t context, int32_t prompt_tokens,
+    const kv::CachePolicyConfig& cache, bool sparse, int32_t locret_chunk,
+    const std::function<Status(const std::vector<int32_t>&)>& before_window) {
   if (prompt_tokens < 1 || prompt_tokens >= context) {
     return InvalidArgument("prompt_tokens must be in [1, context)");
   }
@@ -149,6 +149,7 @@ StatusOr<PolicyPerplexityResult> PolicyPerplexity(Model& model, const std::vecto
     window.insert(window.end(), tokens.begin() + begin, tokens.begin() + end);
     const int32_t n = static_cast<int32_t>(window.size());
     if (n <= prompt_tokens) continue;
+    if (before_window) DEJA_RETURN_IF_ERROR(before_window(window));
     DEJA_ASSIGN_OR_RETURN(std::unique_ptr<kv::SequenceKv> kv,
                           model.NewSequence(n, cache, prompt_tokens, chunk));
     const int64_t heads = static_cast<int64_t>(kv->geometry().layers) * kv->geometry().heads;

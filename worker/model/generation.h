@@ -67,9 +67,11 @@ struct PolicyPerplexityResult {
   size_t peak_prompt_kv_bytes = 0;
   int64_t evictions = 0;
 };
-StatusOr<PolicyPerplexityResult> PolicyPerplexity(Model& model, const std::vector<int32_t>& tokens,
-                                                  int32_t context, int32_t prompt_tokens,
-                                                  const kv::CachePolicyConfig& cache,
-                                                  bool sparse = false, int32_t locret_chunk = 64);
+// before_window, when set, runs before each window with the window's tokens (`deja ppl
+// --locret-oracle` scores them there).
+StatusOr<PolicyPerplexityResult> PolicyPerplexity(
+    Model& model, const std::vector<int32_t>& tokens, int32_t context, int32_t prompt_tokens,
+    const kv::CachePolicyConfig& cache, bool sparse = false, int32_t locret_chunk = 64,
+    const std::function<Status(const std::vector<int32_t>&)>& before_window = nullptr);
 
 }  // namespace deja::worker::model

@@ -181,6 +181,11 @@ class Model {
   // the `locret` cache policy needs; NewSequence refuses that policy without them.
   virtual Status EnableRetaining(const std::string& path) = 0;
   virtual bool retaining_enabled() const = 0;
+  // For analysis only (`deja ppl --locret-oracle`): while `scores` is not empty, locret sequences
+  // take their tokens' scores from it, [layer][position][this rank's head] for positions below
+  // `positions`, instead of from the retaining heads; an empty vector restores the heads. Host
+  // backends only.
+  virtual Status SetRetainingOverride(std::vector<float> scores, int32_t positions) = 0;
 
   // Runs one step. Appends every step's tokens to its cache. Fails (leaving the caches of the
   // batch unspecified) on bad token ids or when a sequence would pass the position limit.

@@ -277,6 +277,21 @@ Status OptModel::EnableRetaining(const std::string& path) {
   return Status::Ok();
 }
 
+Status OptModel::SetRetainingOverride(std::vector<float> scores, int32_t positions) {
+  if (!scores.empty()) {
+    if (on_device_) return FailedPrecondition("retaining-score override: host backends only");
+    const size_t want = static_cast<size_t>(config_.num_hidden_layers) *
+                        static_cast<size_t>(std::max(positions, 0)) * w_.local_heads;
+    if (positions < 1 || scores.size() != want) {
+      return InvalidArgument("retaining-score override: " + std::to_string(scores.size()) +
+                             " scores, want layers x positions x heads = " + std::to_string(want));
+    }
+  }
+  retain_override_ = std::move(scores);
+  retain_override_positions_ = retain_override_.empty() ? 0 : positions;
+  return Status::Ok();
+}
+
 Status OptModel::RetainScores(int32_t l, const std::vector<SequenceStep>& batch, const float* q,
                               const float* k, const float* v, int64_t stride) {
   const RetainLayer& rl = retain_[l];
@@ -300,7 +315,21 @@ Status OptModel::RetainScores(int32_t l, const std::vector<SequenceStep>& batch,
     a.b2 = rl.b2.as<float>();
     a.out = retain_scores_.as<float>() + row * heads;
     a.device = backend_->device();
-    DEJA_RETURN_IF_ERROR(kernels::RetainScores(*backend_, a));
+    if (retain_override_.empty()) {
+      DEJA_RETURN_IF_ERROR(kernels::RetainScores(*backend_, a));
+      continue;
+    }
+    const float* layer =
+        retain_override_.data() + static_cast<size_t>(l) * retain_override_positions_ * heads;
+    for (int32_t t = 0; t < s.n; ++t) {
+      const int32_t pos = tok_pos_[row + t];
+      if (pos < 0 || pos >= retain_override_positions_) {
+        return OutOfRange("retaining-score override holds " +
+                          std::to_string(retain_override_positions_) + " positions, not " +
+                          std::to_string(pos));
+      }
+      std::copy_n(layer + static_cast<size_t>(pos) * heads, heads, a.out + t * heads);
+    }
   }
   return Status::Ok();
 }

@@ -64,6 +64,7 @@ class OptModel final : public Model {
   bool sparsity_enabled() const override;
   Status EnableRetaining(const std::string& path) override;
   bool retaining_enabled() const override { return !retain_.empty(); }
+  Status SetRetainingOverride(std::vector<float> scores, int32_t positions) override;
   Status SetPrefixImportance(const prefix::ImportanceOptions& options) override;
   ImportanceStats TakeImportanceStats() override;
   Status Forward(const std::vector<SequenceStep>& batch, StepResult* result) override;
@@ -133,6 +134,8 @@ class OptModel final : public Model {
                                const float* q_rows, int64_t q_stride, bool all_heads);
   int32_t retain_hidden_ = 0;
   Tensor retain_scores_;  // [rows, local heads]
+  std::vector<float> retain_override_;  // [layers, positions, local heads]; empty: the heads
+  int32_t retain_override_positions_ = 0;
   Tensor retain_q_;       // [rows, local]: every head's q when Deja Vu computed only some
 };
 
