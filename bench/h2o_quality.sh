@@ -12,12 +12,7 @@
 # score, decayed scores (--h2o-decay) and sinks (--sink-tokens). One JSON line per run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DEJA=${1:-build/release/cli/deja}
-shift || true
-FILES=("$@")
-[ ${#FILES[@]} -gt 0 ] || FILES=(tests/data/heldout/tinyshakespeare.txt tests/data/heldout/kjv.txt
-  tests/data/heldout/war_and_peace.txt)
-MODEL=models/opt-mini
+source bench/heldout_args.sh "$@"
 CTX=1024
 if [ "${VARIANTS:-0}" = 1 ]; then
   budget=$((CTX / 5))

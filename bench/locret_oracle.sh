@@ -9,12 +9,7 @@
 # keep the BOS by score.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DEJA=${1:-build/release/cli/deja}
-shift || true
-FILES=("$@")
-[ ${#FILES[@]} -gt 0 ] || FILES=(tests/data/heldout/tinyshakespeare.txt tests/data/heldout/kjv.txt
-  tests/data/heldout/war_and_peace.txt)
-MODEL=${MODEL:-models/opt-mini}
+source bench/heldout_args.sh "$@"
 CTX=1024
 BUDGET=$((CTX * 20 / 100))
 MODES=${MODES:-a b}

@@ -10,12 +10,7 @@
 # 1/8) kept by retaining-head score, the rest stabilisers, prefilled in chunks of CHUNK (64).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DEJA=${1:-build/release/cli/deja}
-shift || true
-FILES=("$@")
-[ ${#FILES[@]} -gt 0 ] || FILES=(tests/data/heldout/tinyshakespeare.txt tests/data/heldout/kjv.txt
-  tests/data/heldout/war_and_peace.txt)
-MODEL=${MODEL:-models/opt-mini}
+source bench/heldout_args.sh "$@"
 HEADS=${HEADS:-$MODEL/retaining.safetensors}
 CTX=1024
 CHUNK=${CHUNK:-64}

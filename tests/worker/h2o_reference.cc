@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 
 #include "kernels/ops.h"
 
@@ -195,6 +196,14 @@ Status ReferenceH2O::Greedy(const std::vector<int32_t>& prompt, int32_t steps,
   }
   if (max_held != nullptr) *max_held = max_held_;
   return Status::Ok();
+}
+
+std::vector<int32_t> RandomPrompt(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> tok(4, 8191);
+  std::vector<int32_t> ids = {2};
+  for (int i = 1; i < n; ++i) ids.push_back(tok(rng));
+  return ids;
 }
 
 }  // namespace deja::worker

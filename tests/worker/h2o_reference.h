@@ -17,6 +17,10 @@
 
 namespace deja::worker {
 
+// A seeded prompt of n ids: the BOS (2), then uniform random ids in [4, 8191] (opt-mini's
+// vocabulary without its special tokens).
+std::vector<int32_t> RandomPrompt(int n, uint32_t seed);
+
 class ReferenceH2O {
  public:
   // heavy/recent per head; heavy = recent = -1 disables eviction (full cache).

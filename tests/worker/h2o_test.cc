@@ -46,14 +46,6 @@ class H2OTest : public ::testing::TestWithParam<std::string> {
     return best;
   }
 
-  std::vector<int32_t> RandomPrompt(int n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::uniform_int_distribution<int32_t> tok(4, 8191);
-    std::vector<int32_t> ids = {2};
-    for (int i = 1; i < n; ++i) ids.push_back(tok(rng));
-    return ids;
-  }
-
   void ExpectMatchesReference(const std::vector<int32_t>& prompt, int32_t heavy, int32_t recent,
                               int32_t steps, float decay = 1.0f,
                               std::vector<int32_t>* ids = nullptr) {

@@ -54,14 +54,6 @@ predictors::RetainingHeads RandomHeads(const std::string& path) {
   return loaded.ok() ? std::move(*loaded) : r;
 }
 
-std::vector<int32_t> RandomPrompt(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> tok(4, 8191);
-  std::vector<int32_t> ids = {2};
-  for (int i = 1; i < n; ++i) ids.push_back(tok(rng));
-  return ids;
-}
-
 kv::CachePolicyConfig Locret(int32_t scored, int32_t stabilisers) {
   kv::CachePolicyConfig c;
   c.kind = kv::CachePolicyKind::kLocret;
