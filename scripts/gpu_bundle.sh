@@ -23,11 +23,16 @@ command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || {
   exit 1
 }
 export PATH=$PATH:/usr/local/cuda/bin
-cmake --preset release >/dev/null
+[ -f "$build/build.ninja" ] || cmake --preset release >/dev/null
 if ! grep -q 'deja_kernels_cuda' "$build/build.ninja"; then
   echo "gpu_bundle: the build in $build has no CUDA backend (DEJA_WITH_CUDA off or no nvcc)" >&2
   exit 1
 fi
+
+# gtest_discover_tests lists a binary's cases only once it is built: build everything first (on
+# a fresh build directory ctest would list no test at all).
+# DEJA_GPU_BUNDLE_BUILD=0 packs the build as it is (the gpu tests of the binaries built so far).
+[ "${DEJA_GPU_BUNDLE_BUILD:-1}" = 0 ] || cmake --build "$build" -j "$(nproc)"
 
 # The gpu-labelled tests: binary -> gtest filter (their names joined with ':').
 ctest --test-dir "$build" -L gpu --show-only=json-v1 >"$build/gpu_tests.json"
@@ -44,9 +49,10 @@ with open(sys.argv[2], "w") as f:
         f.write(f"{b} {':'.join(filters)}\n")
 EOF
 mapfile -t test_bins < <(cut -d' ' -f1 "$build/gpu_tests.txt")
-targets=(deja)
-for b in "${test_bins[@]}"; do targets+=("$(basename "$b")"); done
-cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
+if [ ${#test_bins[@]} -eq 0 ]; then
+  echo "gpu_bundle: ctest lists no gpu-labelled test in $build" >&2
+  exit 1
+fi
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/tests"
@@ -69,6 +75,8 @@ strip --strip-unneeded "$out"/lib/*.so* 2>/dev/null || true
 cp -r models "$out/models"
 cp -r tests/golden tests/data "$out/tests/"
 cp scripts/gpu_check.sh "$out/"
+# The commit the bundle was built from ("+dirty" when the tree had uncommitted changes).
+echo "$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo +dirty)" >"$out/COMMIT"
 tools_needed=(tools/checkpoints/make_random_opt.py)
 for t in "${tools_needed[@]}"; do
   [ -f "$t" ] && { mkdir -p "$out/$(dirname "$t")"; cp "$t" "$out/$t"; }

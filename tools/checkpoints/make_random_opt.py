@@ -66,13 +66,12 @@ def write_safetensors(path, specs, rng):
         f.write(blob)
         for name, shape, init in specs:
             if init == "normal":
-                # Row by row keeps memory small for the largest shapes.
-                for row in range(shape[0]):
-                    cols = shape[1] if len(shape) > 1 else 1
-                    f.write((rng.standard_normal(cols, dtype=np.float32) * 0.02)
+                # In slices of at most 16M values: memory stays small for the largest shapes.
+                total = int(np.prod(shape))
+                for start in range(0, total, 1 << 24):
+                    n = min(1 << 24, total - start)
+                    f.write((rng.standard_normal(n, dtype=np.float32) * 0.02)
                             .astype("<f2").tobytes())
-                    if len(shape) == 1:
-                        break
             else:
                 arr = np.ones(shape, "<f2") if init == "ones" else np.zeros(shape, "<f2")
                 f.write(arr.tobytes())
