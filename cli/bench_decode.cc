@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -175,8 +176,10 @@ int RunBenchDecode(int argc, char** argv, int first) {
       j["device_copy_gb_per_s"] = device_peaks.copy_bytes_per_s / 1e9;
       j["device_bf16_gemm_tflop_per_s"] = device_peaks.bf16_gemm_flops_per_s / 1e12;
     }
-    kernels::ReadBandwidthProbe probe(m.backend->pool());
-    const double start_bw = on_device ? device_peaks.copy_bytes_per_s : probe.Measure(5);
+    // The host's read bandwidth (a device backend has no thread pool and no host floor).
+    std::optional<kernels::ReadBandwidthProbe> probe;
+    if (!on_device) probe.emplace(m.backend->pool());
+    const double start_bw = on_device ? device_peaks.copy_bytes_per_s : probe->Measure(5);
     j["bandwidth_start_gb_per_s"] = start_bw / 1e9;
     j["weight_bytes"] = m.model->weight_bytes();
     // The floor uses the bandwidth measured between batch 1's steps (the median of one probe
@@ -233,7 +236,7 @@ int RunBenchDecode(int argc, char** argv, int first) {
                                  .status());
       }
       std::function<void()> between;
-      if (b == 1 && !on_device) between = [&] { batch1_bw.push_back(probe.Measure(1)); };
+      if (b == 1 && !on_device) between = [&] { batch1_bw.push_back(probe->Measure(1)); };
       DEJA_ASSIGN_OR_RETURN(
           auto timing, TimeDecode(*m.model, static_cast<int32_t>(b), static_cast<int32_t>(prompt),
                                   static_cast<int32_t>(steps), sparsity.has_value(), rng, between));

@@ -42,8 +42,10 @@ __global__ void LogSoftmaxKernel(const float* x, int64_t cols, float* out) {
   m = BlockMax(m, scratch);
   float s = 0.f;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += expf(xr[c] - m);
-  const float log_z = m + logf(BlockSum(s, scratch));
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) orow[c] = xr[c] - log_z;
+  // (x - m) - log(sum), never x - (m + log(sum)): near large logits m + log(sum) rounds to
+  // the ulp of m (6e-5 at 1000), which the shifted form does not.
+  const float log_sum = logf(BlockSum(s, scratch));
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) orow[c] = (xr[c] - m) - log_sum;
 }
 
 // The TopK order: larger values first, every number before NaN, ties (and NaNs) to the lower

@@ -127,7 +127,11 @@ class TpModelTest : public ::testing::Test {
   void ExpectDeviceRanksAgree(const std::string& device) {
     for (int world : {2, 4}) {  // TP 1 on devices: opt_golden_test
       if (heads_ % world != 0) continue;
-      ThreadRun run = RunThreads(dir_, world, prompts_, {}, device);
+      // Each rank's KV pool small (they share one GPU), f32 weights on CUDA (ExactWeightDType).
+      model::LoadOptions options;
+      if (device == "cuda") options.kv_memory_bytes = 64ll << 20;
+      options.weight_dtype = test_util::ExactWeightDType(device);
+      ThreadRun run = RunThreads(dir_, world, prompts_, options, device);
       if (device == "cuda" && run.load[0].code() == StatusCode::kUnavailable) {
         GTEST_SKIP() << "no usable CUDA device: " << run.load[0].ToString();
       }

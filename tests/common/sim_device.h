@@ -11,9 +11,11 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
 #include "common/status.h"
 #include "kernels/backend.h"
 
@@ -27,5 +29,16 @@ std::unique_ptr<kernels::Backend> MakeSimDeviceBackend(size_t memory_bytes = siz
 // whose parameter names contain "cuda" carry the ctest label gpu (tests/CMakeLists.txt).
 inline std::vector<std::string> TestDevices() { return {"cpu", "sim", "cuda"}; }
 StatusOr<std::unique_ptr<kernels::Backend>> MakeTestBackend(const std::string& device);
+
+// The weight dtype a model test loads on `device` (LoadOptions::weight_dtype) to compare with the
+// CPU's arithmetic at f32 tolerances: on CUDA the matrices are widened to f32 at load (cuBLAS in
+// f32, no TF32), so only the summation order differs. With f16/bf16 weights CUDA rounds the
+// activations to the weight dtype before each GEMM (kernels/cuda/linear.cc): a relative error of
+// about that dtype's unit roundoff, which the kernel comparisons bound per dtype and which moved
+// opt-mini's log-probs by up to 5e-3 on an H100. Unset elsewhere: the checkpoint's dtype.
+inline std::optional<DType> ExactWeightDType(const std::string& device) {
+  if (device == "cuda") return DType::kF32;
+  return std::nullopt;
+}
 
 }  // namespace deja::test_util

@@ -31,6 +31,7 @@ class H2OTest : public ::testing::TestWithParam<std::string> {
     // A GPU's KV pool: 256 MiB, not 80% of its memory per test (the simulated device's 16 MiB
     // are small enough).
     if (GetParam() == "cuda") options.kv_memory_bytes = 256ll << 20;
+    options.weight_dtype = test_util::ExactWeightDType(GetParam());
     auto m = model::LoadModel(ModelDir("opt-mini"), backend_.get(), nullptr, options);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     model_ = std::move(*m);

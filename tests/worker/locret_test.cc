@@ -70,6 +70,7 @@ class LocretTest : public ::testing::TestWithParam<std::string> {
     backend_ = std::move(*b);
     model::LoadOptions options;
     if (GetParam() == "cuda") options.kv_memory_bytes = 256ll << 20;
+    options.weight_dtype = test_util::ExactWeightDType(GetParam());
     auto m = model::LoadModel(ModelDir("opt-mini"), backend_.get(), nullptr, options);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     model_ = std::move(*m);

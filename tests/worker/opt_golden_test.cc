@@ -36,6 +36,7 @@ class OptGoldenTest : public ::testing::TestWithParam<std::tuple<std::string, st
     // A GPU's KV pool: 256 MiB, not 80% of its memory per test (the simulated device's 16 MiB
     // are small enough).
     if (Device() == "cuda") options.kv_memory_bytes = 256ll << 20;
+    options.weight_dtype = test_util::ExactWeightDType(Device());
     auto m = model::LoadModel(ModelDir(Fixture()), backend_.get(), nullptr, options);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     model_ = std::move(*m);

@@ -103,9 +103,11 @@ Status OptModel::LoadToDevice(const LoadOptions& options) {
     // Gloo or in-process: collectives through host buffers (NCCL takes device memory itself).
     comm_ = comm::MakeStagedCommunicator(backend_, std::move(comm_));
   }
+  // f32: widened at upload, so the GEMMs run in f32 (exact comparisons with the CPU; twice
+  // f16's memory and bandwidth).
   if (options.weight_dtype.has_value() && *options.weight_dtype != DType::kBF16 &&
-      *options.weight_dtype != DType::kI8) {
-    return InvalidArgument(std::string("weights can be converted to bf16 or int8 only on ") +
+      *options.weight_dtype != DType::kI8 && *options.weight_dtype != DType::kF32) {
+    return InvalidArgument(std::string("weights can be converted to bf16, int8 or f32 only on ") +
                            be.device().ToString() + ", not " + DTypeName(*options.weight_dtype));
   }
   UploadOptions up;
