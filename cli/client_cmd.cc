@@ -84,6 +84,7 @@ StatusOr<v1::GenerateRequest> RequestFromFlags(const Args& args) {
   if (args.Has("sparsity-schedule")) {
     r.mutable_sparsity()->set_schedule(args.Str("sparsity-schedule"));
   }
+  if (args.Has("cache-salt")) r.set_cache_salt(args.Str("cache-salt"));
   if (args.Has("prefix-cache")) {
     const std::string v = args.Str("prefix-cache");
     if (v != "on" && v != "off") {
@@ -294,6 +295,7 @@ int RunClient(int argc, char** argv, int first) {
                             " (unset: the server's default)")
       .Flag("sparsity-schedule", "a sparsity schedule of ModelInfo.sparsity_schedules")
       .Flag("prefix-cache", "on: reuse and fill the server's prefix cache; off: never")
+      .Flag("cache-salt", "share cached prompt blocks only with requests of this salt")
       .Flag("kv-policy", "KV cache policy: " + OneOf(RowNames(worker::kv::CachePolicyTable())) +
                              " (unset: the server's default)")
       .Flag("heavy-ratio", "h2o heavy-hitter budget, a fraction of the prompt")

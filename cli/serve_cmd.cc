@@ -101,6 +101,9 @@ void AddCoordinatorFlags(Args& args) {
             "on: requests that leave PrefixCache.mode unspecified reuse cached prompt blocks and "
             "leave theirs for later ones (when the workers keep a prefix cache); off: not",
             "on")
+      .Bool("prefix-cache-salt-required",
+            "refuse (INVALID_ARGUMENT) requests that use the prefix cache without a cache_salt: "
+            "tenants share cached prompt blocks only through a salt they agree on")
       .Flag("prefix-load",
             "how a request reads a cached prefix that is partly on host or disk: full (into "
             "the memory tier first; exact) or important (where it is, each layer only the "
@@ -208,6 +211,7 @@ StatusOr<coordinator::CoordinatorOptions> CoordinatorFromFlags(const Args& args)
                            "'");
   }
   o.prefix_cache_default = args.Str("prefix-cache") == "on";
+  o.prefix_cache_salt_required = args.On("prefix-cache-salt-required");
   if (args.Str("prefix-load") != "full" && args.Str("prefix-load") != "important") {
     return InvalidArgument("--prefix-load must be full or important, not '" +
                            args.Str("prefix-load") + "'");

@@ -127,6 +127,7 @@ Status Coordinator::Init() {
   eo.limits.default_cache = info.default_cache_policy();
   eo.limits.locret_chunk = o.locret_chunk;
   eo.limits.prefix_cache_default = o.prefix_cache_default;
+  eo.limits.prefix_cache_salt_required = o.prefix_cache_salt_required;
   engine_ = std::make_unique<Engine>(eo, tokenizer_.get(), group_.get(), metrics_.get());
   service_ = std::make_unique<TextGenerationService>(engine_.get(), info, auth_.get());
 

@@ -68,6 +68,8 @@ struct CoordinatorOptions {
   int32_t locret_chunk = 64;
   // What PrefixCache.MODE_UNSPECIFIED means (the tiers' budgets are in scheduler).
   bool prefix_cache_default = true;
+  // Requests that use the prefix cache must carry a cache_salt.
+  bool prefix_cache_salt_required = false;
   WorkerGroupOptions group;  // world_size is taken from tensor_parallel_size
   // How long a drain lets admitted requests finish before failing them with UNAVAILABLE.
   std::chrono::milliseconds drain_timeout{30000};

@@ -317,6 +317,7 @@ grpc::ServerUnaryReactor* TextGenerationService::GetModelInfo(grpc::CallbackServ
   out.set_prefix_cache_available(limits.prefix_cache_available);
   out.set_prefix_cache_block_tokens(limits.prefix_cache_block_tokens);
   out.set_prefix_cache_default(limits.prefix_cache_default);
+  out.set_prefix_cache_salt_required(limits.prefix_cache_salt_required);
   // The dtypes the (last) connected group reported: what --dtype/--kv-dtype resolved to.
   if (!group.weight_dtype.empty()) out.set_dtype(group.weight_dtype);
   if (!group.kv_dtype.empty()) out.set_kv_dtype(group.kv_dtype);

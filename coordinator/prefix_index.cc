@@ -72,10 +72,12 @@ uint64_t PrefixIndex::FindChild(const Node& parent, const int32_t* block) const 
   return 0;
 }
 
-PrefixMatch PrefixIndex::Lookup(const int32_t* tokens, int32_t n) const {
+PrefixMatch PrefixIndex::Lookup(const std::string& key, const int32_t* tokens, int32_t n) const {
   PrefixMatch match;
   const int64_t bt = options_.block_tokens;
-  const Node* cur = &root_;
+  auto root = roots_.find(key);
+  if (root == roots_.end()) return match;
+  const Node* cur = &root->second;
   for (int64_t start = 0; start + bt <= n; start += bt) {
     const uint64_t child = FindChild(*cur, tokens + start);
     if (child == 0) break;
@@ -204,6 +206,10 @@ void PrefixIndex::DropSubtree(Node& n, std::vector<PrefixOp>* ops) {
       break;
     }
   }
+  // Its tree's last block: the key goes, unless Insert is adding to that tree right now.
+  if (n.parent->parent == nullptr && n.parent->children.empty() && n.parent != inserting_) {
+    roots_.erase(n.parent->key);
+  }
   std::vector<uint64_t> order = {n.id};  // Breadth first: every parent before its children.
   for (size_t i = 0; i < order.size(); ++i) {
     for (const auto& [hash, child] : nodes_.at(order[i]).children) order.push_back(child);
@@ -240,7 +246,8 @@ int32_t PrefixIndex::Promote(const std::vector<uint64_t>& ids, std::vector<Prefi
   return in_memory;
 }
 
-std::vector<std::pair<int32_t, uint64_t>> PrefixIndex::Insert(const int32_t* tokens, int32_t n,
+std::vector<std::pair<int32_t, uint64_t>> PrefixIndex::Insert(const std::string& key,
+                                                              const int32_t* tokens, int32_t n,
                                                               std::vector<PrefixOp>* ops,
                                                               std::vector<size_t>* created_at) {
   std::vector<std::pair<int32_t, uint64_t>> added;
@@ -250,7 +257,11 @@ std::vector<std::pair<int32_t, uint64_t>> PrefixIndex::Insert(const int32_t* tok
   // Only the deepest block of the path is pinned while room is made: its ancestors may move
   // down a tier (a prompt longer than the memory tier spills its first blocks to host), but a
   // pin below them keeps them from being dropped.
-  Node* cur = &root_;
+  if (n < bt) return added;
+  Node* const root = &roots_[key];
+  root->key = key;
+  inserting_ = root;
+  Node* cur = root;
   for (int32_t b = 0; static_cast<int64_t>(b + 1) * bt <= n; ++b) {
     const int32_t* block = tokens + static_cast<int64_t>(b) * bt;
     Node* next = Find(FindChild(*cur, block));
@@ -268,11 +279,13 @@ std::vector<std::pair<int32_t, uint64_t>> PrefixIndex::Insert(const int32_t* tok
       if (created_at != nullptr) created_at->push_back(ops->size());
     }
     AddPins(*next, 1);
-    if (cur != &root_) AddPins(*cur, -1);
+    if (cur != root) AddPins(*cur, -1);
     path.push_back(next);
     cur = next;
   }
-  if (cur != &root_) AddPins(*cur, -1);
+  if (cur != root) AddPins(*cur, -1);
+  inserting_ = nullptr;
+  if (root->children.empty()) roots_.erase(key);  // nothing could be inserted (or all dropped)
   // Deepest first, as in Touch; the blocks that were already there count a hit.
   for (auto it = path.rbegin(); it != path.rend(); ++it) {
     TouchNode(**it, (*it)->id >= first_new ? 0 : 1);

@@ -4,7 +4,10 @@
 // operations that move it there. No I/O, no locking: the engine loop owns it.
 //
 // A prompt is cut into blocks of block_tokens token ids; the index is a radix tree of whole
-// blocks (a node's prefix is its ancestors' blocks followed by its own). Each block is in exactly
+// blocks (a node's prefix is its ancestors' blocks followed by its own), one tree per key:
+// whatever besides the tokens decides a block's keys and values (the request's sparsity, its
+// cache_salt) is the key, so blocks computed one way are never read by a request computing
+// another, and requests with different salts never share a block. Each block is in exactly
 // one of memory, host, or neither (disk only). With the disk tier on (disk_blocks > 0) every
 // block also has a disk replica, written by the worker when the block is inserted, so leaving
 // host costs no write; without it, a block leaving host is dropped.
@@ -24,6 +27,7 @@
 #include <cstdint>
 #include <optional>
 #include <set>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -79,8 +83,10 @@ class PrefixIndex {
 
   const PrefixIndexOptions& options() const { return options_; }
 
-  // Longest run of whole blocks of tokens[0, n) in the index; a partial last block never matches.
-  PrefixMatch Lookup(const int32_t* tokens, int32_t n) const;
+  // Longest run of whole blocks of tokens[0, n) in the index under `key`; a partial last block
+  // never matches.
+  PrefixMatch Lookup(const std::string& key, const int32_t* tokens, int32_t n) const;
+  PrefixMatch Lookup(const int32_t* tokens, int32_t n) const { return Lookup({}, tokens, n); }
 
   // Records a hit on these blocks: access_count += 1, touched now. Unknown ids are ignored.
   void Touch(const std::vector<uint64_t>& ids);
@@ -108,9 +114,16 @@ class PrefixIndex {
   // for each new block, in order; `created_at` (optional) gets, for each, the number of ops
   // emitted before it was created: a worker must hold block k after applying that many ops, as
   // later ops may name it.
+  std::vector<std::pair<int32_t, uint64_t>> Insert(const std::string& key, const int32_t* tokens,
+                                                   int32_t n, std::vector<PrefixOp>* ops,
+                                                   std::vector<size_t>* created_at = nullptr);
   std::vector<std::pair<int32_t, uint64_t>> Insert(const int32_t* tokens, int32_t n,
                                                    std::vector<PrefixOp>* ops,
-                                                   std::vector<size_t>* created_at = nullptr);
+                                                   std::vector<size_t>* created_at = nullptr) {
+    return Insert({}, tokens, n, ops, created_at);
+  }
+  // Trees (keys) that hold at least one block.
+  int64_t keys() const { return static_cast<int64_t>(roots_.size()); }
 
   // Changes the memory tier's budget (the scheduler gives it what running sequences leave free
   // of the KV memory): lowering it moves the lowest unpinned memory blocks down a tier (or drops
@@ -140,7 +153,8 @@ class PrefixIndex {
 
   struct Node {
     uint64_t id = 0;
-    Node* parent = nullptr;
+    Node* parent = nullptr;  // null for a tree's root
+    std::string key;         // a root's key
     std::vector<int32_t> tokens;
     // Child ids by block hash; a hit is confirmed by comparing the tokens.
     std::unordered_multimap<uint64_t, uint64_t> children;
@@ -189,7 +203,9 @@ class PrefixIndex {
 
   PrefixIndexOptions options_;
   BlockHash hash_;
-  Node root_;
+  // Each key's root (holding no block); a root goes with its last block.
+  std::unordered_map<std::string, Node> roots_;
+  const Node* inserting_ = nullptr;  // the root Insert adds to: never erased meanwhile
   std::unordered_map<uint64_t, Node> nodes_;  // Node addresses are stable across rehashing.
   std::set<Key> tiers_[3];                    // By PrefixTier.
   uint64_t next_id_ = 1;

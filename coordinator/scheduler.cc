@@ -221,7 +221,7 @@ bool Scheduler::PreparePrefix(const std::shared_ptr<Request>& r) {
     const int32_t n = r->prefill_tokens() - 1;
     std::vector<int32_t> tokens(static_cast<size_t>(std::max(0, n)));
     for (int32_t i = 0; i < n; ++i) tokens[i] = r->prefill_token(i);
-    PrefixMatch m = prefix_->Lookup(tokens.data(), n);
+    PrefixMatch m = prefix_->Lookup(r->params().prefix_key, tokens.data(), n);
     // Important-token loading reads a prefix partly on host or disk where it is, into the
     // sequence's own blocks; otherwise the blocks come into the memory tier, which a sequence
     // shares: at most as many as it has room for.
@@ -295,7 +295,7 @@ void Scheduler::CachePrompt(const Request& r) {
   for (int32_t i = 0; i < n; ++i) tokens[i] = r.prefill_token(i);
   std::vector<PrefixOp> ops;
   std::vector<size_t> created_at;
-  const auto added = prefix_->Insert(tokens.data(), n, &ops, &created_at);
+  const auto added = prefix_->Insert(r.params().prefix_key, tokens.data(), n, &ops, &created_at);
   // Each INSERT goes where the index created its block: later ops may move it down a tier.
   size_t done = 0;
   for (size_t k = 0; k <= added.size(); ++k) {
@@ -374,10 +374,13 @@ void Scheduler::AddPrefill(const std::shared_ptr<Request>& r, int32_t* budget, S
   const int32_t total = r->prefill_tokens();
   int32_t chunk = std::min(total - start, *budget);
   // A locret sequence's cache holds its budget plus one chunk of chunk_tokens (the worker
-  // reserved that much): its prompt goes in chunks no larger.
+  // reserved that much) and evicts where its length is a multiple of chunk_tokens (SequenceKv::
+  // SetEvictionBoundaries): a step never crosses such a boundary, so the prefill budget can
+  // split a chunk but never moves where the cache evicts.
   const v1::WorkerCachePolicy& cache = r->params().config.cache();
   if (cache.kind() == v1::WorkerCachePolicy::KIND_LOCRET && cache.chunk_tokens() > 0) {
-    chunk = std::min(chunk, static_cast<int32_t>(cache.chunk_tokens()));
+    const int32_t every = static_cast<int32_t>(cache.chunk_tokens());
+    chunk = std::min(chunk, every - start % every);
   }
   if (chunk <= 0) return;
   *budget -= chunk;

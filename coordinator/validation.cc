@@ -327,6 +327,28 @@ Status ValidateRequestId(const std::string& id) {
   return Status::Ok();
 }
 
+std::string PrefixCacheKey(const v1::SequenceConfig& config,
+                           const std::optional<std::string>& salt) {
+  // Length-prefixed parts: no two (schedule, salt) pairs give one key.
+  std::string key;
+  auto part = [&key](const std::string& s) {
+    key += std::to_string(s.size());
+    key += ':';
+    key += s;
+  };
+  if (config.sparse()) {
+    part("sparse");
+    part(config.sparsity_schedule().empty() ? "default" : config.sparsity_schedule());
+  } else {
+    part("dense");
+  }
+  if (salt.has_value()) {
+    part("salt");
+    part(*salt);
+  }
+  return key;
+}
+
 StatusOr<ResolvedRequest> ResolveRequest(const v1::GenerateRequest& request,
                                          const ModelLimits& limits, const Tokenizer& tokenizer,
                                          uint64_t random_seed) {
@@ -365,6 +387,20 @@ StatusOr<ResolvedRequest> ResolveRequest(const v1::GenerateRequest& request,
       return Invalid("prefix_cache.mode",
                      "unknown mode " + std::to_string(request.prefix_cache().mode()));
   }
+  constexpr size_t kMaxSaltBytes = 256;
+  if (request.has_cache_salt() && request.cache_salt().size() > kMaxSaltBytes) {
+    return Invalid("cache_salt", "must be at most " + std::to_string(kMaxSaltBytes) +
+                                     " bytes, got " +
+                                     std::to_string(request.cache_salt().size()));
+  }
+  if (out.prefix_cache && limits.prefix_cache_salt_required && !request.has_cache_salt()) {
+    return Invalid("cache_salt",
+                   "this server requires one for requests that use the prefix cache (or "
+                   "prefix_cache.mode MODE_OFF)");
+  }
+  out.prefix_key = PrefixCacheKey(out.config, request.has_cache_salt()
+                                                  ? std::optional<std::string>(request.cache_salt())
+                                                  : std::nullopt);
   out.config.set_top_n(out.top_n);
   out.config.set_prompt_tokens(static_cast<uint32_t>(out.prompt.size()));
   out.config.set_max_new_tokens(static_cast<uint32_t>(out.max_new_tokens));

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,9 @@ struct ModelLimits {
   bool prefix_cache_default = true;
   bool prefix_cache_available = false;
   uint32_t prefix_cache_block_tokens = 0;
+  // `deja serve --prefix-cache-salt-required`: a request that uses the prefix cache without a
+  // cache_salt is INVALID_ARGUMENT.
+  bool prefix_cache_salt_required = false;
   // What CachePolicy.KIND_UNSPECIFIED means (UNSPECIFIED here: full). Its budget fields also
   // fill in those a request of the same kind leaves unset.
   v1::CachePolicy default_cache;
@@ -69,6 +73,10 @@ struct ResolvedRequest {
   uint32_t top_n = 0;
   // Read and fill the prefix cache (PrefixCache.mode resolved against the server default).
   bool prefix_cache = false;
+  // The prefix cache's tree for this request: how its prompt's keys and values are computed
+  // (dense, or sparse with which schedule) and its cache_salt. Blocks are shared only within
+  // one key (PrefixIndex).
+  std::string prefix_key;
 
   // Cache positions each worker reserves for the sequence when it starts, the unit of KV
   // admission: prompt + max_new_tokens under the full policy; a bounded policy (window, H2O)
@@ -107,6 +115,10 @@ Status ValidateRequestId(const std::string& id);
 
 // Validates `request`, tokenizes a text prompt (BOS prepended) and resolves defaults.
 // `random_seed` is used when sampling.seed is unset.
+// ResolvedRequest::prefix_key of a request with this (resolved) config and cache_salt.
+std::string PrefixCacheKey(const v1::SequenceConfig& config,
+                           const std::optional<std::string>& salt);
+
 StatusOr<ResolvedRequest> ResolveRequest(const v1::GenerateRequest& request,
                                          const ModelLimits& limits, const Tokenizer& tokenizer,
                                          uint64_t random_seed);

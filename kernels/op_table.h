@@ -153,7 +153,8 @@ using KvWriteFn = Status (*)(Backend&, const KvView& kv, int32_t heads, int32_t 
 // Per head: the scores of the occupied slots among [0, kv.used) are multiplied by args.decay (when
 // it is not 1); then the `excess` lowest-ranked occupied slots whose position is below
 // args.oldest_recent (KvRank) are freed (position -1, score 0) and written, lowest first, to
-// victims[h * excess + j] (device memory, int32; -1 where a head has fewer candidates).
+// victims[h * excess + j] (device memory, int32; -1 where a head has fewer candidates; null when
+// excess is 0).
 using KvEvictFn = Status (*)(Backend&, const KvView& kv, int32_t heads, const KvEvictArgs& args,
                              int32_t* victims);
 // dst = src converted element by element between float dtypes (f32, f16, bf16: round to nearest

@@ -614,7 +614,9 @@ Status KvEvict(Backend& backend, const KvView& kv, int32_t heads, const KvEvictA
   if (args.rank != KvRank::kPosition && kv.score == nullptr) {
     return Bad(kOp, "kv.score", "is null, but the rank reads scores");
   }
-  if (victims == nullptr) return Bad(kOp, "victims", "is null");
+  // With nothing to evict (a decay alone) no victim is written: a cache that never evicted
+  // has no victim buffer.
+  if (victims == nullptr && args.excess > 0) return Bad(kOp, "victims", "is null");
   DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kKvEvict, kv.dtype,
                                     reinterpret_cast<const void*>(backend.ops().kv_evict)));
   return backend.ops().kv_evict(backend, kv, heads, args, victims);

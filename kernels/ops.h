@@ -78,7 +78,7 @@ Status KvWrite(Backend& backend, const KvView& kv, int32_t heads, int32_t head_d
 Status RetainScores(Backend& backend, const RetainArgs& args);
 
 // Frees each head's `args.excess` lowest-ranked candidate slots (KvEvictFn in op_table.h);
-// victims [heads, excess] int32 in the backend's memory.
+// victims [heads, excess] int32 in the backend's memory (may be null when excess is 0).
 Status KvEvict(Backend& backend, const KvView& kv, int32_t heads, const KvEvictArgs& args,
                int32_t* victims);
 

@@ -185,6 +185,55 @@ TEST_F(PrefixIndexTest, CollidingHashesNeverMatchFalsely) {
   EXPECT_EQ(Lookup({1, 2, 3, 4}).blocks, std::vector<uint64_t>{a[0]});
 }
 
+// Blocks are shared only within one key (how the K/V were computed, the request's cache_salt):
+// the same tokens under another key miss, get blocks of their own, and one key's blocks going
+// (evicted or lost) leaves the other key's untouched; a key whose last block goes is forgotten.
+TEST_F(PrefixIndexTest, KeysNeverShareBlocks) {
+  Make(3, 0, 0);
+  const Tokens t = {1, 2, 3, 4};
+  Ops ops;
+  auto dense = index_->Insert("dense", t.data(), 4, &ops);
+  ASSERT_EQ(dense.size(), 2u);
+  EXPECT_EQ(index_->Lookup("dense", t.data(), 4).blocks.size(), 2u);
+  EXPECT_TRUE(index_->Lookup("sparse", t.data(), 4).blocks.empty());
+  EXPECT_TRUE(index_->Lookup(t.data(), 4).blocks.empty());  // the unkeyed tree is a key too
+  EXPECT_EQ(index_->keys(), 1);
+  // The same tokens under another key: new blocks (the memory tier of 3 evicts the lowest,
+  // a dense one), never the dense ones reused.
+  auto sparse = index_->Insert("sparse", t.data(), 4, &ops);
+  ASSERT_EQ(sparse.size(), 2u);
+  EXPECT_NE(sparse[0].second, dense[0].second);
+  EXPECT_NE(sparse[1].second, dense[1].second);
+  EXPECT_EQ(index_->keys(), 2);
+  const PrefixMatch s = index_->Lookup("sparse", t.data(), 4);
+  EXPECT_EQ(s.blocks, (std::vector<uint64_t>{sparse[0].second, sparse[1].second}));
+  for (uint64_t id : index_->Lookup("dense", t.data(), 4).blocks) {
+    EXPECT_NE(id, sparse[0].second);
+    EXPECT_NE(id, sparse[1].second);
+  }
+  // Losing a key's first block forgets its tree, and the key with it.
+  index_->Lost(sparse[0].second, &ops);
+  EXPECT_TRUE(index_->Lookup("sparse", t.data(), 4).blocks.empty());
+  EXPECT_EQ(index_->keys(), index_->Lookup("dense", t.data(), 4).blocks.empty() ? 0 : 1);
+}
+
+// Inserting under a key whose only other blocks must make room for the new ones keeps the tree
+// (the insert's own root is never forgotten while it adds to it).
+TEST_F(PrefixIndexTest, InsertEvictingItsOwnKeysBlocksKeepsTheTree) {
+  Make(1, 0, 0);  // room for one block: inserting b drops a, the key's only block, first
+  const Tokens a = {1, 1}, b = {3, 3};
+  Ops ops;
+  const auto first = index_->Insert("k", a.data(), 2, &ops);
+  ASSERT_EQ(first.size(), 1u);
+  ops.clear();
+  const auto added = index_->Insert("k", b.data(), 2, &ops);
+  ASSERT_EQ(added.size(), 1u);
+  EXPECT_EQ(ops, Ops{Drop(first[0].second)});
+  EXPECT_EQ(index_->Lookup("k", b.data(), 2).blocks, std::vector<uint64_t>{added[0].second});
+  EXPECT_TRUE(index_->Lookup("k", a.data(), 2).blocks.empty());
+  EXPECT_EQ(index_->keys(), 1);
+}
+
 TEST_F(PrefixIndexTest, InsertReturnsOnlyNewBlocksAndNeedsNoOpsWithRoom) {
   Make(4, 0, 0);
   const std::vector<uint64_t> ids = Insert({1, 1, 2, 2});

@@ -471,6 +471,55 @@ TEST_F(ValidationTest, PrefixCacheModeAndServerDefault) {
   EXPECT_NE(st.message().find("prefix_cache.mode"), std::string::npos) << st.ToString();
 }
 
+// The prefix cache's key: requests computing their prompt alike (dense, or sparse with one
+// schedule) and carrying the same cache_salt share a key; anything else gives another. A salt is
+// at most 256 bytes, and required where the server says so (for requests that use the cache).
+TEST_F(ValidationTest, CacheSaltAndThePrefixKey) {
+  limits_.sparsity_available = true;
+  limits_.sparsity_schedules = {"default", "light"};
+  auto key = [&](v1::Sparsity::Mode mode, const char* schedule, const char* salt) {
+    v1::GenerateRequest req = Text("x");
+    req.mutable_sparsity()->set_mode(mode);
+    if (schedule != nullptr) req.mutable_sparsity()->set_schedule(schedule);
+    if (salt != nullptr) req.set_cache_salt(salt);
+    StatusOr<ResolvedRequest> r = Resolve(req);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->prefix_key : std::string("error");
+  };
+  const std::string dense = key(v1::Sparsity::MODE_OFF, nullptr, nullptr);
+  EXPECT_EQ(dense, key(v1::Sparsity::MODE_OFF, nullptr, nullptr));
+  const std::vector<std::string> others = {
+      key(v1::Sparsity::MODE_ON, nullptr, nullptr), key(v1::Sparsity::MODE_ON, "light", nullptr),
+      key(v1::Sparsity::MODE_OFF, nullptr, "tenant-a"), key(v1::Sparsity::MODE_OFF, nullptr, ""),
+      key(v1::Sparsity::MODE_ON, nullptr, "tenant-a")};
+  for (size_t i = 0; i < others.size(); ++i) {
+    EXPECT_NE(others[i], dense) << i;
+    for (size_t j = 0; j < i; ++j) EXPECT_NE(others[i], others[j]) << i << " " << j;
+  }
+  EXPECT_EQ(key(v1::Sparsity::MODE_OFF, nullptr, "tenant-a"),
+            key(v1::Sparsity::MODE_OFF, nullptr, "tenant-a"));
+
+  v1::GenerateRequest req = Text("x");
+  req.set_cache_salt(std::string(257, 's'));
+  Status st = Resolve(req).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("cache_salt"), std::string::npos) << st.ToString();
+  req.set_cache_salt(std::string(256, 's'));
+  EXPECT_TRUE(Resolve(req).ok());
+
+  limits_.prefix_cache_salt_required = true;
+  limits_.prefix_cache_default = true;
+  req.clear_cache_salt();
+  st = Resolve(req).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("cache_salt"), std::string::npos) << st.ToString();
+  req.mutable_prefix_cache()->set_mode(v1::PrefixCache::MODE_OFF);  // no cache: no salt needed
+  EXPECT_TRUE(Resolve(req).ok());
+  req.mutable_prefix_cache()->set_mode(v1::PrefixCache::MODE_ON);
+  req.set_cache_salt("tenant-a");
+  EXPECT_TRUE(Resolve(req).ok());
+}
+
 // An unknown kind names the field and the kinds the table has.
 TEST_F(ValidationTest, UnknownCacheKindsListTheKnownOnes) {
   v1::GenerateRequest req = Text("x");

@@ -263,6 +263,45 @@ void StepSeeds(const fs::path& out) {
           Frame({Step(1, {a, b}), Step(2, {Work(1, {18}, 8, true), Work(2, {42}, 3, true)}),
                  Step(3, {Work(2, {43}, 4, true)}, {1})}));
   }
+  {  // Decayed H2O whose budgets exceed the prompt: decode steps that decay and evict nothing
+     // (no victim buffer on a paged cache), then one that evicts.
+    v1::SequenceWork a = Work(11, {2, 21, 22}, 0, true);
+    *a.mutable_config() = Config(3, 8);
+    v1::WorkerCachePolicy* c = a.mutable_config()->mutable_cache();
+    c->set_kind(v1::WorkerCachePolicy::KIND_H2O);
+    c->set_heavy_tokens(2);
+    c->set_recent_tokens(3);
+    c->set_score_decay(0.6f);
+    std::vector<v1::StepRequest> steps = {Step(1, {a})};
+    for (uint32_t i = 0; i < 6; ++i) {
+      steps.push_back(Step(2 + i, {Work(11, {static_cast<int32_t>(30 + i)}, 3 + i, true)}));
+    }
+    Write(out / "h2o_decay_within_budget.bin", Frame(steps));
+  }
+  {  // Every bounded policy with its prompt split across steps where it does not evict: window
+     // and H2O in three pieces, locret (chunks of 4) split inside a chunk.
+    std::vector<v1::SequenceWork> first, second, third;
+    const v1::WorkerCachePolicy::Kind kinds[] = {v1::WorkerCachePolicy::KIND_WINDOW,
+                                                 v1::WorkerCachePolicy::KIND_H2O,
+                                                 v1::WorkerCachePolicy::KIND_LOCRET};
+    for (uint64_t k = 0; k < 3; ++k) {
+      v1::SequenceWork w = Work(20 + k, {2, 3, 4}, 0, false);
+      *w.mutable_config() = Config(9, 4);
+      v1::WorkerCachePolicy* c = w.mutable_config()->mutable_cache();
+      c->set_kind(kinds[k]);
+      c->set_heavy_tokens(kinds[k] == v1::WorkerCachePolicy::KIND_WINDOW ? 0 : 2);
+      c->set_recent_tokens(2);
+      if (kinds[k] == v1::WorkerCachePolicy::KIND_LOCRET) c->set_chunk_tokens(4);
+      first.push_back(w);
+      second.push_back(Work(20 + k, {5}, 3, false));
+      third.push_back(Work(20 + k, {6, 7, 8, 9, 10}, 4, true));
+    }
+    // locret's third piece may not cross its chunk boundary at 8: positions 4..7 only.
+    third[2] = Work(22, {6, 7, 8, 9}, 4, false);
+    Write(out / "split_prefills.bin",
+          Frame({Step(1, first), Step(2, second), Step(3, third),
+                 Step(4, {Work(22, {10}, 8, true)})}));
+  }
   {  // Refusals: unknown sequence, wrong position, a token outside the vocabulary, over budget.
     v1::SequenceWork first = Work(3, {2, 9}, 0, true);
     *first.mutable_config() = Config(2, 30);

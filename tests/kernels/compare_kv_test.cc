@@ -262,7 +262,10 @@ std::string CheckKvEvict(Backend& b, const KvEvictCase& c, KvRank rank, bool tie
   host.capacity = c.capacity;
   host.used = c.used;
   host.score = with_score ? want_score.as<float>() : nullptr;
-  Status rs = KvEvict(*ref, host, c.heads, args, want_victims.as<int32_t>());
+  // Excess 0 (a decay alone) passes no victim buffer, as a cache that never evicted has none.
+  const bool no_victims = c.excess == 0;
+  Status rs =
+      KvEvict(*ref, host, c.heads, args, no_victims ? nullptr : want_victims.as<int32_t>());
   EXPECT_TRUE(rs.ok()) << rs.ToString();
 
   PagedLayout layout;
@@ -275,7 +278,7 @@ std::string CheckKvEvict(Backend& b, const KvEvictCase& c, KvRank rank, bool tie
   if (!d.ok() || !d_victims.ok()) return "";
   KvView kv = ViewOf(*d, c.capacity, c.used, DType::kF32, 1, paged);
   kv.k = kv.v = const_cast<int32_t*>(kv.slot_pos);  // not read
-  Status s = KvEvict(b, kv, c.heads, args, d_victims->as<int32_t>());
+  Status s = KvEvict(b, kv, c.heads, args, no_victims ? nullptr : d_victims->as<int32_t>());
   if (paged != nullptr) {
     std::string why = PagedRefusal(b, s);
     if (!why.empty()) return why;
@@ -310,7 +313,7 @@ const KvEvictCase kKvEvictCases[] = {
 };
 
 // Decayed scores (h2o's CachePolicy.score_decay): every occupied slot's score, recent ones
-// included, is multiplied first; excess 0 only decays.
+// included, is multiplied first; excess 0 only decays, with no victim buffer at all.
 const KvEvictCase kKvDecayCases[] = {
     {3, 40, 33, 0}, {3, 40, 33, 1}, {4, 300, 257, 0}, {4, 300, 257, 64}, {2, 3000, 2900, 1},
 };

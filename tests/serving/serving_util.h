@@ -88,6 +88,7 @@ class Server {
   }
 
   // Pids of the launcher's newest worker group, from its log.
+  pid_t pid() const { return process_->pid(); }
   std::vector<pid_t> WorkerPids() const {
     const std::regex re("worker group ([0-9]+) started, pids((?: [0-9]+)+)");
     const std::string log = ReadFile(log_);

@@ -9,6 +9,7 @@
 #include "tests/common/sim_device.h"
 #include "tests/worker/golden_util.h"
 #include "tests/worker/h2o_reference.h"
+#include "worker/kv/policy_table.h"
 #include "worker/model/generation.h"
 #include "worker/model/model.h"
 
@@ -99,6 +100,57 @@ TEST_P(H2OTest, DecayedScoresEqualReference) {
   ExpectMatchesReference(RealPrompt(), /*heavy=*/4, /*recent=*/12, /*steps=*/24, 0.6f, &decayed);
   ExpectMatchesReference(RealPrompt(), /*heavy=*/4, /*recent=*/12, /*steps=*/24, 1.0f, &summed);
   EXPECT_NE(decayed, summed);
+}
+
+// Decayed H2O whose cache holds no more than its budget for the first 44 steps (a 4-token prompt,
+// budgets of 8 + 40): those steps decay and evict nothing, so a paged cache has no victim buffer
+// yet (it once failed the step, and with it every sequence of the worker group: "kv_evict:
+// argument 'victims' is null"); later steps evict.
+TEST_P(H2OTest, DecayWithinTheBudgetEqualsReference) {
+  ExpectMatchesReference(RandomPrompt(4, 11), /*heavy=*/8, /*recent=*/40, /*steps=*/60, 0.6f);
+}
+
+// The same request gives the same tokens, and log-probabilities within 1e-5 (the GEMMs of a
+// 5-token chunk and of a whole prompt round differently), however its prompt is split into
+// prefill steps (a server's prefill budget and its other requests decide the split): window and
+// H2O caches attend to the whole prompt and evict once it is in. (Evicting after each step, as
+// before, changed tokens.)
+TEST_P(H2OTest, PrefillSplitsChangeNothing) {
+  const std::vector<int32_t> prompt = RealPrompt();
+  ASSERT_GT(prompt.size(), 100u);
+  struct Case {
+    kv::CachePolicyKind kind;
+    float decay;
+  };
+  for (const Case& c : {Case{kv::CachePolicyKind::kWindow, 1.0f},
+                        Case{kv::CachePolicyKind::kH2O, 1.0f}, Case{kv::CachePolicyKind::kH2O, 0.6f}}) {
+    model::GenerationOptions opt;
+    opt.max_new_tokens = 16;
+    opt.stop_at_eos = false;
+    opt.cache.kind = c.kind;
+    opt.cache.heavy_tokens = c.kind == kv::CachePolicyKind::kH2O ? 6 : 0;
+    opt.cache.recent_tokens = 10;
+    opt.cache.h2o_decay = c.decay;
+    opt.prefill_chunk = static_cast<int32_t>(prompt.size());
+    auto whole = Generate(*model_, prompt, opt);
+    ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+    EXPECT_GT(whole->evictions, 0);
+    for (int32_t chunk : {5, 64}) {
+      opt.prefill_chunk = chunk;
+      auto split = Generate(*model_, prompt, opt);
+      ASSERT_TRUE(split.ok()) << split.status().ToString();
+      ASSERT_EQ(split->tokens.size(), whole->tokens.size());
+      for (size_t i = 0; i < whole->tokens.size(); ++i) {
+        EXPECT_EQ(split->tokens[i].id, whole->tokens[i].id)
+            << kv::CachePolicyName(c.kind) << " decay " << c.decay << " chunk " << chunk
+            << " token " << i;
+        EXPECT_NEAR(split->tokens[i].logprob, whole->tokens[i].logprob, 1e-5f)
+            << kv::CachePolicyName(c.kind) << " decay " << c.decay << " chunk " << chunk
+            << " token " << i;
+      }
+      EXPECT_EQ(split->evictions, whole->evictions);
+    }
+  }
 }
 
 TEST_P(H2OTest, ReferenceWithoutEvictionEqualsFullCache) {

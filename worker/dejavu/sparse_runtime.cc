@@ -10,6 +10,7 @@
 #include "common/thread_pool.h"
 #include "kernels/ops.h"
 #include "worker/dejavu/top_k.h"
+#include "worker/kv/kv_cache.h"
 
 namespace deja::worker::dejavu {
 namespace {
@@ -229,13 +230,20 @@ bool SparseRuntime::BeginStep(const std::vector<model::SequenceStep>& batch, int
   runner_.Wait();
   rows_ = rows;
   row_sparse_.assign(rows, 0);
+  row_heads_sparse_.assign(rows, 0);
   bool any = false;
   all_sparse_decode_ = true;
+  all_sparse_decode_heads_ = true;
   int64_t row = 0;
   for (const model::SequenceStep& s : batch) {
     any |= s.sparse;
+    const bool heads_sparse =
+        s.sparse && !(s.kv != nullptr && s.kv->policy().accumulates_scores());
     all_sparse_decode_ &= s.sparse && s.n == 1;
+    all_sparse_decode_heads_ &= heads_sparse && s.n == 1;
     std::fill(row_sparse_.begin() + row, row_sparse_.begin() + row + s.n, s.sparse ? 1 : 0);
+    std::fill(row_heads_sparse_.begin() + row, row_heads_sparse_.begin() + row + s.n,
+              heads_sparse ? 1 : 0);
     row += s.n;
   }
   ++step_;
@@ -434,9 +442,20 @@ Status SparseRuntime::Finish(Kind kind, int32_t layer, BlockPlan* plan) {
       predictor_seconds_ +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
-    if (all_sparse_decode_) {
-      std::vector<uint8_t>& seen = plan->keep;
-      seen.assign(units, 0);
+    const std::vector<uint8_t>& sparse_rows =
+        kind == Kind::kMlp ? row_sparse_ : row_heads_sparse_;
+    const bool all_decode = kind == Kind::kMlp ? all_sparse_decode_ : all_sparse_decode_heads_;
+    // Each row's own selection, [rows, units].
+    auto own_masks = [&](std::vector<uint8_t>* keep) {
+      keep->assign(static_cast<size_t>(rows_ * units), 0);
+      for (int64_t r = 0; r < rows_; ++r) {
+        for (int32_t i = 0; i < k; ++i) (*keep)[r * units + p.selected[r * k + i]] = 1;
+      }
+    };
+    if (std::none_of(sparse_rows.begin(), sparse_rows.end(), [](uint8_t s) { return s != 0; })) {
+      // No row skips any unit of this kind (every sparse sequence is H2O, for heads).
+    } else if (all_decode) {
+      std::vector<uint8_t> seen(units, 0);
       for (int64_t r = 0; r < rows_; ++r) {
         for (int32_t i = 0; i < k; ++i) seen[p.selected[r * k + i]] = 1;
       }
@@ -447,14 +466,22 @@ Status SparseRuntime::Finish(Kind kind, int32_t layer, BlockPlan* plan) {
       plan->active_fraction = fraction;
       if (fraction <= options_.dense_fallback) {
         plan->mode = BlockPlan::Mode::kGather;
-      } else {
-        // Dense kernels (cheaper than gathering nearly everything), masked to the union so the
-        // result is the same as the gather path's.
-        plan->mode = BlockPlan::Mode::kMasked;
-        plan->keep.resize(static_cast<size_t>(rows_ * units));
-        for (int64_t r = 1; r < rows_; ++r) {
-          std::copy(seen.begin(), seen.begin() + units, plan->keep.begin() + r * units);
+        // Several rows compute the union; each keeps only its own units.
+        plan->keep.clear();
+        if (rows_ > 1) {
+          const int64_t n = static_cast<int64_t>(plan->units.size());
+          plan->keep.assign(static_cast<size_t>(rows_ * n), 0);
+          std::vector<int32_t> where(units, -1);
+          for (int64_t j = 0; j < n; ++j) where[plan->units[j]] = static_cast<int32_t>(j);
+          for (int64_t r = 0; r < rows_; ++r) {
+            for (int32_t i = 0; i < k; ++i) plan->keep[r * n + where[p.selected[r * k + i]]] = 1;
+          }
         }
+      } else {
+        // Dense kernels (cheaper than gathering nearly everything), each row masked to its own
+        // selection: the gather path's result for that row alone (up to summation order).
+        plan->mode = BlockPlan::Mode::kMasked;
+        own_masks(&plan->keep);
         plan->units.clear();
       }
     } else {
@@ -462,7 +489,7 @@ Status SparseRuntime::Finish(Kind kind, int32_t layer, BlockPlan* plan) {
       plan->keep.assign(static_cast<size_t>(rows_ * units), 1);
       double kept = 0;
       for (int64_t r = 0; r < rows_; ++r) {
-        if (!row_sparse_[r]) {
+        if (!sparse_rows[r]) {
           kept += static_cast<double>(units);
           continue;
         }

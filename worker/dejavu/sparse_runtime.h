@@ -69,7 +69,10 @@ struct BlockPlan {
   enum class Mode { kDense, kGather, kMasked };
   Mode mode = Mode::kDense;
   std::vector<int32_t> units;  // kGather: the union of active local units, ascending
-  std::vector<uint8_t> keep;   // kMasked: [rows, local_units], 1 = computed for that row
+  // kMasked: [rows, local_units], 1 = computed for that row. kGather with several rows:
+  // [rows, units.size()], 1 where that row selected the unit (the others computed the union;
+  // each row keeps only its own, so its result does not depend on the batch); empty for one row.
+  std::vector<uint8_t> keep;
   float active_fraction = 1.0f;
 };
 
@@ -158,6 +161,10 @@ class SparseRuntime {
   int64_t rows_ = 0;
   std::vector<uint8_t> row_sparse_;
   bool all_sparse_decode_ = false;
+  // Heads: a sequence whose cache accumulates attention scores (H2O) attends with every head, so
+  // its scores (and what it evicts) never depend on the batch; only its MLP is sparse.
+  std::vector<uint8_t> row_heads_sparse_;
+  bool all_sparse_decode_heads_ = false;
   uint64_t step_ = 0;
   double predictor_seconds_ = 0;
   double head_sum_ = 0, neuron_sum_ = 0;

@@ -412,8 +412,12 @@ kernels::KvView SequenceKv::View(int32_t layer) {
   return view;
 }
 
+bool SequenceKv::AtEvictionBoundary() const {
+  return length_ >= evict_from_ || (evict_every_ > 0 && length_ % evict_every_ == 0);
+}
+
 Status SequenceKv::EvictLayer(int32_t layer) {
-  if (policy_->budget() == 0) return Status::Ok();
+  if (policy_->budget() == 0 || !AtEvictionBoundary()) return Status::Ok();
   if (pool_ != nullptr) {
     const int32_t excess = std::max(0, occupied_[HeadIndex(layer, 0)] - policy_->budget());
     // Decayed scores (h2o's alternative) decay every step, evicting or not, as below.

@@ -132,7 +132,19 @@ class SequenceKv {
                     const float* scores = nullptr);
   // The attention view of one layer (scores only when attention accumulates them: h2o).
   kernels::KvView View(int32_t layer);
-  // Applies the policy to every head of `layer` (after that layer's attention of the step).
+  // Where a bounded policy may evict (and decay its scores): once the sequence holds
+  // `prompt_tokens` tokens, and before that only where its length is a multiple of `every`
+  // (locret's chunk_tokens; 0: nowhere). So however a prompt is split into steps (the
+  // scheduler's prefill budget, other sequences in the batch), its tokens meet the same cache:
+  // an H2O or window prompt is attended in full and evicted once, a locret one at its chunks.
+  // Unset: every step is a boundary.
+  void SetEvictionBoundaries(int32_t prompt_tokens, int32_t every) {
+    evict_from_ = prompt_tokens;
+    evict_every_ = every;
+  }
+  bool AtEvictionBoundary() const;
+  // Applies the policy to every head of `layer` (after that layer's attention of the step) at
+  // an eviction boundary; elsewhere nothing.
   Status EvictLayer(int32_t layer);
   // Moves occupied slots to the front and reallocates to `capacity` slots (after a prefill, a
   // bounded policy needs only budget + 1). OutOfRange when a head holds more than that. A cache
@@ -160,6 +172,8 @@ class SequenceKv {
   int32_t capacity_;
   std::unique_ptr<EvictionPolicy> policy_;
   int32_t length_ = 0;
+  int32_t evict_from_ = 0;
+  int32_t evict_every_ = 0;
   int64_t evictions_ = 0;
   int32_t important_prefix_ = 0;
   std::unique_ptr<PrefixLoader> loader_;

@@ -35,8 +35,13 @@ StatusOr<GenerationResult> Generate(
                       std::to_string(options.max_new_tokens) +
                       " new tokens exceeds the model's position limit of " + std::to_string(limit));
   }
+  // Locret's cache holds its budget plus one prefill chunk and evicts after each; the other
+  // bounded policies evict once the whole prompt is in (SequenceKv::SetEvictionBoundaries), so
+  // their cache holds it all, whatever prefill_chunk splits it into.
   const int32_t chunk = static_cast<int32_t>(
-      std::min<int64_t>(options.prefill_chunk, static_cast<int64_t>(prompt.size())));
+      options.cache.kind == kv::CachePolicyKind::kLocret
+          ? std::min<int64_t>(options.prefill_chunk, static_cast<int64_t>(prompt.size()))
+          : static_cast<int64_t>(prompt.size()));
   DEJA_ASSIGN_OR_RETURN(
       std::unique_ptr<kv::SequenceKv> kv,
       model.NewSequence(static_cast<int32_t>(std::max<int64_t>(total, 1)), options.cache,

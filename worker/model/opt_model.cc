@@ -362,7 +362,12 @@ StatusOr<std::unique_ptr<kv::SequenceKv>> OptModel::NewSequence(int32_t max_toke
   }
   int32_t capacity = max_tokens;
   if (p->budget() > 0) capacity = std::min(max_tokens, p->budget() + std::max(1, max_chunk));
-  return kv::SequenceKv::Create(kv_geometry(), capacity, std::move(p), kv_pool_);
+  // Locret evicts after each chunk of max_chunk prompt tokens, the others after the prompt.
+  const int32_t every = p->kind() == kv::CachePolicyKind::kLocret ? std::max(1, max_chunk) : 0;
+  DEJA_ASSIGN_OR_RETURN(std::unique_ptr<kv::SequenceKv> kv,
+                        kv::SequenceKv::Create(kv_geometry(), capacity, std::move(p), kv_pool_));
+  kv->SetEvictionBoundaries(prompt_tokens, every);
+  return kv;
 }
 
 Status OptModel::EnsureWorkspace(int64_t rows) {
@@ -637,6 +642,8 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
     for (size_t i = 0; i < batch.size(); ++i) DEJA_RETURN_IF_ERROR(attend(i));
   }
   if (gather) {
+    // Several rows: each keeps only the heads it selected (the others computed the union).
+    if (!plan->keep.empty()) DEJA_RETURN_IF_ERROR(kernels::MaskUnits(be, ctx, plan->keep.data(), hd));
     return kernels::GatherLinearT(be, ctx, sparse_->out_t(l), sel_rows_.data(), width, false, o);
   }
   if (mode == dejavu::BlockPlan::Mode::kMasked) {
@@ -662,6 +669,8 @@ Status OptModel::MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in,
     TensorView u = Rows(u_, rows, n);
     DEJA_RETURN_IF_ERROR(kernels::GatherLinear(be, mlp_in, lw.fc1.w, lw.fc1.bias,
                                                plan->units.data(), n, Activation::kRelu, false, u));
+    // Several rows: each keeps only the neurons it selected (the others computed the union).
+    if (!plan->keep.empty()) DEJA_RETURN_IF_ERROR(kernels::MaskUnits(be, u, plan->keep.data(), 1));
     return kernels::GatherLinearT(be, u, sparse_->fc2_t(l), plan->units.data(), n, false, o);
   }
   const int64_t ffn = w_.local_ffn;
