@@ -170,6 +170,53 @@ TEST_F(PrefixCacheServingTest, ConcurrentRequestsSharingAPrefix) {
   }
 }
 
+// cache_salt: a tenant reads only blocks of requests with its own salt. Tenant B sending tenant
+// A's prefix computes it all (cached_prompt_tokens 0: it learns nothing of A's prompts); A again
+// hits; no salt is a tenant of its own.
+TEST_F(PrefixCacheServingTest, SaltsSeparateTenants) {
+  const std::string doc = "Salted. " + Document() + "\n\nQ: ";
+  auto salted = [&](const std::string& prompt, const char* salt) {
+    v1::GenerateRequest r = Request(prompt, true);
+    if (salt != nullptr) r.set_cache_salt(salt);
+    StreamResult s = Stream(server_->stub(), r);
+    EXPECT_TRUE(s.status.ok()) << s.status.error_message();
+    EXPECT_EQ(s.token_ids, Reference(prompt));
+    return Cached(s);
+  };
+  EXPECT_EQ(salted(doc + "one", "tenant-a"), 0u);
+  EXPECT_EQ(salted(doc + "two", "tenant-b"), 0u);
+  EXPECT_EQ(salted(doc + "three", nullptr), 0u);
+  EXPECT_GT(salted(doc + "four", "tenant-a"), 0u);
+  EXPECT_GT(salted(doc + "five", "tenant-b"), 0u);
+  EXPECT_GT(salted(doc + "six", nullptr), 0u);
+}
+
+// --prefix-cache-salt-required: ModelInfo says so; a request that would use the cache without a
+// salt is INVALID_ARGUMENT naming cache_salt (the server keeps serving), one with MODE_OFF or a
+// salt is served.
+TEST(PrefixCacheSaltRequired, RefusesUnsaltedRequestsThatUseTheCache) {
+  Server server("salt_required", ServeArgs({"--prefix-cache-salt-required"}, 1));
+  ASSERT_TRUE(server.WaitListening()) << server.Log();
+  ASSERT_TRUE(WaitHealth(server.channel(), kServing)) << server.Log();
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::ModelInfo info;
+  ASSERT_TRUE(server.stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_TRUE(info.prefix_cache_salt_required());
+  v1::GenerateRequest r;
+  r.set_text("Who made the light?");
+  r.mutable_stopping()->set_max_new_tokens(4);
+  StreamResult refused = Stream(server.stub(), r);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.status.error_message().find("cache_salt"), std::string::npos)
+      << refused.status.error_message();
+  r.mutable_prefix_cache()->set_mode(v1::PrefixCache::MODE_OFF);
+  EXPECT_TRUE(Stream(server.stub(), r).status.ok());
+  r.mutable_prefix_cache()->set_mode(v1::PrefixCache::MODE_ON);
+  r.set_cache_salt("tenant-a");
+  EXPECT_TRUE(Stream(server.stub(), r).status.ok());
+}
+
 TEST_F(PrefixCacheServingTest, CorruptDiskBlocksAreRecomputed) {
   const std::string doc = "Corrupt. " + Document() + "\n\nQ: ";
   StreamResult seed = Stream(server_->stub(), Request(doc + "one", true));
