@@ -35,7 +35,13 @@ $SUDO rm -rf "$chroot_dir/check"
 $SUDO mkdir -p "$chroot_dir/check/out"
 $SUDO tar xf "$tarball" -C "$chroot_dir/check"
 mounted=0
-cleanup() { [ $mounted = 1 ] && $SUDO umount "$chroot_dir/proc" "$chroot_dir/dev" 2>/dev/null; true; }
+cleanup() {
+  if [ $mounted = 1 ]; then
+    $SUDO umount "$chroot_dir/dev" 2>/dev/null || $SUDO umount -l "$chroot_dir/dev" 2>/dev/null
+    $SUDO umount "$chroot_dir/proc" 2>/dev/null || $SUDO umount -l "$chroot_dir/proc" 2>/dev/null
+  fi
+  true
+}
 trap cleanup EXIT
 $SUDO mount -t proc proc "$chroot_dir/proc"
 $SUDO mount --bind /dev "$chroot_dir/dev"

@@ -14,6 +14,8 @@ PACKAGES=(
   python3 python3-venv python3-pip
   # tests/monitoring: promtool and a real Prometheus server.
   prometheus
+  # tests/multihost: a lossy link between network namespaces where the kernel has no netem.
+  iptables
 )
 
 # tests/deploy renders the manifests with `kubectl kustomize`: Debian's kubectl unless one is
