@@ -15,6 +15,9 @@
 //   in range, at most 4 stop sequences and 16 stop ids, top_n <= 5, a known cache kind whose
 //   bounded budgets (recent >= 1) stay below the sequence's length, sparsity only with predictors.
 // - A worker accepts it, and reserves exactly the KV positions the coordinator accounts for it.
+// - On a worker whose KV is a block pool (--kv-paging on), the whole request runs: its prompt in
+//   chunks split as the scheduler splits them (never across a locret chunk), then decode steps;
+//   every step accepts it (a decayed H2O cache within its budget once failed the step).
 // - Tokenize encodes whatever text parses (it is UTF-8) into in-vocabulary ids.
 #include <google/protobuf/stubs/logging.h>
 #include <grpcpp/support/byte_buffer.h>
@@ -82,6 +85,15 @@ TinyModel& Worker() {
   return m;
 }
 
+// The same model with its KV in a block pool of two full-length sequences.
+uint64_t WideBytesPerToken();
+TinyModel& PagedWorker() {
+  static TinyModel m = LoadTinyModel(kWideOpt, "wide_paged",
+                                     static_cast<int64_t>(WideBytesPerToken() * 2 *
+                                                          kWideOpt.positions));
+  return m;
+}
+
 bool StringsAreUtf8(const v1::GenerateRequest& r) {
   auto ok = [](const std::string& s) { return FindInvalidUtf8(s) == kUtf8Valid; };
   bool all = ok(r.request_id()) && ok(r.text()) && ok(r.sparsity().schedule());
@@ -134,14 +146,65 @@ void CheckResolved(const v1::GenerateRequest& req, const ResolvedRequest& r,
   FUZZ_CHECK(r.config.max_new_tokens() == static_cast<uint32_t>(r.max_new_tokens));
 }
 
+uint64_t WideBytesPerToken() {
+  static const uint64_t per_token = [] {
+    auto e = worker::service::StepEngine::Create(Worker().model.get(), 1);
+    return e.ok() ? (*e)->kv_bytes_per_token() : 0;
+  }();
+  return per_token;
+}
+
+// The whole request on the paged worker: prompt chunks of at most kChunk tokens (a locret one
+// never crossing a multiple of its chunk_tokens, as the scheduler sends it), then up to four
+// decode steps; every step must accept the sequence.
+void RunOnPagedWorker(const ResolvedRequest& r) {
+  TinyModel& m = PagedWorker();
+  auto engine = worker::service::StepEngine::Create(
+      m.model.get(), static_cast<uint64_t>(m.model->kv_pool_bytes()));
+  FUZZ_CHECK_MSG(engine.ok(), engine.status().ToString());
+  const int32_t prompt = static_cast<int32_t>(r.prompt.size());
+  const uint32_t every = r.config.cache().kind() == v1::WorkerCachePolicy::KIND_LOCRET
+                             ? r.config.cache().chunk_tokens()
+                             : 0;
+  int32_t done = 0;
+  uint64_t step = 1;
+  auto run = [&](const int32_t* tokens, int32_t n, bool first, bool sample) {
+    v1::StepRequest req;
+    req.set_step_id(step++);
+    v1::SequenceWork* w = req.add_sequences();
+    w->set_seq_id(1);
+    w->mutable_tokens()->Add(tokens, tokens + n);
+    w->set_start_position(static_cast<uint32_t>(done));
+    if (first) *w->mutable_config() = r.config;
+    w->set_sample(sample);
+    v1::StepResponse resp;
+    Status fatal = (*engine)->Run(req, &resp);
+    FUZZ_CHECK_MSG(fatal.ok(), fatal.ToString());
+    FUZZ_CHECK_MSG(resp.error_code() == 0 && resp.results_size() == 1, resp.error_message());
+    FUZZ_CHECK_MSG(resp.results(0).error_code() == 0,
+                   "step " + std::to_string(step - 1) + " at " + std::to_string(done) + ": " +
+                       resp.results(0).error_message() + "\nconfig: " +
+                       r.config.ShortDebugString());
+    done += n;
+    return resp.results(0).token_id();
+  };
+  int32_t token = -1;
+  while (done < prompt) {
+    int32_t n = std::min(prompt - done, kChunk);
+    if (every > 0) n = std::min<int32_t>(n, static_cast<int32_t>(every - done % every));
+    token = run(r.prompt.data() + done, n, done == 0, done + n == prompt);
+  }
+  for (int32_t i = 0; i < std::min(4, r.max_new_tokens - 1); ++i) {
+    FUZZ_CHECK(token >= 0 && token < kWideOpt.vocab);
+    token = run(&token, 1, false, true);
+  }
+}
+
 // The first prefill chunk as the scheduler sends it; the worker must accept it and reserve what
 // the coordinator accounts for.
 void CheckOnWorker(const ResolvedRequest& r) {
   TinyModel& m = Worker();
-  static const uint64_t per_token = [&m] {
-    auto e = worker::service::StepEngine::Create(m.model.get(), 1);
-    return e.ok() ? (*e)->kv_bytes_per_token() : 0;
-  }();
+  const uint64_t per_token = WideBytesPerToken();
   FUZZ_CHECK(per_token > 0);
   auto engine = worker::service::StepEngine::Create(m.model.get(), per_token * kWideOpt.positions);
   FUZZ_CHECK_MSG(engine.ok(), engine.status().ToString());
@@ -170,6 +233,7 @@ void CheckOnWorker(const ResolvedRequest& r) {
   if (chunk == prompt) {
     FUZZ_CHECK(resp.results(0).token_id() >= 0 && resp.results(0).token_id() < kWideOpt.vocab);
   }
+  RunOnPagedWorker(r);
 }
 
 void CheckGenerate(const grpc::ByteBuffer& buffer, const uint8_t* data, size_t size) {
@@ -222,6 +286,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   google::protobuf::SetLogHandler(nullptr);
   (void)deja::fuzz::Tok();
   (void)deja::fuzz::Worker();
+  (void)deja::fuzz::PagedWorker();
   return 0;
 }
 

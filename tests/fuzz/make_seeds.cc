@@ -159,6 +159,27 @@ void RequestSeeds(const fs::path& out) {
     r.mutable_stopping()->set_max_new_tokens(20);
     requests.emplace_back("h2o", r);
   }
+  {  // Decayed H2O whose budgets exceed the prompt, with a cache_salt.
+    v1::GenerateRequest r;
+    r.set_text("And God said");
+    r.mutable_cache()->set_kind(v1::CachePolicy::KIND_H2O);
+    r.mutable_cache()->set_heavy_tokens(4);
+    r.mutable_cache()->set_recent_tokens(20);
+    r.mutable_cache()->set_score_decay(0.6f);
+    r.mutable_stopping()->set_max_new_tokens(40);  // the budgets stay below the length
+    r.set_cache_salt("tenant-a");
+    requests.emplace_back("h2o_decay_big_budget", r);
+  }
+  {  // Locret over a prompt longer than one chunk, prefix cache on.
+    v1::GenerateRequest r;
+    r.set_text("In the beginning God created the heaven and the earth and the earth was without form");
+    r.mutable_cache()->set_kind(v1::CachePolicy::KIND_LOCRET);
+    r.mutable_cache()->set_heavy_tokens(3);
+    r.mutable_cache()->set_recent_tokens(2);
+    r.mutable_prefix_cache()->set_mode(v1::PrefixCache::MODE_ON);
+    r.mutable_stopping()->set_max_new_tokens(6);
+    requests.emplace_back("locret", r);
+  }
   {
     v1::GenerateRequest r;
     r.set_text("window");

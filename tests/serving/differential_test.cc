@@ -27,6 +27,10 @@ namespace deja::serving_test {
 namespace {
 
 constexpr float kLogprobTol = 1e-5f;
+// A sparse request: its Deja Vu top-k selections come from predictor scores that differently
+// batched GEMMs round differently (about 1e-7), so a unit at the threshold can flip and move a
+// log-probability by more (2.9e-4 seen once in about 480 sparse requests, tokens equal).
+constexpr float kSparseLogprobTol = 1e-3f;
 
 uint32_t Seed() {
   if (const char* s = std::getenv("DEJA_TEST_SEED")) return static_cast<uint32_t>(std::stoul(s));
@@ -281,7 +285,9 @@ int RunRound(Server& loaded, Server& alone, const v1::ModelInfo& info, uint32_t 
     for (size_t k = 0; k < std::min(got.logprobs.size(), want.logprobs.size()); ++k) {
       worst = std::max(worst, std::abs(got.logprobs[k] - want.logprobs[k]));
     }
-    EXPECT_LE(worst, kLogprobTol);
+    EXPECT_LE(worst, cases[i].request.sparsity().mode() == v1::Sparsity::MODE_ON
+                         ? kSparseLogprobTol
+                         : kLogprobTol);
     ++checked;
   }
   std::printf("%d requests compared, %d cancelled\n", checked, cancelled);
@@ -308,6 +314,8 @@ TEST_F(DifferentialTest, AnswersDoNotDependOnWhatElseRuns) {
               0);
     ++rounds;
     last = GroupRss(*loaded_);
+    std::printf("round %d: resident memory %.1f MiB (coordinator %.1f MiB)\n", rounds,
+                last / 1048576.0, RssBytes(loaded_->pid()) / 1048576.0);
     if (rounds == 1) baseline = last;
     if (::testing::Test::HasFailure()) break;
   } while (std::chrono::duration<double>(Clock::now() - start).count() < seconds);

@@ -1,0 +1,1 @@
+And God said*(: (5š™?Rtenant-a

@@ -1,0 +1,1 @@
+TIn the beginning God created the heaven and the earth and the earth was without form*: (J
