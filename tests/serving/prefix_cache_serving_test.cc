@@ -198,11 +198,7 @@ TEST(PrefixCacheSaltRequired, RefusesUnsaltedRequestsThatUseTheCache) {
   Server server("salt_required", ServeArgs({"--prefix-cache-salt-required"}, 1));
   ASSERT_TRUE(server.WaitListening()) << server.Log();
   ASSERT_TRUE(WaitHealth(server.channel(), kServing)) << server.Log();
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  v1::ModelInfo info;
-  ASSERT_TRUE(server.stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
-  EXPECT_TRUE(info.prefix_cache_salt_required());
+  EXPECT_TRUE(ModelInfoOf(server.stub()).prefix_cache_salt_required());
   v1::GenerateRequest r;
   r.set_text("Who made the light?");
   r.mutable_stopping()->set_max_new_tokens(4);

@@ -381,10 +381,7 @@ TEST(AutoDtypeServingTest, ModelInfoReportsWhatTheWorkersChose) {
                                "0", "--metrics-port", "-1", "--threads", "1"});
   ASSERT_TRUE(server.WaitListening()) << server.Log();
   ASSERT_TRUE(WaitHealth(server.channel(), kServing)) << server.Log();
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  v1::ModelInfo info;
-  ASSERT_TRUE(server.stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  const v1::ModelInfo info = ModelInfoOf(server.stub());
   EXPECT_EQ(info.dtype(), kernels::cpu::Bf16DotAvailable() ? "bfloat16" : "float16");
   EXPECT_EQ(info.kv_dtype(), "float16");
   EXPECT_NE(server.Log().find("--dtype/--kv-dtype auto: "), std::string::npos) << server.Log();

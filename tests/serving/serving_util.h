@@ -360,6 +360,16 @@ inline std::vector<std::unique_ptr<test_util::ChildProcess>> StartWorkers(
   return workers;
 }
 
+// GetModelInfo (a failed call is a test failure and gives an empty ModelInfo).
+inline v1::ModelInfo ModelInfoOf(v1::TextGeneration::Stub& stub) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::ModelInfo info;
+  const grpc::Status s = stub.GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return info;
+}
+
 // One GenerateStream call, collected.
 struct StreamResult {
   grpc::Status status;
