@@ -528,12 +528,12 @@ summary = {"commit": commit, "device": dev, "gpu": env.get("gpu"), "driver": env
 json.dump(summary, open(dst, "w"), indent=1)
 print(f"=================== summary: {summary['gpu']} driver {summary['driver']}, commit {commit}, "
       f"{total} s")
+import textwrap
 for s in steps:
     print(f"{s['step']:<9} {s['status']:<7} {s['seconds']:>4} s")
-    for k, v in s["figures"].items():
-        if isinstance(v, float):
-            v = f"{v:.4g}"
-        print(f"    {k}: {v}")
+    parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in s["figures"].items()]
+    for line in textwrap.wrap(", ".join(parts), 110):
+        print("    " + line)
 EOF
 tar cJf "$out/logs.tar.xz" -C "$work" logs figures 2>/dev/null
 rm -rf "$work"

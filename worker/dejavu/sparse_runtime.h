@@ -15,12 +15,15 @@
 // A block plan is one of:
 //  - dense: nothing skipped (no sparse row, or a dense layer of the schedule);
 //  - gather: every row is a sparse decode token; the block computes only the union of the
-//    rows' active units with the gather kernels;
+//    rows' active units with the gather kernels, and each row keeps only its own (keep), so a
+//    token's result does not depend on the batch;
 //  - masked: the block computes with the dense kernels and zeroes, per row, the units that row
 //    skips. Prefill chunks and batches mixing dense and sparse sequences use it so every token
-//    sees exactly its own selection (the result a batch-1 decode of that token gives); a decode
-//    batch whose union passes SparsityOptions::dense_fallback uses it with the union as every
-//    row's mask (the dense kernels are then cheaper; the result is the gather path's).
+//    sees its own selection (the result a batch-1 decode of that token gives, up to summation
+//    order); so does a decode batch whose union passes SparsityOptions::dense_fallback (the
+//    dense kernels are then cheaper).
+// Heads: a sequence whose cache accumulates attention scores (H2O) skips none (its scores would
+// otherwise depend on the plan, that is on the batch).
 #pragma once
 
 #include <condition_variable>
