@@ -236,7 +236,7 @@ StatusOr<worker::kv::CachePolicyConfig> CachePolicyFromFlags(const Args& args) {
   }
   DEJA_ASSIGN_OR_RETURN(double decay, args.Double("h2o-decay"));
   if (!(decay > 0.0 && decay <= 1.0)) return InvalidArgument("--h2o-decay must be in (0, 1]");
-  if (decay != 1.0 && c.kind != worker::kv::CachePolicyKind::kH2O) {
+  if (decay != 1.0 && !worker::kv::CachePolicyOf(c.kind).decays) {
     return InvalidArgument("--h2o-decay applies to --kv-policy h2o only");
   }
   c.h2o_decay = static_cast<float>(decay);
@@ -337,7 +337,7 @@ void AddRetainingFlag(Args& args) {
 
 Status EnableRetainingFromFlags(const Args& args, const worker::kv::CachePolicyConfig& cache,
                                 worker::model::Model& model) {
-  if (cache.kind != worker::kv::CachePolicyKind::kLocret) {
+  if (!worker::kv::CachePolicyOf(cache.kind).retaining_heads) {
     if (args.Has("retaining-heads")) {
       return InvalidArgument("--retaining-heads goes with --kv-policy locret");
     }

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <unordered_map>
 
+#include "worker/kv/policy_table.h"
+
 namespace deja::coordinator {
 
 uint64_t Scheduler::Bytes(int64_t positions) const {
@@ -202,11 +204,10 @@ StepPlan Scheduler::Plan(Clock::time_point now) {
 }
 
 bool Scheduler::UsesPrefix(const Request& r) const {
-  // An H2O cache's scores sum the attention of every prompt query, and a LOCRET cache never
-  // holds a whole prompt: both compute theirs (the cached blocks keep neither).
-  const v1::WorkerCachePolicy::Kind kind = r.params().config.cache().kind();
-  return prefix_ != nullptr && r.params().prefix_cache &&
-         kind != v1::WorkerCachePolicy::KIND_LOCRET && kind != v1::WorkerCachePolicy::KIND_H2O;
+  const worker::kv::CachePolicyRow* row =
+      worker::kv::FindCachePolicy(r.params().config.cache().kind());
+  return prefix_ != nullptr && r.params().prefix_cache && row != nullptr &&
+         row->reads_prefix_cache;
 }
 
 bool Scheduler::PreparePrefix(const std::shared_ptr<Request>& r) {
@@ -378,7 +379,8 @@ void Scheduler::AddPrefill(const std::shared_ptr<Request>& r, int32_t* budget, S
   // SetEvictionBoundaries): a step never crosses such a boundary, so the prefill budget can
   // split a chunk but never moves where the cache evicts.
   const v1::WorkerCachePolicy& cache = r->params().config.cache();
-  if (cache.kind() == v1::WorkerCachePolicy::KIND_LOCRET && cache.chunk_tokens() > 0) {
+  const worker::kv::CachePolicyRow* row = worker::kv::FindCachePolicy(cache.kind());
+  if (row != nullptr && row->retaining_heads && cache.chunk_tokens() > 0) {
     const int32_t every = static_cast<int32_t>(cache.chunk_tokens());
     chunk = std::min(chunk, every - start % every);
   }

@@ -68,10 +68,10 @@ Status CheckHeavyBudget(const v1::CachePolicy& f, const kv::CachePolicyRow& row,
                  "is not allowed with " + v1::CachePolicy::Kind_Name(row.api));
 }
 
-// Decayed scores are h2o's: refused for any other kind.
+// Decayed scores need scores that attention accumulates: refused for any other kind.
 Status CheckScoreDecay(const v1::CachePolicy& f, const kv::CachePolicyRow& row,
                        const std::string& prefix) {
-  if (!f.has_score_decay() || row.kind == kv::CachePolicyKind::kH2O) return Status::Ok();
+  if (!f.has_score_decay() || row.decays) return Status::Ok();
   return Invalid(prefix + "score_decay",
                  "is not allowed with " + v1::CachePolicy::Kind_Name(row.api));
 }
@@ -128,12 +128,13 @@ Status ResolveCache(const v1::CachePolicy& requested, const ModelLimits& limits,
       const kv::CachePolicyKind kind,
       kv::FromProto(api == v1::CachePolicy::KIND_UNSPECIFIED ? v1::CachePolicy::KIND_FULL : api,
                     "cache.kind"));
-  if (kind == kv::CachePolicyKind::kLocret && !limits.locret_available) {
-    return FailedPrecondition(
-        "cache.kind: KIND_LOCRET needs retaining heads and this server's workers have none "
-        "(ModelInfo.locret_available is false; start it with --retaining-heads)");
-  }
   const kv::CachePolicyRow& row = kv::CachePolicyOf(kind);
+  if (row.retaining_heads && !limits.locret_available) {
+    return FailedPrecondition("cache.kind: " + v1::CachePolicy::Kind_Name(row.api) +
+                              " needs retaining heads and this server's workers have none "
+                              "(ModelInfo.locret_available is false; start it with "
+                              "--retaining-heads)");
+  }
   DEJA_RETURN_IF_ERROR(CheckHeavyBudget(requested, row, "cache."));
   DEJA_RETURN_IF_ERROR(CheckScoreDecay(requested, row, "cache."));
   // Each budget: the request's own field, else the server default's when the request asks for
@@ -158,7 +159,7 @@ Status ResolveCache(const v1::CachePolicy& requested, const ModelLimits& limits,
   }
   if (row.heavy_hitters) out->set_heavy_tokens(heavy);
   out->set_recent_tokens(recent);
-  if (kind == kv::CachePolicyKind::kH2O) {
+  if (row.decays) {
     float decay = 1.f;
     if (requested.has_score_decay()) {
       decay = requested.score_decay();
@@ -167,7 +168,7 @@ Status ResolveCache(const v1::CachePolicy& requested, const ModelLimits& limits,
     }
     if (decay != 1.f) out->set_score_decay(decay);
   }
-  if (kind == kv::CachePolicyKind::kLocret) {
+  if (row.retaining_heads) {
     out->set_chunk_tokens(static_cast<uint32_t>(std::max(1, limits.locret_chunk)));
   }
   return Status::Ok();

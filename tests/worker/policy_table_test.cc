@@ -87,5 +87,24 @@ TEST(PolicyTableTest, UnknownNamesAndValuesListTheAcceptedOnes) {
             "config.cache.kind must be KIND_FULL, KIND_WINDOW, KIND_H2O or KIND_LOCRET, got 7");
 }
 
+// The capabilities the coordinator, the step engine and the model ask a row for, instead of
+// naming kinds: which policies read the prefix cache, decay their scores, and are scored by the
+// retaining heads (prefilled in chunks); a wire value finds its row.
+TEST(PolicyTableTest, CapabilitiesSayWhatEachPolicyDoes) {
+  EXPECT_EQ(CachePolicyKindsWith(&CachePolicyRow::reads_prefix_cache), "KIND_FULL or KIND_WINDOW");
+  EXPECT_EQ(CachePolicyKindsWith(&CachePolicyRow::decays), "KIND_H2O");
+  EXPECT_EQ(CachePolicyKindsWith(&CachePolicyRow::retaining_heads), "KIND_LOCRET");
+  EXPECT_EQ(CachePolicyKindsWith(&CachePolicyRow::bounded),
+            "KIND_WINDOW, KIND_H2O or KIND_LOCRET");
+  for (const CachePolicyRow& row : CachePolicyTable()) {
+    ASSERT_EQ(FindCachePolicy(row.wire), &row);
+    // A policy that decays accumulates scores; one scored by retaining heads never reads a
+    // cached prefix (its cache never holds a whole prompt).
+    if (row.decays) EXPECT_TRUE(row.bounded && row.heavy_hitters) << row.name;
+    if (row.retaining_heads) EXPECT_FALSE(row.reads_prefix_cache) << row.name;
+  }
+  EXPECT_EQ(FindCachePolicy(static_cast<v1::WorkerCachePolicy::Kind>(77)), nullptr);
+}
+
 }  // namespace
 }  // namespace deja::worker::kv

@@ -16,17 +16,20 @@ using v1::WorkerCachePolicy;
 const CachePolicyRow kCachePolicies[] = {
     {CachePolicyKind::kFull, "full", "every token", CachePolicy::KIND_FULL,
      WorkerCachePolicy::KIND_FULL, /*bounded=*/false, /*heavy_hitters=*/false,
+     /*reads_prefix_cache=*/true, /*decays=*/false, /*retaining_heads=*/false,
      [](int32_t, int32_t, const CachePolicyConfig&) { return MakeFullPolicy(); }},
     // The window baseline gets the same total budget as h2o would, all of it recent.
     {CachePolicyKind::kWindow, "window", "the most recent tokens", CachePolicy::KIND_WINDOW,
      WorkerCachePolicy::KIND_WINDOW, /*bounded=*/true, /*heavy_hitters=*/false,
+     /*reads_prefix_cache=*/true, /*decays=*/false, /*retaining_heads=*/false,
      [](int32_t heavy, int32_t recent, const CachePolicyConfig&) {
        return MakeWindowPolicy(heavy + recent);
      }},
     // The token being decoded always stays, so h2o keeps at least one recent token.
     {CachePolicyKind::kH2O, "h2o", "heavy hitters plus the most recent tokens",
      CachePolicy::KIND_H2O, WorkerCachePolicy::KIND_H2O, /*bounded=*/true,
-     /*heavy_hitters=*/true,
+     /*heavy_hitters=*/true, /*reads_prefix_cache=*/false, /*decays=*/true,
+     /*retaining_heads=*/false,
      [](int32_t heavy, int32_t recent, const CachePolicyConfig& c) {
        return MakeH2OPolicy(heavy, std::max<int32_t>(recent, 1), c.h2o_mean_score, c.h2o_decay,
                             c.sink_tokens);
@@ -36,7 +39,8 @@ const CachePolicyRow kCachePolicies[] = {
     {CachePolicyKind::kLocret, "locret",
      "the stabilisers (recent tokens) plus the tokens the retaining heads score highest",
      CachePolicy::KIND_LOCRET, WorkerCachePolicy::KIND_LOCRET, /*bounded=*/true,
-     /*heavy_hitters=*/true,
+     /*heavy_hitters=*/true, /*reads_prefix_cache=*/false, /*decays=*/false,
+     /*retaining_heads=*/true,
      [](int32_t heavy, int32_t recent, const CachePolicyConfig&) {
        return MakeLocretPolicy(heavy, std::max<int32_t>(recent, 1));
      }},
@@ -73,6 +77,18 @@ const CachePolicyRow& CachePolicyOf(CachePolicyKind kind) {
 }
 
 const char* CachePolicyName(CachePolicyKind kind) { return CachePolicyOf(kind).name; }
+
+const CachePolicyRow* FindCachePolicy(v1::WorkerCachePolicy::Kind kind) {
+  return FindRow(kCachePolicies, &CachePolicyRow::wire, kind);
+}
+
+std::string CachePolicyKindsWith(bool CachePolicyRow::*capability) {
+  std::vector<std::string> names;
+  for (const CachePolicyRow& row : kCachePolicies) {
+    if (row.*capability) names.emplace_back(CachePolicy::Kind_Name(row.api));
+  }
+  return OneOf(names);
+}
 
 StatusOr<CachePolicyKind> ParseCachePolicy(std::string_view name, const std::string& what) {
   DEJA_ASSIGN_OR_RETURN(const CachePolicyRow* row, ParseRow(kCachePolicies, name, what));

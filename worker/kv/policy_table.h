@@ -33,6 +33,15 @@ struct CachePolicyRow {
   // hitters `heavy` more; an unbounded one (full) keeps every token and reads neither.
   bool bounded;
   bool heavy_hitters;
+  // What the rest of deja asks of a policy instead of naming its kind:
+  // reads_prefix_cache: a request starts from cached prompt blocks (false where the cache needs
+  // every prompt query's attention, or never holds a whole prompt: it computes its prompt).
+  bool reads_prefix_cache;
+  // decays: attention adds into per-slot scores, which CachePolicy.score_decay may decay.
+  bool decays;
+  // retaining_heads: the scores come from the workers' retaining heads (which they must hold);
+  // the prompt is prefilled in chunks of chunk_tokens, evicting after each.
+  bool retaining_heads;
   // Builds the policy from budgets already resolved to tokens per head (heavy is 0 for a kind
   // without heavy hitters when the coordinator resolved them).
   std::unique_ptr<EvictionPolicy> (*make)(int32_t heavy, int32_t recent,
@@ -44,6 +53,10 @@ std::span<const CachePolicyRow> CachePolicyTable();
 
 // The row of `kind` (every CachePolicyKind has one).
 const CachePolicyRow& CachePolicyOf(CachePolicyKind kind);
+// The row of a wire value; null for one without a row.
+const CachePolicyRow* FindCachePolicy(v1::WorkerCachePolicy::Kind kind);
+// The API names of the kinds whose row has `capability`: "KIND_H2O", "KIND_FULL or KIND_WINDOW".
+std::string CachePolicyKindsWith(bool CachePolicyRow::*capability);
 const char* CachePolicyName(CachePolicyKind kind);
 
 // The kind named `name`; InvalidArgument "<what> must be full, window or h2o, got 'x'".

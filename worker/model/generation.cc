@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 
+#include "worker/kv/policy_table.h"
+
 namespace deja::worker::model {
 namespace {
 
@@ -39,7 +41,7 @@ StatusOr<GenerationResult> Generate(
   // bounded policies evict once the whole prompt is in (SequenceKv::SetEvictionBoundaries), so
   // their cache holds it all, whatever prefill_chunk splits it into.
   const int32_t chunk = static_cast<int32_t>(
-      options.cache.kind == kv::CachePolicyKind::kLocret
+      kv::CachePolicyOf(options.cache.kind).retaining_heads
           ? std::min<int64_t>(options.prefill_chunk, static_cast<int64_t>(prompt.size()))
           : static_cast<int64_t>(prompt.size()));
   DEJA_ASSIGN_OR_RETURN(
@@ -134,7 +136,7 @@ StatusOr<PolicyPerplexityResult> PolicyPerplexity(
     return InvalidArgument("prompt_tokens must be in [1, context)");
   }
   if (locret_chunk < 1) return InvalidArgument("locret_chunk must be >= 1");
-  const int32_t chunk = cache.kind == kv::CachePolicyKind::kLocret
+  const int32_t chunk = kv::CachePolicyOf(cache.kind).retaining_heads
                             ? std::min(locret_chunk, prompt_tokens)
                             : prompt_tokens;
   if (context > model.config().max_position_embeddings) {

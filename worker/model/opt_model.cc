@@ -9,6 +9,7 @@
 #include "predictors/retaining_heads.h"
 #include "worker/comm/staged_communicator.h"
 #include "worker/dejavu/sparse_runtime.h"
+#include "worker/kv/policy_table.h"
 #include "worker/model/opt_model_internal.h"
 #include "worker/model/weight_upload.h"
 
@@ -18,6 +19,11 @@ using opt_internal::kLayerNormEps;
 using opt_internal::Rows;
 
 namespace {
+
+// Whether a sequence's new tokens are scored by the retaining heads (its policy's row says so).
+bool ScoredByRetainingHeads(const kv::SequenceKv& kv) {
+  return kv::CachePolicyOf(kv.policy().kind()).retaining_heads;
+}
 
 constexpr int32_t kPositionOffset = 2;  // OPT's learned positions start at row 2
 
@@ -300,7 +306,7 @@ Status OptModel::RetainScores(int32_t l, const std::vector<SequenceStep>& batch,
   const int32_t heads = static_cast<int32_t>(w_.local_heads);
   for (size_t i = 0; i < batch.size(); ++i) {
     const SequenceStep& s = batch[i];
-    if (s.kv->policy().kind() != kv::CachePolicyKind::kLocret) continue;
+    if (!ScoredByRetainingHeads(*s.kv)) continue;
     const int64_t row = seq_row_[i];
     kernels::RetainArgs a;
     a.q = q + row * stride;
@@ -356,14 +362,15 @@ StatusOr<std::unique_ptr<kv::SequenceKv>> OptModel::NewSequence(int32_t max_toke
   }
   DEJA_ASSIGN_OR_RETURN(std::unique_ptr<kv::EvictionPolicy> p,
                         kv::MakeEvictionPolicy(policy, prompt_tokens));
-  if (p->kind() == kv::CachePolicyKind::kLocret && retain_.empty()) {
+  const bool retaining = kv::CachePolicyOf(p->kind()).retaining_heads;
+  if (retaining && retain_.empty()) {
     return FailedPrecondition(
         "the locret cache policy needs retaining heads; none are loaded (--retaining-heads)");
   }
   int32_t capacity = max_tokens;
   if (p->budget() > 0) capacity = std::min(max_tokens, p->budget() + std::max(1, max_chunk));
   // Locret evicts after each chunk of max_chunk prompt tokens, the others after the prompt.
-  const int32_t every = p->kind() == kv::CachePolicyKind::kLocret ? std::max(1, max_chunk) : 0;
+  const int32_t every = retaining ? std::max(1, max_chunk) : 0;
   DEJA_ASSIGN_OR_RETURN(std::unique_ptr<kv::SequenceKv> kv,
                         kv::SequenceKv::Create(kv_geometry(), capacity, std::move(p), kv_pool_));
   kv->SetEvictionBoundaries(prompt_tokens, every);
@@ -577,7 +584,7 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
   // head's q, k and v (a Deja Vu gather step computed q only for its heads: all of q again).
   const bool locret =
       !retain_.empty() && std::any_of(batch.begin(), batch.end(), [](const SequenceStep& s) {
-        return s.kv->policy().kind() == kv::CachePolicyKind::kLocret;
+        return ScoredByRetainingHeads(*s.kv);
       });
   if (locret) {
     if (retain_scores_.empty()) {
@@ -605,7 +612,7 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
   auto attend = [&](size_t i) -> Status {
     const SequenceStep& s = batch[i];
     const int64_t row = seq_row_[i];
-    const float* scores = locret && s.kv->policy().kind() == kv::CachePolicyKind::kLocret
+    const float* scores = locret && ScoredByRetainingHeads(*s.kv)
                               ? retain_scores_.as<float>() + row * heads
                               : nullptr;
     // Strided rows (the stacked Linear's) only in decode steps: one row per sequence.

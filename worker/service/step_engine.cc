@@ -95,14 +95,16 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
   if (const float decay = c.cache().score_decay(); decay != 0.f) {
     // Checked against the kind asked for: an H2O budget reaching the length runs as FULL,
     // which has no scores to decay.
-    if (c.cache().kind() != deja::v1::WorkerCachePolicy::KIND_H2O) {
-      return InvalidArgument(Seq(id) + "config.cache.score_decay applies to KIND_H2O only");
+    const kv::CachePolicyRow* asked = kv::FindCachePolicy(c.cache().kind());
+    if (asked == nullptr || !asked->decays) {
+      return InvalidArgument(Seq(id) + "config.cache.score_decay applies to " +
+                             kv::CachePolicyKindsWith(&kv::CachePolicyRow::decays) + " only");
     }
     if (!(decay > 0.f && decay <= 1.f)) {
       return InvalidArgument(Seq(id) + "config.cache.score_decay must be in (0, 1], got " +
                              std::to_string(decay));
     }
-    if (*kind == kv::CachePolicyKind::kH2O) p->cache.h2o_decay = decay;
+    if (policy_row.decays) p->cache.h2o_decay = decay;
   }
   if (Status v = p->cache.Validate(); !v.ok()) {
     return InvalidArgument(Seq(id) + "config.cache: " + v.message());
@@ -126,16 +128,16 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
       return FailedPrecondition(Seq(id) +
                                 "config.prefix_blocks: this worker keeps no prefix cache");
     }
-    if (c.prefix_important() && *kind != kv::CachePolicyKind::kFull) {
+    if (c.prefix_important() && policy_row.bounded) {
       return InvalidArgument(Seq(id) +
                              "config.prefix_important: only a FULL cache reads a prefix's "
                              "important tokens");
     }
-    if (*kind == kv::CachePolicyKind::kLocret || *kind == kv::CachePolicyKind::kH2O) {
-      return InvalidArgument(Seq(id) +
-                             "config.prefix_blocks: only FULL and WINDOW caches start from cached "
-                             "blocks (H2O's scores need every prompt query, LOCRET never holds a "
-                             "whole prompt)");
+    if (!policy_row.reads_prefix_cache) {
+      return InvalidArgument(Seq(id) + "config.prefix_blocks: only " +
+                             kv::CachePolicyKindsWith(&kv::CachePolicyRow::reads_prefix_cache) +
+                             " caches start from cached blocks (H2O's scores need every prompt "
+                             "query, LOCRET never holds a whole prompt)");
     }
     prefix_tokens = static_cast<int64_t>(c.prefix_blocks_size()) * prefix_->block_tokens();
   }
@@ -166,7 +168,7 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
                                  (*policy)->budget() + std::max<int64_t>(1, c.prompt_tokens()));
     // Locret prefills in chunks of at most chunk_tokens and evicts after each: its cache holds
     // budget + chunk_tokens from the first token.
-    if (*kind == kv::CachePolicyKind::kLocret) {
+    if (policy_row.retaining_heads) {
       if (c.cache().chunk_tokens() == 0) {
         return InvalidArgument(Seq(id) + "config.cache.chunk_tokens must be >= 1 for LOCRET");
       }
@@ -235,7 +237,7 @@ Status StepEngine::PlanOne(const deja::v1::SequenceWork& w,
     DEJA_ASSIGN_OR_RETURN(
         p->fresh->kv,
         model_->NewSequence(p->fresh->max_tokens, p->cache, p->fresh->prompt_tokens,
-                            p->cache.kind == kv::CachePolicyKind::kLocret
+                            kv::CachePolicyOf(p->cache.kind).retaining_heads
                                 ? std::min(static_cast<int32_t>(w.config().cache().chunk_tokens()),
                                            std::max(1, p->fresh->prompt_tokens))
                                 : std::max(1, p->fresh->prompt_tokens)));
@@ -282,7 +284,7 @@ Status StepEngine::SeedPrefix(const deja::v1::SequenceWork& w, Sequence* seq) {
     return Status(st.code(), Seq(w.seq_id()) + "config.prefix_blocks: " + st.message());
   }
   // Sharers of a full cache never write each other's slots; a bounded one rewrites in place.
-  const bool share = seq->kv->policy().kind() == kv::CachePolicyKind::kFull;
+  const bool share = !kv::CachePolicyOf(seq->kv->policy().kind()).bounded;
   if (Status st = seq->kv->SeedPrefix(blocks, share); !st.ok()) {
     return Status(st.code(), Seq(w.seq_id()) + "config.prefix_blocks: " + st.message());
   }
@@ -300,7 +302,7 @@ Status StepEngine::PrefixOp(const deja::v1::PrefixOp& op, prefix::PrefixIo* io) 
       const Sequence& seq = *it->second;
       const int64_t bt = prefix_->block_tokens();
       const int64_t first = static_cast<int64_t>(op.block_index()) * bt;
-      if (seq.kv->policy().kind() != kv::CachePolicyKind::kFull) {
+      if (kv::CachePolicyOf(seq.kv->policy().kind()).bounded) {
         return FailedPrecondition(Seq(op.seq_id()) + "only a full cache's blocks are cached");
       }
       if (first + bt > seq.kv->length() || first + bt > static_cast<int64_t>(seq.history.size())) {
