@@ -10,6 +10,16 @@ bash scripts/install_deps.sh
 bash scripts/build.sh
 PORT=${DEJA_PORT:-50051}
 METRICS_PORT=${DEJA_METRICS_PORT:-9090}
+# The banner names the ports the server will use: --port / --metrics-port given here win.
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[i]}" in
+    --port=*) PORT=${args[i]#--port=} ;;
+    --metrics-port=*) METRICS_PORT=${args[i]#--metrics-port=} ;;
+    --port) PORT=${args[i + 1]:-$PORT} ;;
+    --metrics-port) METRICS_PORT=${args[i + 1]:-$METRICS_PORT} ;;
+  esac
+done
 cat <<MSG
 Starting deja serve on models/opt-mini (tp=2). When it logs that it is ready, in another shell:
   ./build/release/cli/deja client stream --target 127.0.0.1:$PORT --prompt "And God said" --max-new-tokens 32
