@@ -4,10 +4,20 @@
 # --host 0.0.0.0, with TLS and tokens, to serve other hosts: docs/serving.md#security). Its
 # Deja Vu predictors are loaded with sparsity off by default: on a model this small the dense
 # step is faster (docs/performance.md); requests opt in with Sparsity.mode = MODE_ON.
+#
+# It builds only what serving needs (the `serve` preset: the deja binary in build/serve, no tests
+# or benchmarks), and the CUDA backend only where nvidia-smi sees a GPU (DEJA_WITH_CUDA=ON|OFF
+# decides instead). scripts/test.sh builds everything (build/release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+start=$(date +%s)
 bash scripts/install_deps.sh
-bash scripts/build.sh
+cuda=OFF
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then cuda=ON; fi
+cmake --preset serve -DDEJA_WITH_CUDA="${DEJA_WITH_CUDA:-$cuda}" >/dev/null
+cmake --build --preset serve -j "$(nproc)"
+DEJA=./build/serve/cli/deja
+echo "run.sh: installed and built in $(($(date +%s) - start)) s"
 PORT=${DEJA_PORT:-50051}
 METRICS_PORT=${DEJA_METRICS_PORT:-9090}
 # The banner names the ports the server will use: --port / --metrics-port given here win.
@@ -22,11 +32,11 @@ for ((i = 0; i < ${#args[@]}; i++)); do
 done
 cat <<MSG
 Starting deja serve on models/opt-mini (tp=2). When it logs that it is ready, in another shell:
-  ./build/release/cli/deja client stream --target 127.0.0.1:$PORT --prompt "And God said" --max-new-tokens 32
-  ./build/release/cli/deja client stream --target 127.0.0.1:$PORT --prompt "And God said" --max-new-tokens 32 --sparsity on
-  ./build/release/cli/deja client health --target 127.0.0.1:$PORT --service deja.v1.TextGeneration
+  $DEJA client stream --target 127.0.0.1:$PORT --prompt "And God said" --max-new-tokens 32
+  $DEJA client stream --target 127.0.0.1:$PORT --prompt "And God said" --max-new-tokens 32 --sparsity on
+  $DEJA client health --target 127.0.0.1:$PORT --service deja.v1.TextGeneration
   curl -s 127.0.0.1:$METRICS_PORT/metrics | grep ^deja_
 MSG
-exec ./build/release/cli/deja serve --model models/opt-mini --tp 2 --port "$PORT" \
+exec "$DEJA" serve --model models/opt-mini --tp 2 --port "$PORT" \
   --metrics-port "$METRICS_PORT" --predictors models/opt-mini/predictors.safetensors \
   --sparsity-default off "$@"
