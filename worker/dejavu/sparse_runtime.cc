@@ -445,47 +445,9 @@ Status SparseRuntime::Finish(Kind kind, int32_t layer, BlockPlan* plan) {
     const std::vector<uint8_t>& sparse_rows =
         kind == Kind::kMlp ? row_sparse_ : row_heads_sparse_;
     const bool all_decode = kind == Kind::kMlp ? all_sparse_decode_ : all_sparse_decode_heads_;
-    // Each row's own selection, [rows, units].
-    auto own_masks = [&](std::vector<uint8_t>* keep) {
-      keep->assign(static_cast<size_t>(rows_ * units), 0);
-      for (int64_t r = 0; r < rows_; ++r) {
-        for (int32_t i = 0; i < k; ++i) (*keep)[r * units + p.selected[r * k + i]] = 1;
-      }
-    };
-    if (std::none_of(sparse_rows.begin(), sparse_rows.end(), [](uint8_t s) { return s != 0; })) {
-      // No row skips any unit of this kind (every sparse sequence is H2O, for heads).
-    } else if (all_decode) {
-      std::vector<uint8_t> seen(units, 0);
-      for (int64_t r = 0; r < rows_; ++r) {
-        for (int32_t i = 0; i < k; ++i) seen[p.selected[r * k + i]] = 1;
-      }
-      for (int64_t u = 0; u < units; ++u) {
-        if (seen[u]) plan->units.push_back(static_cast<int32_t>(u));
-      }
-      const float fraction = static_cast<float>(plan->units.size()) / static_cast<float>(units);
-      plan->active_fraction = fraction;
-      if (fraction <= options_.dense_fallback) {
-        plan->mode = BlockPlan::Mode::kGather;
-        // Several rows compute the union; each keeps only its own units.
-        plan->keep.clear();
-        if (rows_ > 1) {
-          const int64_t n = static_cast<int64_t>(plan->units.size());
-          plan->keep.assign(static_cast<size_t>(rows_ * n), 0);
-          std::vector<int32_t> where(units, -1);
-          for (int64_t j = 0; j < n; ++j) where[plan->units[j]] = static_cast<int32_t>(j);
-          for (int64_t r = 0; r < rows_; ++r) {
-            for (int32_t i = 0; i < k; ++i) plan->keep[r * n + where[p.selected[r * k + i]]] = 1;
-          }
-        }
-      } else {
-        // Dense kernels (cheaper than gathering nearly everything), each row masked to its own
-        // selection: the gather path's result for that row alone (up to summation order).
-        plan->mode = BlockPlan::Mode::kMasked;
-        own_masks(&plan->keep);
-        plan->units.clear();
-      }
-    } else {
-      plan->mode = BlockPlan::Mode::kMasked;
+    // Each row's own selection, [rows, units] (a row that skips nothing keeps every unit);
+    // returns how many units the rows keep in all.
+    auto own_masks = [&]() {
       plan->keep.assign(static_cast<size_t>(rows_ * units), 1);
       double kept = 0;
       for (int64_t r = 0; r < rows_; ++r) {
@@ -498,7 +460,47 @@ Status SparseRuntime::Finish(Kind kind, int32_t layer, BlockPlan* plan) {
         for (int32_t i = 0; i < k; ++i) row[p.selected[r * k + i]] = 1;
         kept += k;
       }
-      plan->active_fraction = static_cast<float>(kept / (static_cast<double>(rows_) * units));
+      return kept;
+    };
+    if (std::none_of(sparse_rows.begin(), sparse_rows.end(), [](uint8_t s) { return s != 0; })) {
+      // No row skips any unit of this kind (every sparse sequence is H2O, for heads).
+    } else if (all_decode) {
+      // The union, ascending; union_slot_[u]: u's place in it (-1: no row selected u).
+      union_slot_.assign(units, -1);
+      for (int64_t r = 0; r < rows_; ++r) {
+        for (int32_t i = 0; i < k; ++i) union_slot_[p.selected[r * k + i]] = 0;
+      }
+      for (int64_t u = 0; u < units; ++u) {
+        if (union_slot_[u] < 0) continue;
+        union_slot_[u] = static_cast<int32_t>(plan->units.size());
+        plan->units.push_back(static_cast<int32_t>(u));
+      }
+      const float fraction = static_cast<float>(plan->units.size()) / static_cast<float>(units);
+      plan->active_fraction = fraction;
+      if (fraction <= options_.dense_fallback) {
+        plan->mode = BlockPlan::Mode::kGather;
+        // Several rows compute the union; each keeps only its own units.
+        plan->keep.clear();
+        if (rows_ > 1) {
+          const int64_t n = static_cast<int64_t>(plan->units.size());
+          plan->keep.assign(static_cast<size_t>(rows_ * n), 0);
+          for (int64_t r = 0; r < rows_; ++r) {
+            for (int32_t i = 0; i < k; ++i) {
+              plan->keep[r * n + union_slot_[p.selected[r * k + i]]] = 1;
+            }
+          }
+        }
+      } else {
+        // Dense kernels (cheaper than gathering nearly everything), each row masked to its own
+        // selection: the gather path's result for that row alone (up to summation order).
+        plan->mode = BlockPlan::Mode::kMasked;
+        own_masks();
+        plan->units.clear();
+      }
+    } else {
+      plan->mode = BlockPlan::Mode::kMasked;
+      plan->active_fraction =
+          static_cast<float>(own_masks() / (static_cast<double>(rows_) * units));
     }
   }
   if (kind == Kind::kMlp) {

@@ -168,6 +168,7 @@ class SparseRuntime {
   // its scores (and what it evicts) never depend on the batch; only its MLP is sparse.
   std::vector<uint8_t> row_heads_sparse_;
   bool all_sparse_decode_heads_ = false;
+  std::vector<int32_t> union_slot_;  // Finish's scratch: a unit's place in a gather plan's union
   uint64_t step_ = 0;
   double predictor_seconds_ = 0;
   double head_sum_ = 0, neuron_sum_ = 0;
