@@ -14,6 +14,9 @@
 #             deja / HF per metric
 #   sanitize  the failing test cases again under compute-sanitizer (memcheck; racecheck for the
 #             attention and eviction kernels), so one run brings back enough to fix them
+#   profile   (opt-in: name it in DEJA_CHECK_STEPS) Nsight Compute's kernel durations for batch-1
+#             decode on the 1.3B shape and dense vs Deja Vu on the 6.7B shape: per forward pass,
+#             the launches, the GPU time they add up to and the kernels that take it
 # Output: $OUT (or DEJA_CHECK_OUT, default ./gpu-check-out) receives exactly summary.json (each
 # step's status, seconds and key figures, the GPU, its driver, the commit) and logs.tar.xz (every
 # log); the last lines printed are a readable summary.
@@ -75,10 +78,10 @@ make_ckpt() {
     --tokenizer "$here/models/opt-mini" >"$logs/ckpt_$1_$2.log" 2>&1 && mv "$dir.partial" "$dir"
 }
 declare -A ckpt_pid
-if [[ " $steps " == *" bench "* || " $steps " == *" peer "* || " $steps " == *" dejavu "* ]]; then
+if [[ " $steps " =~ \ (bench|peer|dejavu|profile)\  ]]; then
   make_ckpt "${bench_shape[@]}" & ckpt_pid[${bench_shape[0]}]=$!
 fi
-if [[ " $steps " == *" dejavu "* ]]; then
+if [[ " $steps " =~ \ (dejavu|profile)\  ]]; then
   for s in "${dv_shapes[@]}"; do
     read -r sh ly <<<"$s"
     [ "$sh" = "${bench_shape[0]}" ] && continue
@@ -437,6 +440,85 @@ print(json.dumps(f, indent=1))
 EOF
 }
 
+# Nsight Compute's duration of every kernel of a short bench run (no clock control: the clocks
+# stay as they are). A forward pass starts at its embedding kernel; per pass shape (its launch
+# count), the median GPU time and the kernels that take it, beside the bench's own ms/step.
+step_profile() {
+  local ncu
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$ncu" ] && [ -x "$ncu" ] || { echo "no ncu"; return 77; }
+  wait_ckpt "${bench_shape[@]}" || return 1
+  local dv=(${dv_shapes[0]}) bad=0
+  wait_ckpt "${dv[@]}" || return 1
+  run_ncu() {  # name, then the bench's flags
+    local name=$1
+    shift
+    local flags=(bench decode --device "$dev" --dtype bf16 --batches 1 --prefill-tokens 64
+      --prompt-tokens 64 --decode-steps 6 --warmup-rounds 1 "$@")
+    "$deja" "${flags[@]}" --json >"$logs/profile_${name}_bench.json" 2>/dev/null
+    LD_LIBRARY_PATH=$libpath timeout -k 5 70 "$ncu" --clock-control none --target-processes all \
+      --metrics gpu__time_duration.sum --csv --print-units base --launch-count 6000 \
+      "$here/bin/deja" "${flags[@]}" >"$logs/profile_$name.csv" 2>"$logs/profile_$name.err"
+  }
+  run_ncu dense_1.3b --model "$(ckpt_of "${bench_shape[@]}")" || bad=1
+  run_ncu "dejavu_${dv[0]}" --model "$(ckpt_of "${dv[@]}")" --sparsity-oracle 0.1 \
+    --mlp-fraction 0.1 --head-fraction 0.5 --kv-memory-fraction 0.3 || bad=1
+  $py - "$logs" "$figs/profile.json" <<'EOF' || bad=1
+import csv, glob, json, os, re, statistics, sys
+logs, fig = sys.argv[1:3]
+f = {}
+for path in sorted(glob.glob(os.path.join(logs, "profile_*.csv"))):
+    name = os.path.basename(path)[len("profile_"):-4]
+    rows = list(csv.reader(l for l in open(path) if l.startswith('"')))
+    if not rows:
+        print(name, "no kernels")
+        f[name + "_kernels"] = 0
+        continue
+    h = rows[0]
+    ki, mi, vi = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value")
+    ks = [(re.sub(r"[(<].*", "", r[ki])[:60], float(r[vi].replace(",", "")) / 1e3) for r in rows[1:]
+          if r[mi] == "gpu__time_duration.sum"]
+    passes, cur = [], None
+    for k, us in ks:
+        if "EmbeddingKernel" in k:
+            cur = []
+            passes.append(cur)
+        if cur is not None:
+            cur.append((k, us))
+    try:
+        b = json.loads(open(os.path.join(logs, f"profile_{name}_bench.json")).read().strip().splitlines()[-1])
+        d = b["decode"][0]
+        f[name + "_bench_ms_per_step"] = d["ms_per_step"]
+        if "sparse" in d:
+            f[name + "_bench_sparse_ms_per_step"] = d["sparse"]["ms_per_step"]
+    except Exception as e:
+        print(name, "bench figures unreadable:", e)
+    f[name + "_kernels"] = len(ks)
+    f[name + "_passes"] = len(passes)
+    by_len = {}
+    for p in passes[1:]:  # the first pass is a prefill
+        by_len.setdefault(len(p), []).append(p)
+    for n, ps in sorted(by_len.items()):
+        if len(ps) < 2:
+            continue  # prefills
+        tot = statistics.median(sum(us for _, us in p) for p in ps)
+        f[f"{name}_pass{n}_count"] = len(ps)
+        f[f"{name}_pass{n}_gpu_ms"] = round(tot / 1e3, 4)
+        agg = {}
+        for p in ps:
+            for k, us in p:
+                a = agg.setdefault(k, [0, 0.0])
+                a[0] += 1
+                a[1] += us
+        print(f"== {name}: {len(ps)} passes of {n} launches, median GPU time {tot / 1e3:.3f} ms")
+        for k, (c, us) in sorted(agg.items(), key=lambda x: -x[1][1])[:14]:
+            print(f"   {us / len(ps):9.1f} us/pass {c // len(ps):5d} launches/pass {us / c:8.2f} us each  {k}")
+json.dump(f, open(fig, "w"))
+EOF
+  tail -n 5 "$logs"/profile_*.err
+  return $bad
+}
+
 # The failing cases of the tests step once more under compute-sanitizer: memcheck for every one,
 # racecheck too for the attention and eviction kernels.
 step_sanitize() {
@@ -466,7 +548,7 @@ step_sanitize() {
 # Each step gets at most its cap and never more than what is left of the budget (30 s are kept
 # for the summary and the log archive).
 declare -A cap=([env]=20 [tests]=150 [generate]=30 [serve]=45 [bench]=60 [dejavu]=70 [peer]=80
-  [sanitize]=120)
+  [sanitize]=120 [profile]=170)
 declare -A status secs
 for s in $steps; do
   left=$((budget - 30 - ($(date +%s) - t0)))
