@@ -15,7 +15,7 @@
 #   sanitize  the failing test cases again under compute-sanitizer (memcheck; racecheck for the
 #             attention and eviction kernels), so one run brings back enough to fix them
 #   profile   (opt-in: name it in DEJA_CHECK_STEPS) Nsight Compute's kernel durations for batch-1
-#             decode on the 1.3B shape and dense vs Deja Vu on the 6.7B shape: per forward pass,
+#             decode on the 1.3B shape, dense and Deja Vu: per forward pass,
 #             the launches, the GPU time they add up to and the kernels that take it
 # Output: $OUT (or DEJA_CHECK_OUT, default ./gpu-check-out) receives exactly summary.json (each
 # step's status, seconds and key figures, the GPU, its driver, the commit) and logs.tar.xz (every
@@ -81,7 +81,7 @@ declare -A ckpt_pid
 if [[ " $steps " =~ \ (bench|peer|dejavu|profile)\  ]]; then
   make_ckpt "${bench_shape[@]}" & ckpt_pid[${bench_shape[0]}]=$!
 fi
-if [[ " $steps " =~ \ (dejavu|profile)\  ]]; then
+if [[ " $steps " == *" dejavu "* ]]; then
   for s in "${dv_shapes[@]}"; do
     read -r sh ly <<<"$s"
     [ "$sh" = "${bench_shape[0]}" ] && continue
@@ -441,28 +441,31 @@ EOF
 }
 
 # Nsight Compute's duration of every kernel of a short bench run (no clock control: the clocks
-# stay as they are). A forward pass starts at its embedding kernel; per pass shape (its launch
+# stay as they are; application replay and a small KV pool: no device memory is saved and
+# restored around a kernel). A forward pass starts at its embedding kernel; per pass shape (its launch
 # count), the median GPU time and the kernels that take it, beside the bench's own ms/step.
 step_profile() {
   local ncu
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [ -n "$ncu" ] && [ -x "$ncu" ] || { echo "no ncu"; return 77; }
   wait_ckpt "${bench_shape[@]}" || return 1
-  local dv=(${dv_shapes[0]}) bad=0
-  wait_ckpt "${dv[@]}" || return 1
+  local bad=0
   run_ncu() {  # name, then the bench's flags
     local name=$1
     shift
     local flags=(bench decode --device "$dev" --dtype bf16 --batches 1 --prefill-tokens 64
-      --prompt-tokens 64 --decode-steps 6 --warmup-rounds 1 "$@")
+      --prompt-tokens 64 --decode-steps 6 --warmup-rounds 1 --kv-memory-fraction 0.05 "$@")
     "$deja" "${flags[@]}" --json >"$logs/profile_${name}_bench.json" 2>/dev/null
     LD_LIBRARY_PATH=$libpath timeout -k 5 70 "$ncu" --clock-control none --target-processes all \
-      --metrics gpu__time_duration.sum --csv --print-units base --launch-count 6000 \
+      --replay-mode application --cache-control none --metrics gpu__time_duration.sum --csv \
+      --print-units base --launch-count 6000 \
       "$here/bin/deja" "${flags[@]}" >"$logs/profile_$name.csv" 2>"$logs/profile_$name.err"
   }
-  run_ncu dense_1.3b --model "$(ckpt_of "${bench_shape[@]}")" || bad=1
-  run_ncu "dejavu_${dv[0]}" --model "$(ckpt_of "${dv[@]}")" --sparsity-oracle 0.1 \
-    --mlp-fraction 0.1 --head-fraction 0.5 --kv-memory-fraction 0.3 || bad=1
+  local m
+  m=$(ckpt_of "${bench_shape[@]}")
+  run_ncu "dense_${bench_shape[0]}" --model "$m" || bad=1
+  run_ncu "dejavu_${bench_shape[0]}" --model "$m" --sparsity-oracle 0.1 --mlp-fraction 0.1 \
+    --head-fraction 0.5 || bad=1
   $py - "$logs" "$figs/profile.json" <<'EOF' || bad=1
 import csv, glob, json, os, re, statistics, sys
 logs, fig = sys.argv[1:3]
