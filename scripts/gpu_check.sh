@@ -479,7 +479,11 @@ for path in sorted(glob.glob(os.path.join(logs, "profile_*.csv"))):
         continue
     h = rows[0]
     ki, mi, vi = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value")
-    ks = [(re.sub(r"[(<].*", "", r[ki])[:60], float(r[vi].replace(",", "")) / 1e3) for r in rows[1:]
+    def short(k):  # "void deja::<unnamed>::AddKernel(const float *, ...)" -> "deja::AddKernel"
+        for x in ("<unnamed>::", "(anonymous namespace)::", "void "):
+            k = k.replace(x, "")
+        return re.sub(r"[(<].*", "", k)[:60]
+    ks = [(short(r[ki]), float(r[vi].replace(",", "")) / 1e3) for r in rows[1:]
           if r[mi] == "gpu__time_duration.sum"]
     passes, cur = [], None
     for k, us in ks:
@@ -499,7 +503,7 @@ for path in sorted(glob.glob(os.path.join(logs, "profile_*.csv"))):
     f[name + "_kernels"] = len(ks)
     f[name + "_passes"] = len(passes)
     by_len = {}
-    for p in passes[1:]:  # the first pass is a prefill
+    for p in passes[1:-1]:  # the first pass is a prefill, the last one cut by the launch count
         by_len.setdefault(len(p), []).append(p)
     for n, ps in sorted(by_len.items()):
         if len(ps) < 2:

@@ -58,6 +58,7 @@ struct CudaContext {
   Workspace narrow_x;    // Linear activations rounded to the f16/bf16 weight dtype
   Workspace linear_out;  // the Linear GEMM result when ReLU must precede the accumulation
   Workspace attention;   // attention's split partials and softmax statistics
+  Workspace top_k;       // TopK's chunk winners (two rounds' worth)
   int sm_count = 1;      // multiprocessors, for attention's split heuristic
 };
 

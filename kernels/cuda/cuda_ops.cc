@@ -257,9 +257,13 @@ Status CudaTopK(Backend& b, TensorView x, int32_t k, float* values, int32_t* ind
   if (x.cols() > INT_MAX) {
     return Unimplemented("top_k: " + std::to_string(x.cols()) + " columns exceed int32 indices");
   }
-  return CudaStatus(
-      LaunchTopK(x.as<float>(), x.rows(), x.cols(), k, values, indices, ctx.stream.get()),
-      "top_k kernel");
+  void* scratch = nullptr;
+  if (const size_t bytes = TopKScratchBytes(x.rows(), x.cols(), k); bytes > 0) {
+    DEJA_ASSIGN_OR_RETURN(scratch, ctx.top_k.Get(bytes, ctx.stream.get()));
+  }
+  return CudaStatus(LaunchTopK(x.as<float>(), x.rows(), x.cols(), k, values, indices, scratch,
+                               ctx.stream.get()),
+                    "top_k kernels");
 }
 
 }  // namespace deja::kernels::cuda

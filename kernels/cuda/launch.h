@@ -46,10 +46,13 @@ cudaError_t LaunchLayerNorm(const float* x, const void* gamma, const void* beta,
 // out may equal x.
 cudaError_t LaunchLogSoftmax(const float* x, int64_t rows, int64_t cols, float* out,
                              cudaStream_t stream);
-// k rounds of a block-wide arg-max below the previous pick: O(k * cols) per row, meant for the
-// small k of sampling.
+// k <= 512: rounds of bitonic sorts over chunks of 2048 columns (each chunk keeps its best k)
+// until one chunk is left, about log(cols) / log(2048 / k) rounds; the first round's winners go
+// to `scratch` (TopKScratchBytes, 0 where one round suffices). Larger k: k rounds of a block-wide
+// arg-max below the previous pick, O(k * cols) per row.
+size_t TopKScratchBytes(int64_t rows, int64_t cols, int32_t k);
 cudaError_t LaunchTopK(const float* x, int64_t rows, int64_t cols, int32_t k, float* values,
-                       int32_t* indices, cudaStream_t stream);
+                       int32_t* indices, void* scratch, cudaStream_t stream);
 
 // gather.cu: the Deja Vu gathers (semantics of GatherLinearFn / GatherLinearTFn in
 // kernels/op_table.h; rows is a device array, or null for every row in order: Linear over int8

@@ -1,5 +1,6 @@
 // Row-wise CUDA kernels, one thread block per row with f32 block reductions: LayerNorm (two-pass
-// mean and variance), LogSoftmax (max-shifted) and TopK (k rounds of block arg-max).
+// mean and variance), LogSoftmax (max-shifted) and TopK (bitonic chunk sorts; k rounds of block
+// arg-max for large k).
 #include <cmath>
 
 #include "kernels/cuda/device_util.cuh"
@@ -9,6 +10,10 @@ namespace deja::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+// TopK by sorting: chunks of 2048 pairs (16 KiB of shared memory, 1024 threads) for k up to 512,
+// so each round keeps at most a quarter of its input.
+constexpr int kSortChunk = 2048;
+constexpr int32_t kSortMaxK = kSortChunk / 4;
 
 // x and out may alias (in-place ops): each element is read, then written, by the same thread
 // after every reduction over the row has finished.
@@ -117,6 +122,54 @@ __global__ void TopKKernel(const float* x, int64_t cols, int32_t k, float* value
   }
 }
 
+// One block sorts kSortChunk (value, index) pairs of a row in shared memory (a bitonic network in
+// the TopK order; pads are index -1 and lose to everything) and writes the first `keep`.
+// blockIdx.x is the chunk, blockIdx.y the row. `ids` null: the index is the column. The order is
+// total, so the best `keep` of each chunk hold the row's best `keep`, and a few rounds of this
+// kernel (chunks' winners, then their winners) give exactly the reference's first k.
+__global__ void __launch_bounds__(kSortChunk / 2)
+    TopKSortKernel(const float* vals, const int32_t* ids, int64_t n, int64_t row_stride,
+                   int32_t keep, float* out_v, int32_t* out_i, int64_t out_stride) {
+  __shared__ float sv[kSortChunk];
+  __shared__ int32_t si[kSortChunk];
+  const int64_t row = blockIdx.y, base = static_cast<int64_t>(blockIdx.x) * kSortChunk;
+  const float* vr = vals + row * row_stride;
+  const int32_t* ir = ids ? ids + row * row_stride : nullptr;
+  for (int t = threadIdx.x; t < kSortChunk; t += blockDim.x) {
+    const int64_t c = base + t;
+    sv[t] = c < n ? vr[c] : 0.f;
+    si[t] = c < n ? (ir ? ir[c] : static_cast<int32_t>(c)) : -1;
+  }
+  __syncthreads();
+  for (int size = 2; size <= kSortChunk; size <<= 1) {
+    for (int stride = size / 2; stride > 0; stride >>= 1) {
+      for (int t = threadIdx.x; t < kSortChunk / 2; t += blockDim.x) {
+        const int lo = 2 * t - (t & (stride - 1)), hi = lo + stride;
+        // Blocks of `size` alternate direction; the last merge (size == kSortChunk) puts the
+        // best first.
+        const bool best_first = (lo & size) == 0;
+        const bool swap = best_first ? Better(sv[hi], si[hi], sv[lo], si[lo])
+                                     : Better(sv[lo], si[lo], sv[hi], si[hi]);
+        if (swap) {
+          const float v = sv[lo];
+          sv[lo] = sv[hi];
+          sv[hi] = v;
+          const int32_t i = si[lo];
+          si[lo] = si[hi];
+          si[hi] = i;
+        }
+      }
+      __syncthreads();
+    }
+  }
+  float* ov = out_v + row * out_stride + static_cast<int64_t>(blockIdx.x) * keep;
+  int32_t* oi = out_i + row * out_stride + static_cast<int64_t>(blockIdx.x) * keep;
+  for (int t = threadIdx.x; t < keep; t += blockDim.x) {
+    ov[t] = sv[t];
+    oi[t] = si[t];
+  }
+}
+
 }  // namespace
 
 cudaError_t LaunchLayerNorm(const float* x, const void* gamma, const void* beta, DType dtype,
@@ -132,9 +185,47 @@ cudaError_t LaunchLogSoftmax(const float* x, int64_t rows, int64_t cols, float* 
   return cudaGetLastError();
 }
 
+namespace {
+// The sort path's grid holds the rows in y (at most 65535).
+bool SortTopK(int64_t rows, int32_t k) { return k <= kSortMaxK && rows <= 65535; }
+}  // namespace
+
+size_t TopKScratchBytes(int64_t rows, int64_t cols, int32_t k) {
+  if (!SortTopK(rows, k) || cols <= kSortChunk) return 0;
+  const int64_t first = (cols + kSortChunk - 1) / kSortChunk * k;  // the first round's winners
+  return 2 * static_cast<size_t>(rows * first) * (sizeof(float) + sizeof(int32_t));
+}
+
 cudaError_t LaunchTopK(const float* x, int64_t rows, int64_t cols, int32_t k, float* values,
-                       int32_t* indices, cudaStream_t stream) {
-  TopKKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, cols, k, values, indices);
+                       int32_t* indices, void* scratch, cudaStream_t stream) {
+  if (!SortTopK(rows, k)) {
+    TopKKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, cols, k, values, indices);
+    return cudaGetLastError();
+  }
+  // Rounds of chunk sorts, each keeping k per chunk, until one chunk is left; ping-pong buffers.
+  const int64_t first = (cols + kSortChunk - 1) / kSortChunk * k;
+  float* buf_v[2] = {static_cast<float*>(scratch), nullptr};
+  int32_t* buf_i[2] = {nullptr, nullptr};
+  if (scratch != nullptr) {
+    buf_i[0] = reinterpret_cast<int32_t*>(buf_v[0] + rows * first);
+    buf_v[1] = reinterpret_cast<float*>(buf_i[0] + rows * first);
+    buf_i[1] = reinterpret_cast<int32_t*>(buf_v[1] + rows * first);
+  }
+  const float* src_v = x;
+  const int32_t* src_i = nullptr;
+  int64_t n = cols, stride = cols;
+  for (int b = 0; n > kSortChunk; b ^= 1) {
+    const int64_t chunks = (n + kSortChunk - 1) / kSortChunk;
+    TopKSortKernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(rows)),
+                     kSortChunk / 2, 0, stream>>>(src_v, src_i, n, stride, k, buf_v[b], buf_i[b],
+                                                  first);
+    src_v = buf_v[b];
+    src_i = buf_i[b];
+    n = chunks * k;
+    stride = first;
+  }
+  TopKSortKernel<<<dim3(1, static_cast<unsigned>(rows)), kSortChunk / 2, 0, stream>>>(
+      src_v, src_i, n, stride, k, values, indices, k);
   return cudaGetLastError();
 }
 

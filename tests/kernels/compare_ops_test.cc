@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -247,6 +248,21 @@ TEST_P(CompareTopK, EveryElementOfARow) {
   for (int64_t i = 0; i < x.numel(); i += 7) x.as<float>()[i] = std::round(x.as<float>()[i]);
   x.as<float>()[5] = std::numeric_limits<float>::quiet_NaN();
   CheckTopK(b, x, 300);
+}
+
+TEST_P(CompareTopK, ManyRoundsAndLargeK) {
+  // Devices may select in rounds over chunks of the row (the CUDA backend: chunks of 2048, k up
+  // to 512) and fall back to another method for larger k: both against the reference, with ties.
+  Backend& b = backend();
+  DEJA_SKIP_UNLESS_SUPPORTED(b, OpId::kTopK, DType::kF32);
+  std::mt19937 rng(460);
+  for (auto [rows, cols, k] : {std::tuple<int64_t, int64_t, int32_t>{2, 100000, 512},
+                               {3, 4097, 64}, {1, 2049, 512}, {2, 5000, 600}}) {
+    SCOPED_TRACE(Dims(rows, cols) + " k=" + std::to_string(k));
+    Tensor x = RandomTensor(rng, DType::kF32, {rows, cols}, -4.f, 4.f);
+    for (int64_t i = 0; i < x.numel(); i += 3) x.as<float>()[i] = std::round(x.as<float>()[i]);
+    CheckTopK(b, x, k);
+  }
 }
 
 DEJA_INSTANTIATE_BACKEND_TEST(CompareTopK, ComparedBackends());
