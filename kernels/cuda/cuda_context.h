@@ -59,6 +59,7 @@ struct CudaContext {
   Workspace linear_out;  // the Linear GEMM result when ReLU must precede the accumulation
   Workspace attention;   // attention's split partials and softmax statistics
   Workspace top_k;       // TopK's chunk winners (two rounds' worth)
+  Workspace gather_t;    // gather_linear_t's per-split partial sums
   int sm_count = 1;      // multiprocessors, for attention's split heuristic
 };
 

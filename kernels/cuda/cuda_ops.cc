@@ -227,10 +227,15 @@ Status CudaGatherLinearT(Backend& b, TensorView x, TensorView wt, const int32_t*
   CudaContext& ctx = ContextOf(b);
   DEJA_RETURN_IF_ERROR(Enter(ctx));
   DEJA_ASSIGN_OR_RETURN(int32_t * dev_rows, StageIndices(ctx, rows, n_rows));
+  const GatherTSplit plan = PlanGatherLinearT(x.rows(), wt.cols(), n_rows, ctx.sm_count);
+  void* scratch = nullptr;
+  if (plan.scratch_bytes > 0) {
+    DEJA_ASSIGN_OR_RETURN(scratch, ctx.gather_t.Get(plan.scratch_bytes, ctx.stream.get()));
+  }
   return CudaStatus(
       LaunchGatherLinearT(x.as<float>(), x.rows(), wt.data, wt.dtype, wt.scale, wt.cols(), dev_rows,
-                          n_rows, accumulate, out.as<float>(), ctx.stream.get()),
-      "gather_linear_t kernel");
+                          n_rows, accumulate, out.as<float>(), plan, scratch, ctx.stream.get()),
+      "gather_linear_t kernels");
 }
 
 Status CudaAdd(Backend& b, TensorView x, TensorView bias, TensorView out) {

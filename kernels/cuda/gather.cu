@@ -1,8 +1,9 @@
 // The Deja Vu gather kernels, which also run Linear over int8 weights (rows = identity).
 // gather_linear: one warp per selected weight row, lanes striding
 // along K (coalesced reads of the row), the row reused from cache for every row of x, bias, ReLU
-// and accumulation fused. gather_linear_t: one thread per output column, walking the selected
-// rows in order (each step reads a coalesced run of one selected row of wtᵀ). Both accumulate in
+// and accumulation fused. gather_linear_t: threads along the output columns (each step reads a
+// coalesced run of one selected row of wtᵀ), the selected rows split across blocks where the
+// columns alone would leave multiprocessors idle (decode), the splits summed in a fixed order. Both accumulate in
 // f32 with the weights widened exactly. Straightforward kernels: correct for every shape, tuned
 // for decode-sized M; a tensor-core path for prefill is left for later.
 #include "kernels/cuda/device_util.cuh"
@@ -43,21 +44,56 @@ __global__ void GatherLinearKernel(const float* x, int64_t m_rows, int64_t k_dim
   }
 }
 
-__global__ void GatherLinearTKernel(const float* x, int64_t m_rows, const void* wt, DType w_dtype,
-                                    const float* scale, int64_t n_dim, const int32_t* rows,
-                                    int64_t n_rows, bool accumulate, float* out) {
-  for (int64_t m = blockIdx.y; m < m_rows; m += gridDim.y) {
+// gather_linear_t, split over the selected rows: block (x: 128 columns, y: a split of the
+// selected rows, z: rows of x); its 256 threads are 128 columns x 2 interleaved halves of the
+// split, summed in a fixed order. With `partial` the block writes its split's sum to
+// partial[split][m][n] (GatherLinearTReduceKernel adds the splits in order); without, the final
+// value (scale, accumulate) to out. Deterministic: no atomics.
+constexpr int kTColumns = 128;
+__global__ void __launch_bounds__(2 * kTColumns)
+    GatherLinearTKernel(const float* x, int64_t m_rows, const void* wt, DType w_dtype,
+                        const float* scale, int64_t n_dim, const int32_t* rows, int64_t n_rows,
+                        int64_t rows_per_split, bool accumulate, float* partial, float* out) {
+  __shared__ float half_sum[kTColumns];
+  const int col = threadIdx.x % kTColumns, half = threadIdx.x / kTColumns;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kTColumns + col;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.y) * rows_per_split;
+  const int64_t j1 = j0 + rows_per_split < n_rows ? j0 + rows_per_split : n_rows;
+  for (int64_t m = blockIdx.z; m < m_rows; m += gridDim.z) {
     const float* xm = x + m * n_rows;
-    for (int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; n < n_dim;
-         n += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      float acc = 0.f;
-      for (int64_t j = 0; j < n_rows; ++j) {
-        acc += XFor(xm[j], w_dtype) * LoadF(wt, w_dtype, static_cast<int64_t>(rows[j]) * n_dim + n);
+    float acc = 0.f;
+    if (n < n_dim) {
+      for (int64_t j = j0 + half; j < j1; j += 2) {
+        const int64_t r = rows != nullptr ? rows[j] : j;
+        acc += XFor(xm[j], w_dtype) * LoadF(wt, w_dtype, r * n_dim + n);
       }
-      if (scale != nullptr) acc *= scale[n];
-      float* o = out + m * n_dim + n;
-      *o = accumulate ? *o + acc : acc;
     }
+    if (half == 1) half_sum[col] = acc;
+    __syncthreads();
+    if (half == 0 && n < n_dim) {
+      acc += half_sum[col];
+      if (partial != nullptr) {
+        partial[(static_cast<int64_t>(blockIdx.y) * m_rows + m) * n_dim + n] = acc;
+      } else {
+        if (scale != nullptr) acc *= scale[n];
+        float* o = out + m * n_dim + n;
+        *o = accumulate ? *o + acc : acc;
+      }
+    }
+    __syncthreads();  // half_sum is rewritten for the next m
+  }
+}
+
+__global__ void GatherLinearTReduceKernel(const float* partial, int64_t splits, int64_t m_rows,
+                                          int64_t n_dim, const float* scale, bool accumulate,
+                                          float* out) {
+  const int64_t total = m_rows * n_dim;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float acc = 0.f;
+    for (int64_t s = 0; s < splits; ++s) acc += partial[s * total + i];
+    if (scale != nullptr) acc *= scale[i % n_dim];
+    out[i] = accumulate ? out[i] + acc : acc;
   }
 }
 
@@ -73,13 +109,43 @@ cudaError_t LaunchGatherLinear(const float* x, int64_t m_rows, int64_t k_dim, co
   return cudaGetLastError();
 }
 
+GatherTSplit PlanGatherLinearT(int64_t m_rows, int64_t n_dim, int64_t n_rows, int sm_count) {
+  // Enough blocks for 4 per multiprocessor, no split shorter than 32 selected rows, and the
+  // partial sums at most 64 MiB.
+  GatherTSplit p;
+  const int64_t base = (n_dim + kTColumns - 1) / kTColumns * (m_rows < 65535 ? m_rows : 65535);
+  const int64_t want = (4 * static_cast<int64_t>(sm_count) + base - 1) / base;
+  const int64_t most = (n_rows + 31) / 32;
+  const int64_t by_bytes = (int64_t{64} << 20) / (4 * (m_rows * n_dim > 0 ? m_rows * n_dim : 1));
+  int64_t splits = want < most ? want : most;
+  if (splits > by_bytes) splits = by_bytes;
+  if (splits > 65535) splits = 65535;
+  if (splits <= 1) return p;
+  p.rows_per_split = (n_rows + splits - 1) / splits;
+  p.splits = (n_rows + p.rows_per_split - 1) / p.rows_per_split;
+  p.scratch_bytes = p.splits > 1 ? static_cast<size_t>(p.splits * m_rows * n_dim) * 4 : 0;
+  return p;
+}
+
 cudaError_t LaunchGatherLinearT(const float* x, int64_t m_rows, const void* wt, DType w_dtype,
                                 const float* scale, int64_t n_dim, const int32_t* rows,
-                                int64_t n_rows, bool accumulate, float* out, cudaStream_t stream) {
-  const dim3 grid(GridFor(n_dim, kThreads, 4096),
+                                int64_t n_rows, bool accumulate, float* out,
+                                const GatherTSplit& plan, void* scratch, cudaStream_t stream) {
+  if (m_rows == 0 || n_dim == 0) return cudaSuccess;
+  const bool split = plan.splits > 1 && scratch != nullptr;
+  const int64_t per = split ? plan.rows_per_split : (n_rows > 0 ? n_rows : 1);
+  const int64_t splits = split ? plan.splits : 1;
+  const dim3 grid(static_cast<unsigned>((n_dim + kTColumns - 1) / kTColumns),
+                  static_cast<unsigned>(splits),
                   static_cast<unsigned>(m_rows < 65535 ? m_rows : 65535));
-  GatherLinearTKernel<<<grid, kThreads, 0, stream>>>(x, m_rows, wt, w_dtype, scale, n_dim, rows,
-                                                     n_rows, accumulate, out);
+  float* partial = split ? static_cast<float*>(scratch) : nullptr;
+  GatherLinearTKernel<<<grid, 2 * kTColumns, 0, stream>>>(x, m_rows, wt, w_dtype, scale, n_dim,
+                                                          rows, n_rows, per, accumulate, partial,
+                                                          out);
+  if (split) {
+    GatherLinearTReduceKernel<<<GridFor(m_rows * n_dim, kThreads, 4096), kThreads, 0, stream>>>(
+        partial, splits, m_rows, n_dim, scale, accumulate, out);
+  }
   return cudaGetLastError();
 }
 

@@ -62,9 +62,17 @@ cudaError_t LaunchGatherLinear(const float* x, int64_t m_rows, int64_t k_dim, co
                                DType w_dtype, const float* scale, const void* bias,
                                DType bias_dtype, const int32_t* rows, int64_t n_rows, bool relu,
                                bool accumulate, float* out, cudaStream_t stream);
+// How gather_linear_t splits the selected rows across blocks (splits 1: no split, no scratch).
+struct GatherTSplit {
+  int64_t splits = 1;
+  int64_t rows_per_split = 0;
+  size_t scratch_bytes = 0;  // the partial sums, [splits][m_rows][n_dim] f32
+};
+GatherTSplit PlanGatherLinearT(int64_t m_rows, int64_t n_dim, int64_t n_rows, int sm_count);
 cudaError_t LaunchGatherLinearT(const float* x, int64_t m_rows, const void* wt, DType w_dtype,
                                 const float* scale, int64_t n_dim, const int32_t* rows,
-                                int64_t n_rows, bool accumulate, float* out, cudaStream_t stream);
+                                int64_t n_rows, bool accumulate, float* out,
+                                const GatherTSplit& plan, void* scratch, cudaStream_t stream);
 
 // Where slot s of cache head h is, in slots: the formula of KvSlotIndex (kernels/op_table.h).
 // blocks is a device array (paged) or null (contiguous [head][capacity]).

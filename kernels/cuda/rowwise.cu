@@ -198,6 +198,7 @@ size_t TopKScratchBytes(int64_t rows, int64_t cols, int32_t k) {
 
 cudaError_t LaunchTopK(const float* x, int64_t rows, int64_t cols, int32_t k, float* values,
                        int32_t* indices, void* scratch, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
   if (!SortTopK(rows, k)) {
     TopKKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, cols, k, values, indices);
     return cudaGetLastError();
