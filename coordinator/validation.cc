@@ -9,6 +9,7 @@
 #include "common/utf8.h"
 #include "coordinator/sparsity_mode.h"
 #include "worker/kv/policy_table.h"
+#include "worker/rules/request_rules.h"
 
 namespace deja::coordinator {
 
@@ -28,20 +29,13 @@ Status Invalid(const std::string& field, const std::string& what) {
 
 Status ResolveSampling(const v1::SamplingParams& s, uint64_t random_seed, v1::WorkerSampling* out) {
   const float temperature = s.has_temperature() ? s.temperature() : 1.0f;
-  if (!(temperature >= 0.f) || !std::isfinite(temperature)) {
-    return Invalid("sampling.temperature", "must be a finite number >= 0, got " + Num(temperature));
-  }
+  DEJA_RETURN_IF_ERROR(rules::CheckTemperature(temperature, "sampling.temperature"));
   const int32_t top_k = s.has_top_k() ? s.top_k() : 0;
-  if (top_k < 0) return Invalid("sampling.top_k", "must be >= 0, got " + std::to_string(top_k));
+  DEJA_RETURN_IF_ERROR(rules::CheckTopK(top_k, "sampling.top_k"));
   const float top_p = s.has_top_p() ? s.top_p() : 1.0f;
-  if (!(top_p > 0.f && top_p <= 1.f)) {
-    return Invalid("sampling.top_p", "must be in (0, 1], got " + Num(top_p));
-  }
+  DEJA_RETURN_IF_ERROR(rules::CheckTopP(top_p, "sampling.top_p"));
   const float penalty = s.has_repetition_penalty() ? s.repetition_penalty() : 1.0f;
-  if (!(penalty > 0.f) || !std::isfinite(penalty)) {
-    return Invalid("sampling.repetition_penalty",
-                   "must be a finite number > 0, got " + Num(penalty));
-  }
+  DEJA_RETURN_IF_ERROR(rules::CheckRepetitionPenalty(penalty, "sampling.repetition_penalty"));
   // Temperature 0 means greedy even when sampling was asked for (proto contract).
   out->set_do_sample(s.do_sample() && temperature > 0.f);
   out->set_temperature(temperature);
@@ -71,9 +65,8 @@ Status CheckHeavyBudget(const v1::CachePolicy& f, const kv::CachePolicyRow& row,
 // Decayed scores need scores that attention accumulates: refused for any other kind.
 Status CheckScoreDecay(const v1::CachePolicy& f, const kv::CachePolicyRow& row,
                        const std::string& prefix) {
-  if (!f.has_score_decay() || row.decays) return Status::Ok();
-  return Invalid(prefix + "score_decay",
-                 "is not allowed with " + v1::CachePolicy::Kind_Name(row.api));
+  if (!f.has_score_decay()) return Status::Ok();
+  return rules::CheckScoreDecayKind(row, prefix + "score_decay");
 }
 
 // Range and exclusivity rules of a policy's budget fields; `prefix` names where they came from.
@@ -94,8 +87,8 @@ Status CheckCacheFields(const v1::CachePolicy& f, const std::string& prefix) {
   if (f.has_recent_tokens() && f.recent_tokens() < 1) {
     return Invalid(prefix + "recent_tokens", "must be >= 1, got 0");
   }
-  if (f.has_score_decay() && !(f.score_decay() > 0.f && f.score_decay() <= 1.f)) {
-    return Invalid(prefix + "score_decay", "must be in (0, 1], got " + Num(f.score_decay()));
+  if (f.has_score_decay()) {
+    DEJA_RETURN_IF_ERROR(rules::CheckScoreDecayRange(f.score_decay(), prefix + "score_decay"));
   }
   if (const kv::CachePolicyRow* row =
           FindRow(kv::CachePolicyTable(), &kv::CachePolicyRow::api, f.kind())) {
@@ -129,12 +122,7 @@ Status ResolveCache(const v1::CachePolicy& requested, const ModelLimits& limits,
       kv::FromProto(api == v1::CachePolicy::KIND_UNSPECIFIED ? v1::CachePolicy::KIND_FULL : api,
                     "cache.kind"));
   const kv::CachePolicyRow& row = kv::CachePolicyOf(kind);
-  if (row.retaining_heads && !limits.locret_available) {
-    return FailedPrecondition("cache.kind: " + v1::CachePolicy::Kind_Name(row.api) +
-                              " needs retaining heads and this server's workers have none "
-                              "(ModelInfo.locret_available is false; start it with "
-                              "--retaining-heads)");
-  }
+  DEJA_RETURN_IF_ERROR(rules::CheckRetainingHeads(row, limits.locret_available, "cache.kind"));
   DEJA_RETURN_IF_ERROR(CheckHeavyBudget(requested, row, "cache."));
   DEJA_RETURN_IF_ERROR(CheckScoreDecay(requested, row, "cache."));
   // Each budget: the request's own field, else the server default's when the request asks for
@@ -363,10 +351,7 @@ StatusOr<ResolvedRequest> ResolveRequest(const v1::GenerateRequest& request,
   DEJA_RETURN_IF_ERROR(ResolvePrompt(request, limits, tokenizer, &out));
   DEJA_RETURN_IF_ERROR(ResolveStopping(request.stopping(), limits, &out));
   const v1::ResponseOptions& r = request.response();
-  if (r.top_n_tokens() > kMaxTopNTokens) {
-    return Invalid("response.top_n_tokens", "must be in [0, " + std::to_string(kMaxTopNTokens) +
-                                                "], got " + std::to_string(r.top_n_tokens()));
-  }
+  DEJA_RETURN_IF_ERROR(rules::CheckTopN(r.top_n_tokens(), "response.top_n_tokens"));
   out.top_n = r.top_n_tokens();
   out.logprobs = r.logprobs() || out.top_n > 0;
   out.return_tokens = r.return_tokens() || out.logprobs;

@@ -15,13 +15,14 @@
 #include "common/tokenizer.h"
 #include "deja/v1/text_generation.pb.h"
 #include "deja/v1/worker.pb.h"
+#include "worker/rules/request_rules.h"
 
 namespace deja::coordinator {
 
 inline constexpr int kMaxStopSequences = 4;
 inline constexpr size_t kMaxStopSequenceBytes = 256;
 inline constexpr int kMaxStopTokenIds = 16;
-inline constexpr uint32_t kMaxTopNTokens = 5;
+inline constexpr uint32_t kMaxTopNTokens = rules::kMaxTopNTokens;
 inline constexpr size_t kMaxRequestIdBytes = 128;
 
 // What the served model and the server's configuration allow.

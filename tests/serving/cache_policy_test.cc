@@ -157,7 +157,7 @@ TEST_F(CachePolicyServingTest, BadBudgetsAreInvalidArgumentNamingTheField) {
   for (auto [kind, decay, why] :
        {std::tuple{v1::CachePolicy::KIND_H2O, 1.5f, "must be in (0, 1]"},
         std::tuple{v1::CachePolicy::KIND_H2O, 0.f, "must be in (0, 1]"},
-        std::tuple{v1::CachePolicy::KIND_WINDOW, 0.5f, "is not allowed with KIND_WINDOW"}}) {
+        std::tuple{v1::CachePolicy::KIND_WINDOW, 0.5f, "applies to KIND_H2O only, not KIND_WINDOW"}}) {
     v1::GenerateRequest bad;
     bad.set_text("And God said");
     bad.mutable_cache()->set_kind(kind);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/vec_math.h"
+#include "worker/rules/request_rules.h"
 
 namespace deja::worker::sampling {
 namespace {
@@ -73,19 +74,14 @@ int32_t ArgMax(const float* x, int32_t n) {
 }  // namespace
 
 Status SamplingParams::Validate() const {
-  if (!(temperature >= 0.f) || !std::isfinite(temperature)) {
-    return InvalidArgument("temperature must be a finite number >= 0");
-  }
+  DEJA_RETURN_IF_ERROR(rules::CheckTemperature(temperature, "temperature"));
   if (do_sample && temperature == 0.f) {
     return InvalidArgument("temperature must be > 0 when do_sample is set");
   }
-  if (top_k < 0) return InvalidArgument("top_k must be >= 0");
-  if (!(top_p > 0.f && top_p <= 1.f)) return InvalidArgument("top_p must be in (0, 1]");
-  if (!(repetition_penalty > 0.f) || !std::isfinite(repetition_penalty)) {
-    return InvalidArgument("repetition_penalty must be a finite number > 0");
-  }
-  if (top_n < 0 || top_n > 20) return InvalidArgument("top_n_tokens must be in [0, 20]");
-  return Status::Ok();
+  DEJA_RETURN_IF_ERROR(rules::CheckTopK(top_k, "top_k"));
+  DEJA_RETURN_IF_ERROR(rules::CheckTopP(top_p, "top_p"));
+  DEJA_RETURN_IF_ERROR(rules::CheckRepetitionPenalty(repetition_penalty, "repetition_penalty"));
+  return rules::CheckTopN(top_n, "top_n");
 }
 
 StatusOr<TokenChoice> Sampler::Choose(const float* logits, int32_t vocab,

@@ -11,6 +11,7 @@
 
 #include "worker/comm/timed_communicator.h"
 #include "worker/kv/policy_table.h"
+#include "worker/rules/request_rules.h"
 
 namespace deja::worker::service {
 namespace {
@@ -92,17 +93,18 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
         policy_row.heavy_hitters ? static_cast<int32_t>(c.cache().heavy_tokens()) : 0;
     p->cache.recent_tokens = static_cast<int32_t>(c.cache().recent_tokens());
   }
+  // A rule's refusal, told for this sequence.
+  auto refuse = [&](const Status& s) { return Status(s.code(), Seq(id) + s.message()); };
   if (const float decay = c.cache().score_decay(); decay != 0.f) {
     // Checked against the kind asked for: an H2O budget reaching the length runs as FULL,
     // which has no scores to decay.
     const kv::CachePolicyRow* asked = kv::FindCachePolicy(c.cache().kind());
-    if (asked == nullptr || !asked->decays) {
-      return InvalidArgument(Seq(id) + "config.cache.score_decay applies to " +
-                             kv::CachePolicyKindsWith(&kv::CachePolicyRow::decays) + " only");
+    if (asked == nullptr) return InvalidArgument(Seq(id) + "config.cache.kind is not a kind");
+    if (Status s = rules::CheckScoreDecayKind(*asked, "config.cache.score_decay"); !s.ok()) {
+      return refuse(s);
     }
-    if (!(decay > 0.f && decay <= 1.f)) {
-      return InvalidArgument(Seq(id) + "config.cache.score_decay must be in (0, 1], got " +
-                             std::to_string(decay));
+    if (Status s = rules::CheckScoreDecayRange(decay, "config.cache.score_decay"); !s.ok()) {
+      return refuse(s);
     }
     if (policy_row.decays) p->cache.h2o_decay = decay;
   }
@@ -121,23 +123,20 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
                              kDefaultSchedule + "\")");
     }
   }
-  if (c.top_n() > 5) return InvalidArgument(Seq(id) + "config.top_n must be in [0, 5]");
+  if (Status s = rules::CheckTopN(c.top_n(), "config.top_n"); !s.ok()) return refuse(s);
   int64_t prefix_tokens = 0;
   if (c.prefix_blocks_size() > 0) {
     if (prefix_ == nullptr) {
       return FailedPrecondition(Seq(id) +
                                 "config.prefix_blocks: this worker keeps no prefix cache");
     }
-    if (c.prefix_important() && policy_row.bounded) {
-      return InvalidArgument(Seq(id) +
-                             "config.prefix_important: only a FULL cache reads a prefix's "
-                             "important tokens");
+    if (c.prefix_important()) {
+      if (Status s = rules::CheckPrefixImportant(policy_row, "config.prefix_important"); !s.ok()) {
+        return refuse(s);
+      }
     }
-    if (!policy_row.reads_prefix_cache) {
-      return InvalidArgument(Seq(id) + "config.prefix_blocks: only " +
-                             kv::CachePolicyKindsWith(&kv::CachePolicyRow::reads_prefix_cache) +
-                             " caches start from cached blocks (H2O's scores need every prompt "
-                             "query, LOCRET never holds a whole prompt)");
+    if (Status s = rules::CheckPrefixRead(policy_row, "config.prefix_blocks"); !s.ok()) {
+      return refuse(s);
     }
     prefix_tokens = static_cast<int64_t>(c.prefix_blocks_size()) * prefix_->block_tokens();
   }
@@ -152,10 +151,10 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
                            std::to_string(prefix_tokens + w.tokens_size()) + " tokens");
   }
   const int64_t max_tokens = static_cast<int64_t>(c.prompt_tokens()) + c.max_new_tokens();
-  const int64_t limit = model_->config().max_position_embeddings;
-  if (max_tokens > limit) {
-    return OutOfRange(Seq(id) + "prompt_tokens + max_new_tokens = " + std::to_string(max_tokens) +
-                      " exceeds the model's position limit of " + std::to_string(limit));
+  if (Status s = rules::CheckPositions(c.prompt_tokens(), c.max_new_tokens(),
+                                       model_->config().max_position_embeddings, "config");
+      !s.ok()) {
+    return refuse(s);
   }
   // A bounded policy holds its budget plus at most one prompt's worth of chunk while
   // prefilling, then shrinks to budget + 1 (see Commit).
@@ -172,10 +171,10 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
       if (c.cache().chunk_tokens() == 0) {
         return InvalidArgument(Seq(id) + "config.cache.chunk_tokens must be >= 1 for LOCRET");
       }
-      if (!model_->retaining_enabled()) {
-        return FailedPrecondition(Seq(id) +
-                                  "config.cache: LOCRET needs retaining heads; this worker has "
-                                  "none (start it with --retaining-heads)");
+      if (Status s = rules::CheckRetainingHeads(policy_row, model_->retaining_enabled(),
+                                                "config.cache.kind");
+          !s.ok()) {
+        return refuse(s);
       }
       // A chunk never holds more than the prompt (decode steps carry one token).
       const int64_t chunk =
