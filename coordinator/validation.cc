@@ -17,15 +17,8 @@ namespace kv = worker::kv;
 
 namespace {
 
-std::string Num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g", v);
-  return buf;
-}
-
-Status Invalid(const std::string& field, const std::string& what) {
-  return InvalidArgument(field + " " + what);
-}
+constexpr auto& Num = rules::FormatNumber;
+constexpr auto& Invalid = rules::InvalidField;
 
 Status ResolveSampling(const v1::SamplingParams& s, uint64_t random_seed, v1::WorkerSampling* out) {
   const float temperature = s.has_temperature() ? s.temperature() : 1.0f;

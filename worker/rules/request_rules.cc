@@ -9,20 +9,23 @@ namespace kv = worker::kv;
 
 namespace {
 
-std::string Num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g", v);
-  return buf;
-}
-
-Status Invalid(const std::string& field, const std::string& what) {
-  return InvalidArgument(field + " " + what);
-}
+constexpr auto& Invalid = InvalidField;
+constexpr auto& Num = FormatNumber;
 
 // The kind as the API spells it (KIND_H2O), as CachePolicyKindsWith lists kinds.
 std::string KindName(const kv::CachePolicyRow& row) { return v1::CachePolicy::Kind_Name(row.api); }
 
 }  // namespace
+
+Status InvalidField(const std::string& field, const std::string& what) {
+  return InvalidArgument(field + " " + what);
+}
+
+std::string FormatNumber(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
 
 Status CheckTemperature(float temperature, const std::string& field) {
   if (temperature >= 0.f && std::isfinite(temperature)) return Status::Ok();

@@ -14,6 +14,10 @@
 
 namespace deja::rules {
 
+// "<field> <what>" as INVALID_ARGUMENT, and a number as the messages print it (%g).
+Status InvalidField(const std::string& field, const std::string& what);
+std::string FormatNumber(double v);
+
 // The most top tokens a response may ask for per position.
 inline constexpr uint32_t kMaxTopNTokens = 5;
 
