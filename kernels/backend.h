@@ -89,6 +89,9 @@ class Backend {
 
 // The plain, single-threaded reference implementations: the ground truth in tests.
 std::unique_ptr<Backend> MakeReferenceBackend();
+// The reference's op table (host memory): a host backend starts from it and overrides the ops
+// it speeds up, so a new op runs on the CPU from its reference on.
+const OpTable& ReferenceOpTable();
 // The fast CPU backend (SIMD with runtime dispatch, a thread pool, OpenBLAS for large GEMMs).
 // threads <= 0 means one per available core.
 std::unique_ptr<Backend> MakeCpuBackend(int threads = 0);

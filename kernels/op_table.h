@@ -19,29 +19,38 @@ namespace deja::kernels {
 
 class Backend;
 
+// The ops, each listed once: X(id, table member, function type, the dtypes a backend
+// implementing the whole table supports it for). It generates OpId, OpName (the member's name),
+// the OpTable slots, SupportedByFullBackend and the simulated device's trampolines
+// (tests/common/sim_device.cc). Dtype sets: the weight dtypes (f32, f16, bf16, int8); the float
+// dtypes (f32, f16, bf16); the KV cache's (f32, f16); f32 alone. Attention, KvWrite and KvEvict
+// are keyed by the KV cache's dtype, Convert by the destination's.
+#define DEJA_KERNEL_OPS(X)                                                  \
+  X(kEmbedding, embedding, EmbeddingFn, kWeightDTypes)                      \
+  X(kLayerNorm, layer_norm, LayerNormFn, kFloatDTypes)                      \
+  X(kLinear, linear, LinearFn, kWeightDTypes)                               \
+  X(kAttention, attention, AttentionFn, kKvDTypes)                          \
+  X(kAdd, add, AddFn, kFloatDTypes)                                         \
+  X(kLogSoftmax, log_softmax, LogSoftmaxFn, kF32Only)                       \
+  X(kTopK, top_k, TopKFn, kF32Only)                                         \
+  X(kGatherLinear, gather_linear, GatherLinearFn, kWeightDTypes)            \
+  X(kGatherLinearT, gather_linear_t, GatherLinearTFn, kWeightDTypes)        \
+  X(kKvWrite, kv_write, KvWriteFn, kKvDTypes)                               \
+  X(kKvEvict, kv_evict, KvEvictFn, kKvDTypes)                               \
+  X(kConvert, convert, ConvertFn, kFloatDTypes)                             \
+  X(kMaskUnits, mask_units, MaskUnitsFn, kF32Only)                          \
+  X(kRetainScores, retain_scores, RetainScoresFn, kF32Only)
+
 enum class OpId {
-  kEmbedding,
-  kLayerNorm,
-  kLinear,
-  kAttention,
-  kAdd,
-  kLogSoftmax,
-  kTopK,
-  kGatherLinear,
-  kGatherLinearT,
-  kKvWrite,
-  kKvEvict,
-  kConvert,
-  kMaskUnits,
-  kRetainScores,
+#define DEJA_OP_ID(id, member, fn, dtypes) id,
+  DEJA_KERNEL_OPS(DEJA_OP_ID)
+#undef DEJA_OP_ID
   kCount,
 };
 
 const char* OpName(OpId op);
 
-// The (op, dtype) pairs a backend implementing the whole table supports: weight-consuming ops
-// for f32, f16 and bf16 weights; attention for f32 and f16 KV caches; log-softmax and top-k on f32
-// only.
+// The (op, dtype) pairs a backend implementing the whole table supports (the list's dtype sets).
 bool SupportedByFullBackend(OpId op, DType dtype);
 
 enum class Activation { kNone, kRelu };
@@ -186,20 +195,13 @@ struct RetainArgs {
 using RetainScoresFn = Status (*)(Backend&, const RetainArgs& args);
 
 struct OpTable {
-  EmbeddingFn embedding = nullptr;
-  LayerNormFn layer_norm = nullptr;
-  LinearFn linear = nullptr;
-  AttentionFn attention = nullptr;
-  AddFn add = nullptr;
-  LogSoftmaxFn log_softmax = nullptr;
-  TopKFn top_k = nullptr;
-  GatherLinearFn gather_linear = nullptr;
-  GatherLinearTFn gather_linear_t = nullptr;
-  KvWriteFn kv_write = nullptr;
-  KvEvictFn kv_evict = nullptr;
-  ConvertFn convert = nullptr;
-  MaskUnitsFn mask_units = nullptr;
-  RetainScoresFn retain_scores = nullptr;
+#define DEJA_OP_SLOT(id, member, fn, dtypes) fn member = nullptr;
+  DEJA_KERNEL_OPS(DEJA_OP_SLOT)
+#undef DEJA_OP_SLOT
 };
+
+// Whether the table has a function for `op`. A device backend supports what it fills:
+// SupportedByFullBackend(op, dtype) && HasSlot(table, op).
+bool HasSlot(const OpTable& table, OpId op);
 
 }  // namespace deja::kernels

@@ -8,28 +8,46 @@
 
 namespace deja::kernels {
 
+namespace {
+
+enum DTypeSet { kWeightDTypes, kFloatDTypes, kKvDTypes, kF32Only };
+
+bool InSet(DTypeSet set, DType d) {
+  switch (set) {
+    case kWeightDTypes:
+      return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16 || d == DType::kI8;
+    case kFloatDTypes:
+      return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16;
+    case kKvDTypes:
+      return d == DType::kF32 || d == DType::kF16;
+    case kF32Only:
+      return d == DType::kF32;
+  }
+  return false;
+}
+
+}  // namespace
+
 bool SupportedByFullBackend(OpId op, DType dtype) {
   switch (op) {
-    case OpId::kEmbedding:
-    case OpId::kLinear:
-    case OpId::kGatherLinear:
-    case OpId::kGatherLinearT:
-      return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16 ||
-             dtype == DType::kI8;
-    case OpId::kLayerNorm:
-    case OpId::kAdd:
-      return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
-    case OpId::kAttention:  // the KV cache's dtype
-    case OpId::kKvWrite:
-    case OpId::kKvEvict:
-      return dtype == DType::kF32 || dtype == DType::kF16;
-    case OpId::kConvert:  // the destination's dtype
-      return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
-    case OpId::kLogSoftmax:
-    case OpId::kTopK:
-    case OpId::kMaskUnits:
-    case OpId::kRetainScores:
-      return dtype == DType::kF32;
+#define DEJA_OP_DTYPES(id, member, fn, dtypes) \
+  case OpId::id:                               \
+    return InSet(dtypes, dtype);
+    DEJA_KERNEL_OPS(DEJA_OP_DTYPES)
+#undef DEJA_OP_DTYPES
+    case OpId::kCount:
+      break;
+  }
+  return false;
+}
+
+bool HasSlot(const OpTable& table, OpId op) {
+  switch (op) {
+#define DEJA_OP_HAS(id, member, fn, dtypes) \
+  case OpId::id:                            \
+    return table.member != nullptr;
+    DEJA_KERNEL_OPS(DEJA_OP_HAS)
+#undef DEJA_OP_HAS
     case OpId::kCount:
       break;
   }
@@ -38,34 +56,11 @@ bool SupportedByFullBackend(OpId op, DType dtype) {
 
 const char* OpName(OpId op) {
   switch (op) {
-    case OpId::kEmbedding:
-      return "embedding";
-    case OpId::kLayerNorm:
-      return "layer_norm";
-    case OpId::kLinear:
-      return "linear";
-    case OpId::kAttention:
-      return "attention";
-    case OpId::kAdd:
-      return "add";
-    case OpId::kLogSoftmax:
-      return "log_softmax";
-    case OpId::kTopK:
-      return "top_k";
-    case OpId::kGatherLinear:
-      return "gather_linear";
-    case OpId::kGatherLinearT:
-      return "gather_linear_t";
-    case OpId::kKvWrite:
-      return "kv_write";
-    case OpId::kKvEvict:
-      return "kv_evict";
-    case OpId::kConvert:
-      return "convert";
-    case OpId::kMaskUnits:
-      return "mask_units";
-    case OpId::kRetainScores:
-      return "retain_scores";
+#define DEJA_OP_NAME(id, member, fn, dtypes) \
+  case OpId::id:                             \
+    return #member;
+    DEJA_KERNEL_OPS(DEJA_OP_NAME)
+#undef DEJA_OP_NAME
     case OpId::kCount:
       break;
   }

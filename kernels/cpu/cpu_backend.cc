@@ -151,7 +151,10 @@ Status CpuTopK(Backend& backend, TensorView x, int32_t k, float* values, int32_t
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) : pool_(std::make_unique<ThreadPool>(threads)) {
+  // The reference's table (KvWrite, Convert and MaskUnits stay the reference's: paged caches in
+  // a host KV block pool write through it), the ops this backend speeds up overridden.
+  explicit CpuBackend(int threads)
+      : pool_(std::make_unique<ThreadPool>(threads)), table_(ReferenceOpTable()) {
     // One OpenBLAS thread per call: the pool threads call sgemm on disjoint slices (linear.cc).
     openblas_set_num_threads(1);
     table_.embedding = CpuEmbedding;
@@ -163,11 +166,7 @@ class CpuBackend final : public Backend {
     table_.top_k = CpuTopK;
     table_.gather_linear = CpuGatherLinear;
     table_.gather_linear_t = CpuGatherLinearT;
-    // Paged caches (a host KV block pool) write and evict through these.
-    table_.kv_write = ref::KvWrite;
     table_.kv_evict = CpuKvEvict;
-    table_.convert = ref::Convert;
-    table_.mask_units = ref::MaskUnits;
     table_.retain_scores = CpuRetainScores;
   }
   BackendKind kind() const override { return BackendKind::kCpu; }

@@ -45,7 +45,9 @@ class CudaBackendImpl final : public CudaBackend {
   BackendKind kind() const override { return BackendKind::kCuda; }
   std::string name() const override { return name_; }
   const OpTable& ops() const override { return table_; }
-  bool Supports(OpId op, DType dtype) const override { return SupportedByFullBackend(op, dtype); }
+  bool Supports(OpId op, DType dtype) const override {
+    return SupportedByFullBackend(op, dtype) && HasSlot(table_, op);
+  }
   bool SupportsPagedKv() const override { return true; }
   void* native_stream() const override { return ctx_.stream.get(); }
 

@@ -370,24 +370,28 @@ Status LinearI8QuantizedX(TensorView x, TensorView w, TensorView bias, Activatio
 
 namespace {
 
+OpTable MakeReferenceTable() {
+  OpTable t;
+  t.embedding = RefEmbedding;
+  t.layer_norm = RefLayerNorm;
+  t.linear = RefLinear;
+  t.attention = RefAttention;
+  t.add = RefAdd;
+  t.log_softmax = RefLogSoftmax;
+  t.top_k = RefTopK;
+  t.gather_linear = RefGatherLinear;
+  t.gather_linear_t = RefGatherLinearT;
+  t.kv_write = ref::KvWrite;
+  t.kv_evict = ref::KvEvict;
+  t.retain_scores = ref::RetainScores;
+  t.convert = ref::Convert;
+  t.mask_units = ref::MaskUnits;
+  return t;
+}
+
 class ReferenceBackend final : public Backend {
  public:
-  ReferenceBackend() {
-    table_.embedding = RefEmbedding;
-    table_.layer_norm = RefLayerNorm;
-    table_.linear = RefLinear;
-    table_.attention = RefAttention;
-    table_.add = RefAdd;
-    table_.log_softmax = RefLogSoftmax;
-    table_.top_k = RefTopK;
-    table_.gather_linear = RefGatherLinear;
-    table_.gather_linear_t = RefGatherLinearT;
-    table_.kv_write = ref::KvWrite;
-    table_.kv_evict = ref::KvEvict;
-    table_.retain_scores = ref::RetainScores;
-    table_.convert = ref::Convert;
-    table_.mask_units = ref::MaskUnits;
-  }
+  ReferenceBackend() : table_(ReferenceOpTable()) {}
   BackendKind kind() const override { return BackendKind::kReference; }
   std::string name() const override { return "reference"; }
   Device device() const override { return Device::Host(); }
@@ -405,6 +409,11 @@ class ReferenceBackend final : public Backend {
 };
 
 }  // namespace
+
+const OpTable& ReferenceOpTable() {
+  static const OpTable table = MakeReferenceTable();
+  return table;
+}
 
 std::unique_ptr<Backend> MakeReferenceBackend() { return std::make_unique<ReferenceBackend>(); }
 

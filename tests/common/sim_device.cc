@@ -115,6 +115,17 @@ Backend& InnerBackend(Inner which) {
   return which == Inner::kCpu ? *cpu : *ref;
 }
 
+// Which backend runs an op on the simulated device: the reference for attention, the KV ops,
+// conversions and unit masks (their paged-view code is the reference's), the CPU backend (fast)
+// for the rest.
+constexpr Inner InnerFor(kernels::OpId op) {
+  using kernels::OpId;
+  return op == OpId::kAttention || op == OpId::kKvWrite || op == OpId::kKvEvict ||
+                 op == OpId::kConvert || op == OpId::kMaskUnits
+             ? Inner::kReference
+             : Inner::kCpu;
+}
+
 // One trampoline per op: the inner backend's function with device memory opened around it.
 template <typename Fn, Fn OpTable::*Member, Inner Which>
 struct Wrap;
@@ -130,20 +141,10 @@ struct Wrap<R (*)(Backend&, A...), Member, Which> {
 class SimDeviceBackend final : public Backend {
  public:
   explicit SimDeviceBackend(size_t memory) : memory_(memory) {
-    Install<decltype(OpTable::embedding), &OpTable::embedding, Inner::kCpu>();
-    Install<decltype(OpTable::layer_norm), &OpTable::layer_norm, Inner::kCpu>();
-    Install<decltype(OpTable::linear), &OpTable::linear, Inner::kCpu>();
-    Install<decltype(OpTable::attention), &OpTable::attention, Inner::kReference>();
-    Install<decltype(OpTable::add), &OpTable::add, Inner::kCpu>();
-    Install<decltype(OpTable::log_softmax), &OpTable::log_softmax, Inner::kCpu>();
-    Install<decltype(OpTable::top_k), &OpTable::top_k, Inner::kCpu>();
-    Install<decltype(OpTable::gather_linear), &OpTable::gather_linear, Inner::kCpu>();
-    Install<decltype(OpTable::gather_linear_t), &OpTable::gather_linear_t, Inner::kCpu>();
-    Install<decltype(OpTable::kv_write), &OpTable::kv_write, Inner::kReference>();
-    Install<decltype(OpTable::kv_evict), &OpTable::kv_evict, Inner::kReference>();
-    Install<decltype(OpTable::convert), &OpTable::convert, Inner::kReference>();
-    Install<decltype(OpTable::mask_units), &OpTable::mask_units, Inner::kReference>();
-    Install<decltype(OpTable::retain_scores), &OpTable::retain_scores, Inner::kCpu>();
+#define DEJA_SIM_INSTALL(id, member, fn, dtypes) \
+  Install<kernels::fn, &OpTable::member, InnerFor(kernels::OpId::id)>();
+    DEJA_KERNEL_OPS(DEJA_SIM_INSTALL)
+#undef DEJA_SIM_INSTALL
   }
   kernels::BackendKind kind() const override { return kernels::BackendKind::kReference; }
   std::string name() const override { return "sim"; }

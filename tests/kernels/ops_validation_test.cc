@@ -455,6 +455,30 @@ TEST(Backends, OpNamesAreDistinct) {
   EXPECT_EQ(names.count("?"), 0u);
 }
 
+// Every op of the list has a slot filled in every backend here (a backend that supports an op
+// for some dtype must be able to run it), and the CPU backend starts from the reference's table.
+TEST(Backends, EveryBackendFillsEveryOpItSupports) {
+  std::vector<std::unique_ptr<Backend>> backends;
+  backends.push_back(MakeReferenceBackend());
+  backends.push_back(MakeCpuBackend(1));
+  if (auto cuda = MakeCudaBackend(0); cuda.ok()) backends.push_back(std::move(*cuda));
+  for (const auto& b : backends) {
+    const OpTable& t = b->ops();
+#define DEJA_CHECK_SLOT(id, member, fn, dtypes)                                              \
+  {                                                                                          \
+    bool any = false;                                                                        \
+    for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kI8})                     \
+      any |= b->Supports(OpId::id, d);                                                       \
+    EXPECT_TRUE(!any || t.member != nullptr) << b->name() << " supports " << #member         \
+                                             << " but leaves its slot empty";                \
+  }
+    DEJA_KERNEL_OPS(DEJA_CHECK_SLOT)
+#undef DEJA_CHECK_SLOT
+  }
+  EXPECT_EQ(MakeCpuBackend(1)->ops().convert, ReferenceOpTable().convert);
+  EXPECT_NE(MakeCpuBackend(1)->ops().linear, ReferenceOpTable().linear);
+}
+
 // The KV-cache and conversion ops: every bad argument named, nothing written.
 TEST(KvOpsValidationTest, KvWriteKvEvictAndConvertNameTheirBadArguments) {
   auto ref = MakeReferenceBackend();
