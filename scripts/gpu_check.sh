@@ -2,7 +2,7 @@
 # The GPU check: run from the folder scripts/gpu_bundle.sh makes, on a machine with an NVIDIA GPU,
 # its driver and the CUDA 13 runtime libraries (cuBLAS, cuBLASLt, NCCL: from a CUDA toolkit or the
 # nvidia-* Python wheels) and nothing else of deja's. One command, at most DEJA_CHECK_SECONDS
-# (default 400) of wall time; each step has its own time cap and a failing step never stops the
+# (default 460) of wall time; each step has its own time cap and a failing step never stops the
 # next. In the order of what they teach:
 #   env       nvidia-smi, the libraries each binary resolves
 #   tests     every test binary of the `gpu` ctest label (kernel comparisons first)
@@ -14,7 +14,7 @@
 #             deja / HF per metric
 #   sanitize  the failing test cases again under compute-sanitizer (memcheck; racecheck for the
 #             attention and eviction kernels), so one run brings back enough to fix them
-#   profile   (opt-in: name it in DEJA_CHECK_STEPS) Nsight Compute's kernel durations for batch-1
+#   profile   (skipped where there is no ncu) Nsight Compute's kernel durations for batch-1
 #             decode on the 1.3B shape, dense and Deja Vu: per forward pass,
 #             the launches, the GPU time they add up to and the kernels that take it
 # Output: $OUT (or DEJA_CHECK_OUT, default ./gpu-check-out) receives exactly summary.json (each
@@ -26,9 +26,9 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 t0=$(date +%s)
-budget=${DEJA_CHECK_SECONDS:-400}
+budget=${DEJA_CHECK_SECONDS:-460}
 dev=${DEJA_CHECK_DEVICE:-cuda}
-steps=${DEJA_CHECK_STEPS:-env tests generate serve bench dejavu peer sanitize}
+steps=${DEJA_CHECK_STEPS:-env tests generate serve bench dejavu peer profile sanitize}
 out=${OUT:-${DEJA_CHECK_OUT:-$here/gpu-check-out}}
 work=$(mktemp -d /tmp/deja-gpu-check.XXXXXX)
 logs=$work/logs

@@ -23,9 +23,11 @@ struct ImportanceOptions {
   float alpha = 0.6f;
   // This rank's heads that probe (each rank probes with its own: heads of a layer agree).
   std::vector<int32_t> probe_heads = {0, 1, 2};
-  // The first layers keep the whole prefix. Measured on opt-mini (docs/performance.md): layer
-  // 0's probe heads often agree while its other heads attend elsewhere, and its choice alone
-  // cost 10-12% of perplexity at 50% kept; loading it whole costs 1/layers of the savings.
+  // The first layers keep the whole prefix. Measured on opt-mini
+  // (docs/studies/prefix-importance-quality.md): layer 0's probe heads often agree while its
+  // other heads attend elsewhere, and choosing in layer 0 too cost +12.0% perplexity on
+  // war_and_peace and +3.7% on tinyshakespeare at 50% kept; loading it whole costs 1/layers of
+  // the savings.
   int32_t dense_layers = 1;
   // Block files keep their tokens in importance order, rewritten in the background from the
   // choices loads make (PrefixStore); false keeps them in position order (to compare).
