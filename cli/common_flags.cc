@@ -180,7 +180,7 @@ void AddSamplingFlags(Args& args) {
       .Flag("top-p", "nucleus sampling mass in (0, 1]", "1.0")
       .Flag("repetition-penalty", "CTRL-style penalty (> 0; 1 = off)", "1.0")
       .Flag("seed", "sampling seed", "0")
-      .Flag("top-n", "alternatives reported per token (0..20)", "0");
+      .Flag("top-n", "alternatives reported per token (0..5)", "0");
 }
 
 StatusOr<worker::sampling::SamplingParams> SamplingFromFlags(const Args& args) {
