@@ -110,20 +110,26 @@ cudaError_t LaunchGatherLinear(const float* x, int64_t m_rows, int64_t k_dim, co
 }
 
 GatherTSplit PlanGatherLinearT(int64_t m_rows, int64_t n_dim, int64_t n_rows, int sm_count) {
-  // Enough blocks for 4 per multiprocessor, no split shorter than 32 selected rows, and the
-  // partial sums at most 64 MiB.
+  // The split depends on the columns, the selected rows and the device, never on m_rows: a row
+  // of x is summed in the same order whatever else is in the batch (one request never changes
+  // another's answer). Enough blocks for 4 per multiprocessor at one row of x, no split shorter
+  // than 32 selected rows; rows of x go through in chunks whose partial sums fit 64 MiB.
   GatherTSplit p;
-  const int64_t base = (n_dim + kTColumns - 1) / kTColumns * (m_rows < 65535 ? m_rows : 65535);
+  const int64_t base = (n_dim + kTColumns - 1) / kTColumns;
   const int64_t want = (4 * static_cast<int64_t>(sm_count) + base - 1) / base;
   const int64_t most = (n_rows + 31) / 32;
-  const int64_t by_bytes = (int64_t{64} << 20) / (4 * (m_rows * n_dim > 0 ? m_rows * n_dim : 1));
   int64_t splits = want < most ? want : most;
-  if (splits > by_bytes) splits = by_bytes;
   if (splits > 65535) splits = 65535;
-  if (splits <= 1) return p;
+  if (splits <= 1 || n_dim <= 0) return p;
   p.rows_per_split = (n_rows + splits - 1) / splits;
   p.splits = (n_rows + p.rows_per_split - 1) / p.rows_per_split;
-  p.scratch_bytes = p.splits > 1 ? static_cast<size_t>(p.splits * m_rows * n_dim) * 4 : 0;
+  if (p.splits <= 1) return GatherTSplit{};
+  const int64_t per_row = p.splits * n_dim * 4;
+  int64_t chunk = (int64_t{64} << 20) / per_row;
+  if (chunk < 1) chunk = 1;
+  if (chunk > 65535) chunk = 65535;
+  p.m_chunk = m_rows < chunk ? (m_rows > 0 ? m_rows : 1) : chunk;
+  p.scratch_bytes = static_cast<size_t>(p.m_chunk * per_row);
   return p;
 }
 
@@ -132,19 +138,23 @@ cudaError_t LaunchGatherLinearT(const float* x, int64_t m_rows, const void* wt, 
                                 int64_t n_rows, bool accumulate, float* out,
                                 const GatherTSplit& plan, void* scratch, cudaStream_t stream) {
   if (m_rows == 0 || n_dim == 0) return cudaSuccess;
-  const bool split = plan.splits > 1 && scratch != nullptr;
-  const int64_t per = split ? plan.rows_per_split : (n_rows > 0 ? n_rows : 1);
-  const int64_t splits = split ? plan.splits : 1;
-  const dim3 grid(static_cast<unsigned>((n_dim + kTColumns - 1) / kTColumns),
-                  static_cast<unsigned>(splits),
-                  static_cast<unsigned>(m_rows < 65535 ? m_rows : 65535));
-  float* partial = split ? static_cast<float*>(scratch) : nullptr;
-  GatherLinearTKernel<<<grid, 2 * kTColumns, 0, stream>>>(x, m_rows, wt, w_dtype, scale, n_dim,
-                                                          rows, n_rows, per, accumulate, partial,
-                                                          out);
-  if (split) {
-    GatherLinearTReduceKernel<<<GridFor(m_rows * n_dim, kThreads, 4096), kThreads, 0, stream>>>(
-        partial, splits, m_rows, n_dim, scale, accumulate, out);
+  const unsigned col_blocks = static_cast<unsigned>((n_dim + kTColumns - 1) / kTColumns);
+  if (plan.splits <= 1 || scratch == nullptr) {
+    const dim3 grid(col_blocks, 1, static_cast<unsigned>(m_rows < 65535 ? m_rows : 65535));
+    GatherLinearTKernel<<<grid, 2 * kTColumns, 0, stream>>>(
+        x, m_rows, wt, w_dtype, scale, n_dim, rows, n_rows, n_rows > 0 ? n_rows : 1, accumulate,
+        nullptr, out);
+    return cudaGetLastError();
+  }
+  float* partial = static_cast<float*>(scratch);
+  for (int64_t m0 = 0; m0 < m_rows; m0 += plan.m_chunk) {
+    const int64_t m = m_rows - m0 < plan.m_chunk ? m_rows - m0 : plan.m_chunk;
+    const dim3 grid(col_blocks, static_cast<unsigned>(plan.splits), static_cast<unsigned>(m));
+    GatherLinearTKernel<<<grid, 2 * kTColumns, 0, stream>>>(
+        x + m0 * n_rows, m, wt, w_dtype, scale, n_dim, rows, n_rows, plan.rows_per_split,
+        accumulate, partial, out + m0 * n_dim);
+    GatherLinearTReduceKernel<<<GridFor(m * n_dim, kThreads, 4096), kThreads, 0, stream>>>(
+        partial, plan.splits, m, n_dim, scale, accumulate, out + m0 * n_dim);
   }
   return cudaGetLastError();
 }

@@ -63,10 +63,13 @@ cudaError_t LaunchGatherLinear(const float* x, int64_t m_rows, int64_t k_dim, co
                                DType bias_dtype, const int32_t* rows, int64_t n_rows, bool relu,
                                bool accumulate, float* out, cudaStream_t stream);
 // How gather_linear_t splits the selected rows across blocks (splits 1: no split, no scratch).
+// The split never depends on m_rows, so each row of x is summed in one order at any batch size;
+// rows of x go through m_chunk at a time.
 struct GatherTSplit {
   int64_t splits = 1;
   int64_t rows_per_split = 0;
-  size_t scratch_bytes = 0;  // the partial sums, [splits][m_rows][n_dim] f32
+  int64_t m_chunk = 0;       // rows of x per launch pair
+  size_t scratch_bytes = 0;  // the partial sums of one chunk, [splits][m_chunk][n_dim] f32
 };
 GatherTSplit PlanGatherLinearT(int64_t m_rows, int64_t n_dim, int64_t n_rows, int sm_count);
 cudaError_t LaunchGatherLinearT(const float* x, int64_t m_rows, const void* wt, DType w_dtype,

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -193,6 +194,38 @@ TEST_P(CompareGatherLinearT, Accumulate) {
     for (DType dt : WeightDTypes())
       for (bool acc : {false, true})
         CheckGatherLinearT(backend(), {m, 90, 333, 45, dt, acc}, seed++);
+}
+
+TEST_P(CompareGatherLinearT, DeviceRowsDoNotDependOnTheBatch) {
+  // On a device each row of x is summed in one order at any batch size (the CUDA kernel splits
+  // the selected rows by shape, never by M): a row alone equals, bit for bit, the same row in a
+  // batch of 40. (The CPU backend switches to BLAS above small M; its rows are compared with the
+  // reference at a tolerance above.)
+  Backend& b = backend();
+  if (b.device().is_host()) GTEST_SKIP() << b.name() << ": host backends are compared by tolerance";
+  if (!Runs(b, OpId::kGatherLinearT, DType::kBF16)) GTEST_SKIP() << "no bf16 gather_linear_t";
+  std::mt19937 rng(BaseSeed() + 35000);
+  const int64_t m = 40, r = 8192, n = 2048, n_rows = 819;
+  Tensor x = RandomTensor(rng, DType::kF32, {m, n_rows});
+  Tensor wt = RandomTensor(rng, DType::kBF16, {r, n});
+  std::vector<int32_t> rows = RandomRows(rng, r, n_rows);
+  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_wt, b.ToBackend(wt));
+  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_x, b.ToBackend(x));
+  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_all, b.Allocate(DType::kF32, Shape{m, n}));
+  DEJA_ASSERT_OK(
+      GatherLinearT(b, d_x.view(), d_wt.view(), rows.data(), n_rows, false, d_all.view()));
+  DEJA_ASSERT_OK_AND_ASSIGN(Tensor all, b.ToHost(d_all.view()));
+  for (int64_t i : {int64_t{0}, int64_t{17}, m - 1}) {
+    Tensor one = Tensor::Empty(DType::kF32, Shape{1, n_rows});
+    std::memcpy(one.data(), x.as<float>() + i * n_rows, n_rows * sizeof(float));
+    DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_one, b.ToBackend(one));
+    DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_out, b.Allocate(DType::kF32, Shape{1, n}));
+    DEJA_ASSERT_OK(
+        GatherLinearT(b, d_one.view(), d_wt.view(), rows.data(), n_rows, false, d_out.view()));
+    DEJA_ASSERT_OK_AND_ASSIGN(Tensor got, b.ToHost(d_out.view()));
+    EXPECT_EQ(0, std::memcmp(got.data(), all.as<float>() + i * n, n * sizeof(float)))
+        << "row " << i;
+  }
 }
 
 DEJA_INSTANTIATE_BACKEND_TEST(CompareGatherLinearT, ComparedBackends());
