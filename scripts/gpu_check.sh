@@ -15,7 +15,7 @@
 #   sanitize  the failing test cases again under compute-sanitizer (memcheck; racecheck for the
 #             attention and eviction kernels), so one run brings back enough to fix them
 #   profile   (skipped where there is no ncu) Nsight Compute's kernel durations for batch-1
-#             decode on the 1.3B shape, dense and Deja Vu: per forward pass,
+#             decode on the 1.3B shape, dense and Deja Vu, and batch-16 dense: per forward pass,
 #             the launches, the GPU time they add up to and the kernels that take it
 # Output: $OUT (or DEJA_CHECK_OUT, default ./gpu-check-out) receives exactly summary.json (each
 # step's status, seconds and key figures, the GPU, its driver, the commit) and logs.tar.xz (every
@@ -440,7 +440,7 @@ print(json.dumps(f, indent=1))
 EOF
 }
 
-# Nsight Compute's duration of every kernel of a short bench run (no clock control: the clocks
+# Nsight Compute's duration of every kernel of short bench runs (batch 1 dense and Deja Vu, batch 16 dense) (no clock control: the clocks
 # stay as they are; application replay and a small KV pool: no device memory is saved and
 # restored around a kernel). A forward pass starts at its embedding kernel; per pass shape (its launch
 # count), the median GPU time and the kernels that take it, beside the bench's own ms/step.
@@ -466,6 +466,7 @@ step_profile() {
   run_ncu "dense_${bench_shape[0]}" --model "$m" || bad=1
   run_ncu "dejavu_${bench_shape[0]}" --model "$m" --sparsity-oracle 0.1 --mlp-fraction 0.1 \
     --head-fraction 0.5 || bad=1
+  run_ncu "dense16_${bench_shape[0]}" --model "$m" --batches 16 || bad=1
   $py - "$logs" "$figs/profile.json" <<'EOF' || bad=1
 import csv, glob, json, os, re, statistics, sys
 logs, fig = sys.argv[1:3]
@@ -555,7 +556,7 @@ step_sanitize() {
 # Each step gets at most its cap and never more than what is left of the budget (30 s are kept
 # for the summary and the log archive).
 declare -A cap=([env]=20 [tests]=150 [generate]=30 [serve]=45 [bench]=60 [dejavu]=70 [peer]=80
-  [sanitize]=120 [profile]=170)
+  [sanitize]=120 [profile]=230)
 declare -A status secs
 for s in $steps; do
   left=$((budget - 30 - ($(date +%s) - t0)))

@@ -1,7 +1,7 @@
 // The Deja Vu gather kernels, which also run Linear over int8 weights (rows = identity).
 // gather_linear: one warp per selected weight row, lanes striding
-// along K (coalesced reads of the row), the row reused from cache for every row of x, bias, ReLU
-// and accumulation fused. gather_linear_t: threads along the output columns (each step reads a
+// along K (coalesced reads of the row; 16-byte loads of 8 weights where the row allows), the
+// weights reused from registers for 4 rows of x at a time, bias, ReLU and accumulation fused. gather_linear_t: threads along the output columns (each step reads a
 // coalesced run of one selected row of wtᵀ), the selected rows split across blocks where the
 // columns alone would leave multiprocessors idle (decode), the splits summed in a fixed order. Both accumulate in
 // f32 with the weights widened exactly. Straightforward kernels: correct for every shape, tuned
@@ -39,6 +39,81 @@ __global__ void GatherLinearKernel(const float* x, int64_t m_rows, int64_t k_dim
         if (relu) v = fmaxf(v, 0.f);
         float* o = out + m * n_rows + j;
         *o = accumulate ? *o + v : v;
+      }
+    }
+  }
+}
+
+// 8 elements of a 16-bit or int8 weight row, widened exactly to f32.
+constexpr int kVec = 8;
+__device__ __forceinline__ void Load8(const void* w, DType dtype, int64_t i, float out[kVec]) {
+  if (dtype == DType::kI8) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const int8_t*>(w) + i);
+    const int8_t* b = reinterpret_cast<const int8_t*>(&raw);
+#pragma unroll
+    for (int t = 0; t < kVec; ++t) out[t] = static_cast<float>(b[t]);
+    return;
+  }
+  const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(w) + i);
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(&raw);
+  if (dtype == DType::kBF16) {
+#pragma unroll
+    for (int t = 0; t < kVec; ++t) out[t] = __uint_as_float(static_cast<uint32_t>(h[t]) << 16);
+  } else {
+#pragma unroll
+    for (int t = 0; t < kVec; ++t) out[t] = __half2float(__ushort_as_half(h[t]));
+  }
+}
+
+// GatherLinearKernel for 16-bit and int8 weights with rows of a multiple of 8 elements: each
+// lane reads 8 consecutive weights at once (one 16- or 8-byte load) and uses them for up to
+// kMBlock rows of x. Lane l sums elements [8 (l + 32 t), +8) in t order and the warp adds the
+// lanes in a fixed tree, so a row of x gets the same sum whatever the batch holds.
+constexpr int kMBlock = 4;
+__global__ void GatherLinearVecKernel(const float* x, int64_t m_rows, int64_t k_dim,
+                                      const void* w, DType w_dtype, const float* scale,
+                                      const void* bias, DType bias_dtype, const int32_t* rows,
+                                      int64_t n_rows, bool relu, bool accumulate, float* out) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  const bool round_x = w_dtype == DType::kBF16 || w_dtype == DType::kI8;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+       j < n_rows; j += warps) {
+    const int64_t row = rows != nullptr ? rows[j] : j;
+    const float s = scale != nullptr ? scale[row] : 1.f;
+    const int64_t w0 = row * k_dim;
+    const float b = bias != nullptr ? LoadF(bias, bias_dtype, row) : 0.f;
+    for (int64_t m0 = 0; m0 < m_rows; m0 += kMBlock) {
+      const int mb = m_rows - m0 < kMBlock ? static_cast<int>(m_rows - m0) : kMBlock;
+      float dot[kMBlock] = {0.f, 0.f, 0.f, 0.f};
+      for (int64_t k = static_cast<int64_t>(lane) * kVec; k < k_dim; k += kWarp * kVec) {
+        float wv[kVec];
+        Load8(w, w_dtype, w0 + k, wv);
+#pragma unroll
+        for (int mi = 0; mi < kMBlock; ++mi) {
+          if (mi < mb) {
+            const float4* xp = reinterpret_cast<const float4*>(x + (m0 + mi) * k_dim + k);
+            const float4 a = xp[0], c = xp[1];
+            const float xv[kVec] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+#pragma unroll
+            for (int t = 0; t < kVec; ++t) {
+              const float xt = round_x ? __bfloat162float(__float2bfloat16_rn(xv[t])) : xv[t];
+              dot[mi] += xt * wv[t];
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int mi = 0; mi < kMBlock; ++mi) {
+        if (mi < mb) {
+          const float d = WarpSum(dot[mi]);
+          if (lane == 0) {
+            float v = d * s + b;
+            if (relu) v = fmaxf(v, 0.f);
+            float* o = out + (m0 + mi) * n_rows + j;
+            *o = accumulate ? *o + v : v;
+          }
+        }
       }
     }
   }
@@ -104,8 +179,19 @@ cudaError_t LaunchGatherLinear(const float* x, int64_t m_rows, int64_t k_dim, co
                                DType bias_dtype, const int32_t* rows, int64_t n_rows, bool relu,
                                bool accumulate, float* out, cudaStream_t stream) {
   const unsigned blocks = GridFor(n_rows, kWarpsPerBlock, 65535);
-  GatherLinearKernel<<<blocks, kThreads, 0, stream>>>(
-      x, m_rows, k_dim, w, w_dtype, scale, bias, bias_dtype, rows, n_rows, relu, accumulate, out);
+  // The vector path reads 8 weights (16 or 8 bytes) and 8 activations per lane and step; it
+  // needs rows of a multiple of 8 elements on 16-byte boundaries.
+  const bool vec = k_dim % kVec == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  if (vec && (w_dtype == DType::kBF16 || w_dtype == DType::kF16 || w_dtype == DType::kI8)) {
+    GatherLinearVecKernel<<<blocks, kThreads, 0, stream>>>(
+        x, m_rows, k_dim, w, w_dtype, scale, bias, bias_dtype, rows, n_rows, relu, accumulate,
+        out);
+  } else {
+    GatherLinearKernel<<<blocks, kThreads, 0, stream>>>(
+        x, m_rows, k_dim, w, w_dtype, scale, bias, bias_dtype, rows, n_rows, relu, accumulate,
+        out);
+  }
   return cudaGetLastError();
 }
 

@@ -1,5 +1,5 @@
 // Row-wise CUDA kernels, one thread block per row with f32 block reductions: LayerNorm (two-pass
-// mean and variance), LogSoftmax (max-shifted) and TopK (bitonic chunk sorts; k rounds of block
+// mean and variance; the row held in registers up to 12,288 columns), LogSoftmax (max-shifted) and TopK (bitonic chunk sorts; k rounds of block
 // arg-max for large k).
 #include <cmath>
 
@@ -35,6 +35,41 @@ __global__ void LayerNormKernel(const float* x, const void* gamma, const void* b
   const float inv = 1.f / sqrtf(var + eps);
   for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
     orow[c] = (xr[c] - mean) * inv * LoadF(gamma, dtype, c) + LoadF(beta, dtype, c);
+  }
+}
+
+// LayerNorm with the row held in registers (one global read of x): kPer elements a thread,
+// element c in thread c % blockDim.x, so the sums run in the order of LayerNormKernel.
+constexpr int kLnPer = 12;
+__global__ void LayerNormRegKernel(const float* x, const void* gamma, const void* beta,
+                                   DType dtype, int64_t dim, float eps, float* out) {
+  __shared__ float scratch[kWarp];
+  const float* xr = x + blockIdx.x * dim;
+  float* orow = out + blockIdx.x * dim;
+  float v[kLnPer];
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < kLnPer; ++i) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+    v[i] = c < dim ? xr[c] : 0.f;
+    s += v[i];
+  }
+  const float mean = BlockSum(s, scratch) / static_cast<float>(dim);
+  float q = 0.f;
+#pragma unroll
+  for (int i = 0; i < kLnPer; ++i) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+    if (c < dim) {
+      const float d = v[i] - mean;
+      q += d * d;
+    }
+  }
+  const float var = BlockSum(q, scratch) / static_cast<float>(dim);
+  const float inv = 1.f / sqrtf(var + eps);
+#pragma unroll
+  for (int i = 0; i < kLnPer; ++i) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+    if (c < dim) orow[c] = (v[i] - mean) * inv * LoadF(gamma, dtype, c) + LoadF(beta, dtype, c);
   }
 }
 
@@ -174,8 +209,14 @@ __global__ void __launch_bounds__(kSortChunk / 2)
 
 cudaError_t LaunchLayerNorm(const float* x, const void* gamma, const void* beta, DType dtype,
                             int64_t rows, int64_t dim, float eps, float* out, cudaStream_t stream) {
-  LayerNormKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, gamma, beta, dtype, dim,
-                                                                        eps, out);
+  const unsigned grid = static_cast<unsigned>(rows);
+  if (dim <= kThreads * kLnPer) {
+    LayerNormRegKernel<<<grid, kThreads, 0, stream>>>(x, gamma, beta, dtype, dim, eps, out);
+  } else if (dim <= 1024 * kLnPer) {
+    LayerNormRegKernel<<<grid, 1024, 0, stream>>>(x, gamma, beta, dtype, dim, eps, out);
+  } else {
+    LayerNormKernel<<<grid, kThreads, 0, stream>>>(x, gamma, beta, dtype, dim, eps, out);
+  }
   return cudaGetLastError();
 }
 
