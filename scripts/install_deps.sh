@@ -16,6 +16,8 @@ PACKAGES=(
   prometheus
   # tests/multihost: a lossy link between network namespaces where the kernel has no netem.
   iptables
+  # tests/docs: the docs' curl commands (metrics scrapes) run as written.
+  curl
 )
 
 # tests/deploy renders the manifests with `kubectl kustomize`: Debian's kubectl unless one is
