@@ -1,4 +1,6 @@
-// The architectures LoadModel can build, keyed by config.json's `model_type`. Adding one is a
+// The architectures LoadModel can build, keyed by config.json's `model_type`, and the plug-ins
+// a model is built with (Deja Vu's runtime for EnableSparsity). It sits above worker/model/ and
+// worker/dejavu/, so neither includes the other's implementation. Adding an architecture is a
 // file pair implementing Model and a line in kArchitectures.
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -8,6 +10,7 @@
 
 #include "common/mmap_file.h"
 #include "common/opt_config.h"
+#include "worker/dejavu/sparse_runtime.h"
 #include "worker/model/model.h"
 #include "worker/model/opt_model.h"
 
@@ -66,8 +69,10 @@ StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& dir, kernels::Back
                                            std::unique_ptr<comm::Communicator> comm,
                                            const LoadOptions& options) {
   DEJA_ASSIGN_OR_RETURN(std::string type, ReadModelType(dir));
+  LoadOptions with = options;
+  if (!with.sparsity) with.sparsity = dejavu::SparseRuntime::Factory();
   for (const Architecture& a : kArchitectures) {
-    if (type == a.model_type) return a.load(dir, backend, std::move(comm), options);
+    if (type == a.model_type) return a.load(dir, backend, std::move(comm), with);
   }
   return InvalidArgument(dir + ": config field 'model_type' is '" + type + "'; this build serves " +
                          RegisteredModelTypes());

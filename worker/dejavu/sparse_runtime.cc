@@ -81,6 +81,16 @@ void AsyncRunner::Loop() {
   }
 }
 
+model::SparsityFactory SparseRuntime::Factory() {
+  return [](const model::SparsityOptions& options, const OptConfig& config,
+            const model::OptWeights& weights, kernels::Backend& backend, int rank,
+            int world) -> StatusOr<std::unique_ptr<model::BlockSparsity>> {
+    DEJA_ASSIGN_OR_RETURN(std::unique_ptr<SparseRuntime> rt,
+                          Create(options, config, weights, backend, rank, world));
+    return std::unique_ptr<model::BlockSparsity>(std::move(rt));
+  };
+}
+
 StatusOr<std::unique_ptr<SparseRuntime>> SparseRuntime::Create(
     const model::SparsityOptions& options, const OptConfig& config,
     const model::OptWeights& weights, kernels::Backend& backend, int rank, int world) {

@@ -68,52 +68,49 @@ class AsyncRunner {
   std::thread thread_;
 };
 
-struct BlockPlan {
-  enum class Mode { kDense, kGather, kMasked };
-  Mode mode = Mode::kDense;
-  std::vector<int32_t> units;  // kGather: the union of active local units, ascending
-  // kMasked: [rows, local_units], 1 = computed for that row. kGather with several rows:
-  // [rows, units.size()], 1 where that row selected the unit (the others computed the union;
-  // each row keeps only its own, so its result does not depend on the batch); empty for one row.
-  std::vector<uint8_t> keep;
-  float active_fraction = 1.0f;
-};
+using BlockPlan = model::BlockPlan;
 
-class SparseRuntime {
+class SparseRuntime final : public model::BlockSparsity {
  public:
   static StatusOr<std::unique_ptr<SparseRuntime>> Create(const model::SparsityOptions& options,
                                                          const OptConfig& config,
                                                          const model::OptWeights& weights,
                                                          kernels::Backend& backend, int rank,
                                                          int world);
-  ~SparseRuntime();
+  // Create as a LoadOptions::sparsity factory.
+  static model::SparsityFactory Factory();
+  ~SparseRuntime() override;
 
   const model::SparsityOptions& options() const { return options_; }
   // Transposed copies of the row-parallel weights, for the gather-transposed kernels.
   // The transposed fc2 / out_proj of a layer; int8 ones carry the original rows' scales, which
   // are the transposed matrix's column scales (GatherLinearT).
-  TensorView fc2_t(int32_t layer) const { return Transposed(fc2_t_[layer], fc2_scale_[layer]); }
-  TensorView out_t(int32_t layer) const { return Transposed(out_t_[layer], out_scale_[layer]); }
+  TensorView fc2_t(int32_t layer) const override {
+    return Transposed(fc2_t_[layer], fc2_scale_[layer]);
+  }
+  TensorView out_t(int32_t layer) const override {
+    return Transposed(out_t_[layer], out_scale_[layer]);
+  }
   // Per-layer top-k of this rank (0 = the block runs dense).
   int32_t mlp_k(int32_t layer) const { return mlp_k_[layer]; }
   int32_t head_k(int32_t layer) const { return head_k_[layer]; }
 
   // Sets up a step: which rows are sparse and whether the step is decode-shaped. Returns false
   // when no row is sparse (the step runs dense and no predictor runs).
-  bool BeginStep(const std::vector<model::SequenceStep>& batch, int64_t rows);
+  bool BeginStep(const std::vector<model::SequenceStep>& batch, int64_t rows) override;
   // Lookahead: predicts MLP `layer` from its attention-block input on the predictor thread.
   // `xa` is copied before returning.
-  void StartMlp(int32_t layer, const TensorView& xa);
+  void StartMlp(int32_t layer, const TensorView& xa) override;
   // Predicts the heads of `layer` from the MLP-block input of layer - 1 (copied).
-  void StartHeads(int32_t layer, const TensorView& xm);
+  void StartHeads(int32_t layer, const TensorView& xm) override;
   // Joins the prediction started for that block and turns it into a plan.
-  Status FinishMlp(int32_t layer, BlockPlan* plan);
-  Status FinishHeads(int32_t layer, BlockPlan* plan);
+  Status FinishMlp(int32_t layer, BlockPlan* plan) override;
+  Status FinishHeads(int32_t layer, BlockPlan* plan) override;
   // Seconds the predictor thread spent in this step so far, and the step's mean active
   // fractions (1 where dense).
-  double predictor_seconds() const { return predictor_seconds_; }
-  float head_fraction() const;
-  float neuron_fraction() const;
+  double predictor_seconds() const override { return predictor_seconds_; }
+  float head_fraction() const override;
+  float neuron_fraction() const override;
 
  private:
   SparseRuntime() = default;

@@ -17,6 +17,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/kv/eviction_policy.h"
 #include "worker/kv/kv_cache.h"
+#include "worker/model/sparsity.h"
 #include "worker/prefix/importance.h"
 
 namespace deja::worker::model {
@@ -74,33 +75,6 @@ struct StepResult {
   double predictor_seconds = 0.0;
 };
 
-// Deja Vu contextual sparsity (docs/architecture.md#deja-vu) for Model::EnableSparsity.
-struct SparsityOptions {
-  std::string predictors;  // predictor safetensors (its .json beside it); "" = none
-  // > 0 (and no predictors): oracle mode for speed runs on random-weight checkpoints, which
-  // keeps this fraction of heads and neurons (pseudo-random, per token) in every sparse layer.
-  float oracle_fraction = 0.0f;
-  // Overrides of the predictors' schedule (or of oracle_fraction): fractions of neurons / heads
-  // kept in sparse layers (0 = the schedule's top-k) and how many first layers stay dense (-1 =
-  // the schedule's).
-  float mlp_fraction = 0.0f;
-  float head_fraction = 0.0f;
-  int32_t dense_layers = -1;
-  // A batched step computes the union of its sequences' active sets; above this fraction of a
-  // block's units it runs that block dense.
-  float dense_fallback = 0.8f;
-  // Top-k is taken within this many equal groups of each block's units across the model (a
-  // multiple of the world size; 0 = one group per rank, as the design's per-rank top-(k/N)).
-  // Lets a single process reproduce exactly what N ranks select (tests).
-  int32_t selection_groups = 0;
-  // Where the predictors run: kOwnThread overlaps them with the block compute (the design);
-  // kInline runs them on the forward thread with all the model's threads; kAuto takes its own
-  // thread only when the machine has a core that the model's thread pool leaves free. Measured on
-  // 2 cores with a 2-thread pool (OPT-1.3B shape, batch 1): own thread 53.9 ms per sparse step,
-  // predictor 5.2 ms; inline 52.1 ms, predictor 3.9 ms.
-  enum class PredictorThread { kAuto, kOwnThread, kInline };
-  PredictorThread predictor_thread = PredictorThread::kAuto;
-};
 
 // How LoadModel holds the weights.
 struct LoadOptions {
@@ -122,6 +96,9 @@ struct LoadOptions {
   int32_t kv_block_slots = 32;
   // Device backends: the pinned buffer weights stream through (worker/model/weight_upload.h).
   size_t staging_bytes = size_t{64} << 20;
+  // What EnableSparsity builds (Deja Vu's runtime). LoadModel fills it when it is empty
+  // (worker/model_registry.cc plugs worker/dejavu/ in); without one EnableSparsity is refused.
+  SparsityFactory sparsity;
 };
 
 class Model {
@@ -193,8 +170,9 @@ class Model {
 };
 
 // Loads this rank's shard of the model in `dir` (a checkpoint directory with config.json), built
-// by the implementation registered for its `model_type` (a missing model_type reads as "opt").
-// `comm` may be null for a single process (world 1).
+// by the implementation registered for its `model_type` (a missing model_type reads as "opt"),
+// with Deja Vu's runtime as LoadOptions::sparsity unless one is given. `comm` may be null for a
+// single process (world 1). Defined in worker/model_registry.cc, above model/ and dejavu/.
 StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& dir, kernels::Backend* backend,
                                            std::unique_ptr<comm::Communicator> comm = nullptr,
                                            const LoadOptions& options = {});

@@ -8,8 +8,6 @@
 #include "kernels/ops.h"
 #include "predictors/retaining_heads.h"
 #include "worker/comm/staged_communicator.h"
-#include "worker/dejavu/sparse_runtime.h"
-#include "worker/kv/policy_table.h"
 #include "worker/model/opt_model_internal.h"
 #include "worker/model/weight_upload.h"
 
@@ -19,11 +17,6 @@ using opt_internal::kLayerNormEps;
 using opt_internal::Rows;
 
 namespace {
-
-// Whether a sequence's new tokens are scored by the retaining heads (its policy's row says so).
-bool ScoredByRetainingHeads(const kv::SequenceKv& kv) {
-  return kv::CachePolicyOf(kv.policy().kind()).retaining_heads;
-}
 
 constexpr int32_t kPositionOffset = 2;  // OPT's learned positions start at row 2
 
@@ -58,6 +51,11 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
                            DTypeName(options.kv_dtype) + " KV cache");
   }
   m->kv_dtype_ = options.kv_dtype;
+  m->sparsity_factory_ = options.sparsity;
+  m->kv_attention_.Init({static_cast<int32_t>(m->config_.num_hidden_layers),
+                         static_cast<int32_t>(m->w_.local_heads),
+                         static_cast<int32_t>(m->config_.head_dim())},
+                        backend, m->on_device_);
   if (m->on_device_) {
     DEJA_RETURN_IF_ERROR(m->LoadToDevice(options));
   } else {
@@ -157,9 +155,13 @@ StatusOr<Tensor> OptModel::Alloc(DType dtype, Shape shape) const {
 }
 
 Status OptModel::EnableSparsity(const SparsityOptions& options) {
+  if (!sparsity_factory_) {
+    return FailedPrecondition("this model was loaded without a sparsity runtime "
+                              "(LoadOptions::sparsity; LoadModel plugs Deja Vu in)");
+  }
   if (!on_device_) UntileMatrices(&w_);
-  StatusOr<std::unique_ptr<dejavu::SparseRuntime>> rt = dejavu::SparseRuntime::Create(
-      options, config_, w_, *backend_, comm_->rank(), comm_->world_size());
+  StatusOr<std::unique_ptr<BlockSparsity>> rt =
+      sparsity_factory_(options, config_, w_, *backend_, comm_->rank(), comm_->world_size());
   if (!rt.ok() && on_device_ && rt.status().code() == StatusCode::kResourceExhausted) {
     // The transposed out_proj/fc2 copies come after the KV pool took its share.
     return rt.status().WithContext("the Deja Vu copies of out_proj and fc2 do not fit on " +
@@ -167,87 +169,19 @@ Status OptModel::EnableSparsity(const SparsityOptions& options) {
                                    " beside the KV pool; lower --kv-memory-fraction");
   }
   DEJA_ASSIGN_OR_RETURN(sparse_, std::move(rt));
-  heads_plan_ = std::make_unique<dejavu::BlockPlan>();
-  mlp_plan_ = std::make_unique<dejavu::BlockPlan>();
+  heads_plan_ = std::make_unique<BlockPlan>();
+  mlp_plan_ = std::make_unique<BlockPlan>();
   return Status::Ok();
 }
 
 bool OptModel::sparsity_enabled() const { return sparse_ != nullptr; }
 
 Status OptModel::SetPrefixImportance(const prefix::ImportanceOptions& options) {
-  DEJA_RETURN_IF_ERROR(options.Validate(kv_geometry().heads));
-  importance_ = options;
-  return Status::Ok();
+  return kv_attention_.SetPrefixImportance(options);
 }
 
 Model::ImportanceStats OptModel::TakeImportanceStats() {
-  ImportanceStats out = std::move(importance_stats_);
-  importance_stats_ = ImportanceStats();
-  return out;
-}
-
-Status OptModel::ChooseImportantPrefix(int32_t l, const std::vector<SequenceStep>& batch,
-                                       const float* q_rows, int64_t q_stride, bool all_heads) {
-  const int32_t layers = static_cast<int32_t>(config().num_hidden_layers);
-  ImportanceStats& st = importance_stats_;
-  if (st.chosen.empty()) {
-    st.chosen.assign(layers, 0);
-    st.fallbacks.assign(layers, 0);
-    st.jaccard_sum.assign(layers, 0.0);
-  }
-  const kv::KvGeometry g = kv_geometry();
-  std::vector<int32_t> every_head(static_cast<size_t>(g.heads));
-  for (int32_t h = 0; h < g.heads; ++h) every_head[h] = h;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    kv::SequenceKv& kv = *batch[i].kv;
-    if (!kv.important_pending(l)) continue;
-    kv.ImportantDone(l);
-    // A prefix read from the host or disk tier (SeedLoadedPrefix) arrives layer by layer: all
-    // of it where the layer keeps it whole, the probe heads' keys and then the chosen tokens
-    // otherwise.
-    kv::PrefixLoader* loader = kv.prefix_loader();
-    auto load_all = [&]() -> Status {
-      return loader != nullptr ? loader->Load(kv, l, every_head, false, nullptr) : Status::Ok();
-    };
-    auto done = [&]() {
-      if (l + 1 == layers) kv.ReleaseLoader();
-    };
-    // The first layers keep the whole prefix by design; a Deja Vu gather step computed q for
-    // some heads only, and a device's q is not on the host: those keep it too (fallbacks).
-    const kernels::KvView view = kv.View(l);
-    if (l < importance_.dense_layers) {
-      DEJA_RETURN_IF_ERROR(load_all());
-      done();
-      continue;
-    }
-    if (!all_heads || !view.device.is_host()) {
-      ++st.fallbacks[l];
-      DEJA_RETURN_IF_ERROR(load_all());
-      done();
-      continue;
-    }
-    if (loader != nullptr) {
-      DEJA_RETURN_IF_ERROR(loader->Load(kv, l, importance_.probe_heads, true, nullptr));
-    }
-    DEJA_ASSIGN_OR_RETURN(
-        prefix::LayerChoice choice,
-        prefix::ChooseImportant(view, kv.important_prefix(), q_rows + seq_row_[i] * q_stride,
-                                q_stride, batch[i].n, g.heads, g.head_dim,
-                                1.0f / std::sqrt(static_cast<float>(g.head_dim)), importance_));
-    st.jaccard_sum[l] += choice.mean_jaccard;
-    if (choice.fallback) {
-      ++st.fallbacks[l];
-      DEJA_RETURN_IF_ERROR(load_all());
-    } else {
-      ++st.chosen[l];
-      if (loader != nullptr) {
-        DEJA_RETURN_IF_ERROR(loader->Load(kv, l, every_head, false, &choice.kept));
-      }
-      prefix::KeepOnly(view, kv.important_prefix(), g.heads, choice.kept);
-    }
-    done();
-  }
-  return Status::Ok();
+  return kv_attention_.TakeImportanceStats();
 }
 
 Status OptModel::EnableRetaining(const std::string& path) {
@@ -257,28 +191,7 @@ Status OptModel::EnableRetaining(const std::string& path) {
                                      static_cast<int32_t>(config_.num_attention_heads),
                                      static_cast<int32_t>(config_.head_dim()), comm_->rank(),
                                      comm_->world_size()));
-  if (r.heads != w_.local_heads) {
-    return Internal("retaining heads: " + std::to_string(r.heads) +
-                    " heads loaded, this rank has " + std::to_string(w_.local_heads));
-  }
-  auto upload = [&](const std::vector<float>& host, Tensor* t) -> Status {
-    DEJA_ASSIGN_OR_RETURN(*t, Alloc(DType::kF32, {static_cast<int64_t>(host.size())}));
-    if (!on_device_) {
-      std::copy(host.begin(), host.end(), t->as<float>());
-      return Status::Ok();
-    }
-    return backend_->CopyHostToDevice(t->data(), host.data(), host.size() * sizeof(float));
-  };
-  std::vector<RetainLayer> layers(static_cast<size_t>(r.layers));
-  for (int32_t l = 0; l < r.layers; ++l) {
-    DEJA_RETURN_IF_ERROR(upload(r.w1[l], &layers[l].w1));
-    DEJA_RETURN_IF_ERROR(upload(r.b1[l], &layers[l].b1));
-    DEJA_RETURN_IF_ERROR(upload(r.w2[l], &layers[l].w2));
-    DEJA_RETURN_IF_ERROR(upload(r.b2[l], &layers[l].b2));
-  }
-  retain_ = std::move(layers);
-  retain_hidden_ = r.hidden;
-  retain_scores_ = Tensor();
+  DEJA_RETURN_IF_ERROR(kv_attention_.EnableRetaining(r));
   retain_q_ = Tensor();
   LOG(INFO) << "retaining heads " << path << ": hidden " << r.hidden << ", heads " << r.first_head
             << ".." << r.first_head + r.heads - 1 << " on this rank";
@@ -286,60 +199,7 @@ Status OptModel::EnableRetaining(const std::string& path) {
 }
 
 Status OptModel::SetRetainingOverride(std::vector<float> scores, int32_t positions) {
-  if (!scores.empty()) {
-    if (on_device_) return FailedPrecondition("retaining-score override: host backends only");
-    const size_t want = static_cast<size_t>(config_.num_hidden_layers) *
-                        static_cast<size_t>(std::max(positions, 0)) * w_.local_heads;
-    if (positions < 1 || scores.size() != want) {
-      return InvalidArgument("retaining-score override: " + std::to_string(scores.size()) +
-                             " scores, want layers x positions x heads = " + std::to_string(want));
-    }
-  }
-  retain_override_ = std::move(scores);
-  retain_override_positions_ = retain_override_.empty() ? 0 : positions;
-  return Status::Ok();
-}
-
-Status OptModel::RetainScores(int32_t l, const std::vector<SequenceStep>& batch, const float* q,
-                              const float* k, const float* v, int64_t stride) {
-  const RetainLayer& rl = retain_[l];
-  const int32_t heads = static_cast<int32_t>(w_.local_heads);
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const SequenceStep& s = batch[i];
-    if (!ScoredByRetainingHeads(*s.kv)) continue;
-    const int64_t row = seq_row_[i];
-    kernels::RetainArgs a;
-    a.q = q + row * stride;
-    a.k = k + row * stride;
-    a.v = v + row * stride;
-    a.row_stride = stride;
-    a.n = s.n;
-    a.heads = heads;
-    a.head_dim = static_cast<int32_t>(config_.head_dim());
-    a.hidden = retain_hidden_;
-    a.w1 = rl.w1.as<float>();
-    a.b1 = rl.b1.as<float>();
-    a.w2 = rl.w2.as<float>();
-    a.b2 = rl.b2.as<float>();
-    a.out = retain_scores_.as<float>() + row * heads;
-    a.device = backend_->device();
-    if (retain_override_.empty()) {
-      DEJA_RETURN_IF_ERROR(kernels::RetainScores(*backend_, a));
-      continue;
-    }
-    const float* layer =
-        retain_override_.data() + static_cast<size_t>(l) * retain_override_positions_ * heads;
-    for (int32_t t = 0; t < s.n; ++t) {
-      const int32_t pos = tok_pos_[row + t];
-      if (pos < 0 || pos >= retain_override_positions_) {
-        return OutOfRange("retaining-score override holds " +
-                          std::to_string(retain_override_positions_) + " positions, not " +
-                          std::to_string(pos));
-      }
-      std::copy_n(layer + static_cast<size_t>(pos) * heads, heads, a.out + t * heads);
-    }
-  }
-  return Status::Ok();
+  return kv_attention_.SetRetainingOverride(std::move(scores), positions);
 }
 
 kv::KvGeometry OptModel::kv_geometry() const {
@@ -362,15 +222,9 @@ StatusOr<std::unique_ptr<kv::SequenceKv>> OptModel::NewSequence(int32_t max_toke
   }
   DEJA_ASSIGN_OR_RETURN(std::unique_ptr<kv::EvictionPolicy> p,
                         kv::MakeEvictionPolicy(policy, prompt_tokens));
-  const bool retaining = kv::CachePolicyOf(p->kind()).retaining_heads;
-  if (retaining && retain_.empty()) {
-    return FailedPrecondition(
-        "the locret cache policy needs retaining heads; none are loaded (--retaining-heads)");
-  }
   int32_t capacity = max_tokens;
   if (p->budget() > 0) capacity = std::min(max_tokens, p->budget() + std::max(1, max_chunk));
-  // Locret evicts after each chunk of max_chunk prompt tokens, the others after the prompt.
-  const int32_t every = retaining ? std::max(1, max_chunk) : 0;
+  DEJA_ASSIGN_OR_RETURN(const int32_t every, kv_attention_.EvictEvery(*p, max_chunk));
   DEJA_ASSIGN_OR_RETURN(std::unique_ptr<kv::SequenceKv> kv,
                         kv::SequenceKv::Create(kv_geometry(), capacity, std::move(p), kv_pool_));
   kv->SetEvictionBoundaries(prompt_tokens, every);
@@ -397,8 +251,7 @@ Status OptModel::EnsureWorkspace(int64_t rows) {
   DEJA_ASSIGN_OR_RETURN(u_, Alloc(DType::kF32, {rows, w_.local_ffn}));
   DEJA_ASSIGN_OR_RETURN(emb_, Alloc(DType::kF32, {rows, std::max(p, d)}));
   ws_rows_ = rows;
-  retain_scores_ = Tensor();  // grown with the rest when next needed
-  retain_q_ = Tensor();
+  retain_q_ = Tensor();  // grown with the rest when next needed
   return Status::Ok();
 }
 
@@ -471,8 +324,8 @@ Status OptModel::Layer(int32_t l, const std::vector<SequenceStep>& batch, int64_
   const int64_t d = config_.hidden_size;
   kernels::Backend& be = *backend_;
   TensorView h = Rows(h_, rows, d), a = Rows(a_, rows, d), o = Rows(o_, rows, d);
-  const dejavu::BlockPlan* heads = nullptr;
-  const dejavu::BlockPlan* mlp = nullptr;
+  const BlockPlan* heads = nullptr;
+  const BlockPlan* mlp = nullptr;
 
   // Attention block. Deja Vu: the heads of this layer were predicted during the previous
   // layer's MLP; the MLP of this layer is predicted from this block's input meanwhile.
@@ -521,7 +374,7 @@ Status OptModel::Layer(int32_t l, const std::vector<SequenceStep>& batch, int64_
 // o_. Gather plans compute q, attention and out_proj for the selected heads only; k and v are
 // computed for every head (the exact rule: later tokens always see a complete cache).
 Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batch, int64_t rows,
-                                const TensorView& attn_in, const dejavu::BlockPlan* plan) {
+                                const TensorView& attn_in, const BlockPlan* plan) {
   using kernels::Activation;
   const OptLayerWeights& lw = w_.layers[l];
   const int64_t d = config_.hidden_size;
@@ -529,8 +382,8 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
   const int32_t hd = static_cast<int32_t>(config_.head_dim());
   const int64_t local = static_cast<int64_t>(heads) * hd;
   kernels::Backend& be = *backend_;
-  const dejavu::BlockPlan::Mode mode = plan ? plan->mode : dejavu::BlockPlan::Mode::kDense;
-  const bool gather = mode == dejavu::BlockPlan::Mode::kGather;
+  const BlockPlan::Mode mode = plan ? plan->mode : BlockPlan::Mode::kDense;
+  const bool gather = mode == BlockPlan::Mode::kGather;
   const int32_t n_heads = gather ? static_cast<int32_t>(plan->units.size()) : heads;
   const int64_t width = static_cast<int64_t>(n_heads) * hd;
   TensorView o = Rows(o_, rows, d);
@@ -580,80 +433,29 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
   if (observer_ != nullptr && !gather && q_stride == kv_stride) {
     observer_->OnQkv(l, q_rows, k_rows, v_rows, kv_stride, rows);
   }
-  // Locret: each locret sequence's new tokens are scored by the retaining heads from every
-  // head's q, k and v (a Deja Vu gather step computed q only for its heads: all of q again).
-  const bool locret =
-      !retain_.empty() && std::any_of(batch.begin(), batch.end(), [](const SequenceStep& s) {
-        return ScoredByRetainingHeads(*s.kv);
-      });
-  if (locret) {
-    if (retain_scores_.empty()) {
-      DEJA_ASSIGN_OR_RETURN(retain_scores_, Alloc(DType::kF32, {ws_rows_, heads}));
+  // Every head's q for the retaining heads, where q holds only some heads or is strided.
+  KvAttention::Qkv qkv{q_rows, k_rows, v_rows, q_stride, kv_stride};
+  if ((gather || q_stride != kv_stride) && kv_attention_.NeedsFullQuery(batch)) {
+    if (retain_q_.empty()) {
+      DEJA_ASSIGN_OR_RETURN(retain_q_, Alloc(DType::kF32, {ws_rows_, local}));
     }
-    const float* rq = q_rows;
-    if (gather || q_stride != kv_stride) {
-      if (retain_q_.empty()) {
-        DEJA_ASSIGN_OR_RETURN(retain_q_, Alloc(DType::kF32, {ws_rows_, local}));
-      }
-      TensorView full_q = Rows(retain_q_, rows, local);
-      DEJA_RETURN_IF_ERROR(
-          kernels::Linear(be, attn_in, lw.q.w, lw.q.bias, Activation::kNone, false, full_q));
-      rq = full_q.as<float>();
-      if (kv_stride != local) return Internal("locret: strided k/v beside a separate q");
-    }
-    DEJA_RETURN_IF_ERROR(RetainScores(l, batch, rq, k_rows, v_rows, kv_stride));
-  }
-  if (std::any_of(batch.begin(), batch.end(),
-                  [&](const SequenceStep& s) { return s.kv->important_pending(l); })) {
-    DEJA_RETURN_IF_ERROR(ChooseImportantPrefix(l, batch, q_rows, q_stride, !gather));
-  }
-  // Each sequence: its cache write, attention and eviction (heads are rank-local: no
-  // communication).
-  auto attend = [&](size_t i) -> Status {
-    const SequenceStep& s = batch[i];
-    const int64_t row = seq_row_[i];
-    const float* scores = locret && ScoredByRetainingHeads(*s.kv)
-                              ? retain_scores_.as<float>() + row * heads
-                              : nullptr;
-    // Strided rows (the stacked Linear's) only in decode steps: one row per sequence.
+    TensorView full_q = Rows(retain_q_, rows, local);
     DEJA_RETURN_IF_ERROR(
-        s.kv->WriteLayer(l, s.n, k_rows + row * kv_stride, v_rows + row * kv_stride, scores));
-    kernels::AttentionArgs args;
-    args.q =
-        TensorView{const_cast<float*>(q_rows) + row * q_stride, DType::kF32, Shape{s.n, width}};
-    args.q.device = q.device;
-    args.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    args.q_pos = tok_pos_.data() + row;
-    args.kv = s.kv->View(l);
-    args.heads = n_heads;
-    args.head_dim = hd;
-    args.out = ctx.RowSlice(row, row + s.n);
-    if (gather) {
-      args.head_ids = plan->units.data();
-      args.cache_heads = heads;
-    }
-    DEJA_RETURN_IF_ERROR(kernels::Attention(be, args));
-    return s.kv->EvictLayer(l);
-  };
-  if (all_decode && batch.size() > 1 && be.pool() != nullptr) {
-    // A decode step on a backend whose ops run on host threads (it has a pool): one pool job over
-    // the sequences (each attention then runs on its thread) instead of one job per sequence. Batch
-    // 16 on the 1.3B shape makes 384 attention calls per step; each hand-off costs more than a
-    // one-token attention over a few hundred slots.
-    std::vector<Status> status(batch.size());
-    be.pool()->ParallelFor(static_cast<int64_t>(batch.size()), [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) status[i] = attend(static_cast<size_t>(i));
-    });
-    for (const Status& st : status) DEJA_RETURN_IF_ERROR(st);
-  } else {
-    for (size_t i = 0; i < batch.size(); ++i) DEJA_RETURN_IF_ERROR(attend(i));
+        kernels::Linear(be, attn_in, lw.q.w, lw.q.bias, Activation::kNone, false, full_q));
+    qkv.full_q = full_q.as<float>();
   }
+  if (gather) {
+    qkv.head_ids = plan->units.data();
+    qkv.n_heads = n_heads;
+  }
+  DEJA_RETURN_IF_ERROR(
+      kv_attention_.Run(l, batch, seq_row_.data(), tok_pos_.data(), rows, qkv, ctx));
   if (gather) {
     // Several rows: each keeps only the heads it selected (the others computed the union).
     if (!plan->keep.empty()) DEJA_RETURN_IF_ERROR(kernels::MaskUnits(be, ctx, plan->keep.data(), hd));
     return kernels::GatherLinearT(be, ctx, sparse_->out_t(l), sel_rows_.data(), width, false, o);
   }
-  if (mode == dejavu::BlockPlan::Mode::kMasked) {
+  if (mode == BlockPlan::Mode::kMasked) {
     // Each row skips the heads its own selection left out (zero context -> no contribution).
     DEJA_RETURN_IF_ERROR(kernels::MaskUnits(be, ctx, plan->keep.data(), hd));
   }
@@ -664,14 +466,14 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
 // fc1 with bias and ReLU, then this rank's partial fc2 into o_. Gather plans compute only the
 // selected neurons (rows of W1, rows of W2ᵀ).
 Status OptModel::MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in,
-                          const dejavu::BlockPlan* plan) {
+                          const BlockPlan* plan) {
   using kernels::Activation;
   const OptLayerWeights& lw = w_.layers[l];
   const int64_t d = config_.hidden_size;
   kernels::Backend& be = *backend_;
   TensorView o = Rows(o_, rows, d);
-  const dejavu::BlockPlan::Mode mode = plan ? plan->mode : dejavu::BlockPlan::Mode::kDense;
-  if (mode == dejavu::BlockPlan::Mode::kGather) {
+  const BlockPlan::Mode mode = plan ? plan->mode : BlockPlan::Mode::kDense;
+  if (mode == BlockPlan::Mode::kGather) {
     const int64_t n = static_cast<int64_t>(plan->units.size());
     TensorView u = Rows(u_, rows, n);
     DEJA_RETURN_IF_ERROR(kernels::GatherLinear(be, mlp_in, lw.fc1.w, lw.fc1.bias,
@@ -684,7 +486,7 @@ Status OptModel::MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in,
   TensorView u = Rows(u_, rows, ffn);
   DEJA_RETURN_IF_ERROR(
       kernels::Linear(be, mlp_in, lw.fc1.w, lw.fc1.bias, Activation::kRelu, false, u));
-  if (mode == dejavu::BlockPlan::Mode::kMasked) {
+  if (mode == BlockPlan::Mode::kMasked) {
     DEJA_RETURN_IF_ERROR(kernels::MaskUnits(be, u, plan->keep.data(), 1));
   }
   if (observer_ != nullptr) observer_->OnMlp(l, Rows(h_, rows, d), u);

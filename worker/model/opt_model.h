@@ -17,13 +17,10 @@
 #include "worker/comm/communicator.h"
 #include "worker/kv/kv_cache.h"
 #include "worker/kv/kv_pool.h"
+#include "worker/model/kv_attention.h"
 #include "worker/model/model.h"
 #include "worker/model/opt_weights.h"
-
-namespace deja::worker::dejavu {
-class SparseRuntime;
-struct BlockPlan;
-}  // namespace deja::worker::dejavu
+#include "worker/model/sparsity.h"
 
 namespace deja::worker::model {
 
@@ -63,7 +60,7 @@ class OptModel final : public Model {
   Status EnableSparsity(const SparsityOptions& options) override;
   bool sparsity_enabled() const override;
   Status EnableRetaining(const std::string& path) override;
-  bool retaining_enabled() const override { return !retain_.empty(); }
+  bool retaining_enabled() const override { return kv_attention_.retaining_enabled(); }
   Status SetRetainingOverride(std::vector<float> scores, int32_t positions) override;
   Status SetPrefixImportance(const prefix::ImportanceOptions& options) override;
   ImportanceStats TakeImportanceStats() override;
@@ -78,13 +75,9 @@ class OptModel final : public Model {
   Status ShardedDeviceLogits(const std::vector<SequenceStep>& batch, const TensorView& x,
                              int64_t out_rows, StepResult* result);
   Status AttentionBlock(int32_t l, const std::vector<SequenceStep>& batch, int64_t rows,
-                        const TensorView& attn_in, const dejavu::BlockPlan* heads);
-  Status MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in, const dejavu::BlockPlan* plan);
+                        const TensorView& attn_in, const BlockPlan* heads);
+  Status MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in, const BlockPlan* plan);
   Status EnsureWorkspace(int64_t rows);
-  // Locret: the retaining-head scores [rows, heads] of the step's locret sequences (rows of other
-  // sequences are left as they are) into retain_scores_.
-  Status RetainScores(int32_t l, const std::vector<SequenceStep>& batch, const float* q,
-                      const float* k, const float* v, int64_t stride);
   // Host memory on host backends, the device's otherwise.
   StatusOr<Tensor> Alloc(DType dtype, Shape shape) const;
   Status LoadToDevice(const LoadOptions& options);
@@ -107,9 +100,10 @@ class OptModel final : public Model {
   std::vector<int32_t> logit_rows_;
   Tensor gather_dev_;               // tensor parallelism on devices: each rank's logits block
   std::vector<float> host_gather_;  // the gathered blocks on the host
-  std::unique_ptr<dejavu::SparseRuntime> sparse_;
+  SparsityFactory sparsity_factory_;  // LoadOptions::sparsity
+  std::unique_ptr<BlockSparsity> sparse_;
   bool step_sparse_ = false;  // this step has sparse rows (sparse_ plans the blocks)
-  std::unique_ptr<dejavu::BlockPlan> heads_plan_, mlp_plan_;
+  std::unique_ptr<BlockPlan> heads_plan_, mlp_plan_;
   std::vector<int32_t> sel_rows_;
   std::vector<int64_t> seq_row_;  // first row of each sequence in the step
 
@@ -120,23 +114,10 @@ class OptModel final : public Model {
   std::vector<int32_t> ids_, tok_pos_, pos_rows_;
   std::vector<float> gather_;
 
-  // Locret retaining heads, per layer (this rank's heads; backend memory), and their scratch.
-  struct RetainLayer {
-    Tensor w1, b1, w2, b2;
-  };
-  std::vector<RetainLayer> retain_;
-  // Important-token loading: the options, and per-layer counts since TakeImportanceStats.
-  prefix::ImportanceOptions importance_;
-  ImportanceStats importance_stats_;
-  // Before layer l's attention: each sequence with a pending important prefix keeps the part its
-  // new queries (q rows of the batch) choose.
-  Status ChooseImportantPrefix(int32_t l, const std::vector<SequenceStep>& batch,
-                               const float* q_rows, int64_t q_stride, bool all_heads);
-  int32_t retain_hidden_ = 0;
-  Tensor retain_scores_;  // [rows, local heads]
-  std::vector<float> retain_override_;  // [layers, positions, local heads]; empty: the heads
-  int32_t retain_override_positions_ = 0;
-  Tensor retain_q_;       // [rows, local]: every head's q when Deja Vu computed only some
+  // The attention over the KV caches: Locret's scores, the important prefix, write, attend,
+  // evict (kv_attention.h).
+  KvAttention kv_attention_;
+  Tensor retain_q_;  // [rows, local]: every head's q when Deja Vu computed only some
 };
 
 }  // namespace deja::worker::model

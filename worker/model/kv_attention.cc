@@ -1,0 +1,288 @@
+#include "worker/model/kv_attention.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/thread_pool.h"
+#include "kernels/ops.h"
+#include "worker/kv/policy_table.h"
+
+namespace deja::worker::model {
+namespace {
+
+// Whether a sequence's new tokens are scored by the retaining heads (its policy's row says so).
+bool ScoredByRetainingHeads(const kv::SequenceKv& kv) {
+  return kv::CachePolicyOf(kv.policy().kind()).retaining_heads;
+}
+
+}  // namespace
+
+void KvAttention::Init(const Geometry& g, kernels::Backend* backend, bool on_device) {
+  g_ = g;
+  backend_ = backend;
+  on_device_ = on_device;
+}
+
+StatusOr<Tensor> KvAttention::Alloc(DType dtype, Shape shape) const {
+  if (!on_device_) return Tensor::Empty(dtype, shape);
+  return backend_->Allocate(dtype, shape);
+}
+
+Status KvAttention::EnableRetaining(const predictors::RetainingHeads& r) {
+  if (r.heads != g_.heads) {
+    return Internal("retaining heads: " + std::to_string(r.heads) +
+                    " heads loaded, this rank has " + std::to_string(g_.heads));
+  }
+  auto upload = [&](const std::vector<float>& host, Tensor* t) -> Status {
+    DEJA_ASSIGN_OR_RETURN(*t, Alloc(DType::kF32, {static_cast<int64_t>(host.size())}));
+    if (!on_device_) {
+      std::copy(host.begin(), host.end(), t->as<float>());
+      return Status::Ok();
+    }
+    return backend_->CopyHostToDevice(t->data(), host.data(), host.size() * sizeof(float));
+  };
+  std::vector<RetainLayer> layers(static_cast<size_t>(r.layers));
+  for (int32_t l = 0; l < r.layers; ++l) {
+    DEJA_RETURN_IF_ERROR(upload(r.w1[l], &layers[l].w1));
+    DEJA_RETURN_IF_ERROR(upload(r.b1[l], &layers[l].b1));
+    DEJA_RETURN_IF_ERROR(upload(r.w2[l], &layers[l].w2));
+    DEJA_RETURN_IF_ERROR(upload(r.b2[l], &layers[l].b2));
+  }
+  retain_ = std::move(layers);
+  retain_hidden_ = r.hidden;
+  retain_scores_ = Tensor();
+  retain_rows_ = 0;
+  return Status::Ok();
+}
+
+Status KvAttention::SetPrefixImportance(const prefix::ImportanceOptions& options) {
+  DEJA_RETURN_IF_ERROR(options.Validate(g_.heads));
+  importance_ = options;
+  return Status::Ok();
+}
+
+Model::ImportanceStats KvAttention::TakeImportanceStats() {
+  Model::ImportanceStats out = std::move(importance_stats_);
+  importance_stats_ = Model::ImportanceStats();
+  return out;
+}
+
+StatusOr<int32_t> KvAttention::EvictEvery(const kv::EvictionPolicy& policy,
+                                          int32_t max_chunk) const {
+  if (!kv::CachePolicyOf(policy.kind()).retaining_heads) return 0;
+  if (retain_.empty()) {
+    return FailedPrecondition(
+        "the locret cache policy needs retaining heads; none are loaded (--retaining-heads)");
+  }
+  return std::max(1, max_chunk);
+}
+
+bool KvAttention::NeedsFullQuery(const std::vector<SequenceStep>& batch) const {
+  return !retain_.empty() && std::any_of(batch.begin(), batch.end(), [](const SequenceStep& s) {
+    return ScoredByRetainingHeads(*s.kv);
+  });
+}
+
+Status KvAttention::Run(int32_t l, const std::vector<SequenceStep>& batch, const int64_t* seq_row,
+                        const int32_t* tok_pos, int64_t rows, const Qkv& qkv,
+                        const TensorView& ctx) {
+  kernels::Backend& be = *backend_;
+  const int32_t heads = g_.heads, hd = g_.head_dim;
+  const bool gather = qkv.head_ids != nullptr;
+  const int32_t n_heads = gather ? qkv.n_heads : heads;
+  const int64_t width = static_cast<int64_t>(n_heads) * hd;
+  // 1. Score: each retaining-head sequence's new tokens, from every head's q, k and v.
+  const bool scored = NeedsFullQuery(batch);
+  if (scored) {
+    if (retain_rows_ < rows) {
+      DEJA_ASSIGN_OR_RETURN(retain_scores_, Alloc(DType::kF32, {rows, heads}));
+      retain_rows_ = rows;
+    }
+    const float* rq = qkv.q;
+    if (gather || qkv.q_stride != qkv.kv_stride) {
+      if (qkv.full_q == nullptr) return Internal("kv attention: retaining heads without full q");
+      if (qkv.kv_stride != static_cast<int64_t>(heads) * hd) {
+        return Internal("locret: strided k/v beside a separate q");
+      }
+      rq = qkv.full_q;
+    }
+    DEJA_RETURN_IF_ERROR(
+        RetainScores(l, batch, seq_row, tok_pos, rq, qkv.k, qkv.v, qkv.kv_stride));
+  }
+  // 2. Pre-attend: the important part of a pending prefix.
+  if (std::any_of(batch.begin(), batch.end(),
+                  [&](const SequenceStep& s) { return s.kv->important_pending(l); })) {
+    DEJA_RETURN_IF_ERROR(
+        ChooseImportantPrefix(l, batch, seq_row, qkv.q, qkv.q_stride, !gather));
+  }
+  // 3. Each sequence: its cache write, attention and eviction (heads are rank-local: no
+  // communication).
+  bool all_decode = true;
+  for (const SequenceStep& s : batch) all_decode = all_decode && s.n == 1;
+  auto attend = [&](size_t i) -> Status {
+    const SequenceStep& s = batch[i];
+    const int64_t row = seq_row[i];
+    const float* scores = scored && ScoredByRetainingHeads(*s.kv)
+                              ? retain_scores_.as<float>() + row * heads
+                              : nullptr;
+    // Strided rows (the stacked Linear's) only in decode steps: one row per sequence.
+    DEJA_RETURN_IF_ERROR(s.kv->WriteLayer(l, s.n, qkv.k + row * qkv.kv_stride,
+                                          qkv.v + row * qkv.kv_stride, scores));
+    kernels::AttentionArgs args;
+    args.q = TensorView{const_cast<float*>(qkv.q) + row * qkv.q_stride, DType::kF32,
+                        Shape{s.n, width}};
+    args.q.device = ctx.device;
+    args.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    args.q_pos = tok_pos + row;
+    args.kv = s.kv->View(l);
+    args.heads = n_heads;
+    args.head_dim = hd;
+    args.out = ctx.RowSlice(row, row + s.n);
+    if (gather) {
+      args.head_ids = qkv.head_ids;
+      args.cache_heads = heads;
+    }
+    DEJA_RETURN_IF_ERROR(kernels::Attention(be, args));
+    return s.kv->EvictLayer(l);
+  };
+  if (all_decode && batch.size() > 1 && be.pool() != nullptr) {
+    // A decode step on a backend whose ops run on host threads (it has a pool): one pool job over
+    // the sequences (each attention then runs on its thread) instead of one job per sequence. Batch
+    // 16 on the 1.3B shape makes 384 attention calls per step; each hand-off costs more than a
+    // one-token attention over a few hundred slots.
+    std::vector<Status> status(batch.size());
+    be.pool()->ParallelFor(static_cast<int64_t>(batch.size()), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) status[i] = attend(static_cast<size_t>(i));
+    });
+    for (const Status& st : status) DEJA_RETURN_IF_ERROR(st);
+  } else {
+    for (size_t i = 0; i < batch.size(); ++i) DEJA_RETURN_IF_ERROR(attend(i));
+  }
+  return Status::Ok();
+}
+
+Status KvAttention::RetainScores(int32_t l, const std::vector<SequenceStep>& batch,
+                                 const int64_t* seq_row, const int32_t* tok_pos, const float* q,
+                                 const float* k, const float* v, int64_t stride) {
+  const RetainLayer& rl = retain_[l];
+  const int32_t heads = g_.heads;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SequenceStep& s = batch[i];
+    if (!ScoredByRetainingHeads(*s.kv)) continue;
+    const int64_t row = seq_row[i];
+    kernels::RetainArgs a;
+    a.q = q + row * stride;
+    a.k = k + row * stride;
+    a.v = v + row * stride;
+    a.row_stride = stride;
+    a.n = s.n;
+    a.heads = heads;
+    a.head_dim = g_.head_dim;
+    a.hidden = retain_hidden_;
+    a.w1 = rl.w1.as<float>();
+    a.b1 = rl.b1.as<float>();
+    a.w2 = rl.w2.as<float>();
+    a.b2 = rl.b2.as<float>();
+    a.out = retain_scores_.as<float>() + row * heads;
+    a.device = backend_->device();
+    if (retain_override_.empty()) {
+      DEJA_RETURN_IF_ERROR(kernels::RetainScores(*backend_, a));
+      continue;
+    }
+    const float* layer =
+        retain_override_.data() + static_cast<size_t>(l) * retain_override_positions_ * heads;
+    for (int32_t t = 0; t < s.n; ++t) {
+      const int32_t pos = tok_pos[row + t];
+      if (pos < 0 || pos >= retain_override_positions_) {
+        return OutOfRange("retaining-score override holds " +
+                          std::to_string(retain_override_positions_) + " positions, not " +
+                          std::to_string(pos));
+      }
+      std::copy_n(layer + static_cast<size_t>(pos) * heads, heads, a.out + t * heads);
+    }
+  }
+  return Status::Ok();
+}
+
+Status KvAttention::ChooseImportantPrefix(int32_t l, const std::vector<SequenceStep>& batch,
+                                          const int64_t* seq_row, const float* q_rows,
+                                          int64_t q_stride, bool all_heads) {
+  const int32_t layers = g_.layers;
+  Model::ImportanceStats& st = importance_stats_;
+  if (st.chosen.empty()) {
+    st.chosen.assign(layers, 0);
+    st.fallbacks.assign(layers, 0);
+    st.jaccard_sum.assign(layers, 0.0);
+  }
+  std::vector<int32_t> every_head(static_cast<size_t>(g_.heads));
+  for (int32_t h = 0; h < g_.heads; ++h) every_head[h] = h;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    kv::SequenceKv& kv = *batch[i].kv;
+    if (!kv.important_pending(l)) continue;
+    kv.ImportantDone(l);
+    // A prefix read from the host or disk tier (SeedLoadedPrefix) arrives layer by layer: all
+    // of it where the layer keeps it whole, the probe heads' keys and then the chosen tokens
+    // otherwise.
+    kv::PrefixLoader* loader = kv.prefix_loader();
+    auto load_all = [&]() -> Status {
+      return loader != nullptr ? loader->Load(kv, l, every_head, false, nullptr) : Status::Ok();
+    };
+    auto done = [&]() {
+      if (l + 1 == layers) kv.ReleaseLoader();
+    };
+    // The first layers keep the whole prefix by design; a Deja Vu gather step computed q for
+    // some heads only, and a device's q is not on the host: those keep it too (fallbacks).
+    const kernels::KvView view = kv.View(l);
+    if (l < importance_.dense_layers) {
+      DEJA_RETURN_IF_ERROR(load_all());
+      done();
+      continue;
+    }
+    if (!all_heads || !view.device.is_host()) {
+      ++st.fallbacks[l];
+      DEJA_RETURN_IF_ERROR(load_all());
+      done();
+      continue;
+    }
+    if (loader != nullptr) {
+      DEJA_RETURN_IF_ERROR(loader->Load(kv, l, importance_.probe_heads, true, nullptr));
+    }
+    DEJA_ASSIGN_OR_RETURN(
+        prefix::LayerChoice choice,
+        prefix::ChooseImportant(view, kv.important_prefix(), q_rows + seq_row[i] * q_stride,
+                                q_stride, batch[i].n, g_.heads, g_.head_dim,
+                                1.0f / std::sqrt(static_cast<float>(g_.head_dim)), importance_));
+    st.jaccard_sum[l] += choice.mean_jaccard;
+    if (choice.fallback) {
+      ++st.fallbacks[l];
+      DEJA_RETURN_IF_ERROR(load_all());
+    } else {
+      ++st.chosen[l];
+      if (loader != nullptr) {
+        DEJA_RETURN_IF_ERROR(loader->Load(kv, l, every_head, false, &choice.kept));
+      }
+      prefix::KeepOnly(view, kv.important_prefix(), g_.heads, choice.kept);
+    }
+    done();
+  }
+  return Status::Ok();
+}
+
+Status KvAttention::SetRetainingOverride(std::vector<float> scores, int32_t positions) {
+  if (!scores.empty()) {
+    if (on_device_) return FailedPrecondition("retaining-score override: host backends only");
+    const size_t want = static_cast<size_t>(g_.layers) *
+                        static_cast<size_t>(std::max(positions, 0)) * g_.heads;
+    if (positions < 1 || scores.size() != want) {
+      return InvalidArgument("retaining-score override: " + std::to_string(scores.size()) +
+                             " scores, want layers x positions x heads = " + std::to_string(want));
+    }
+  }
+  retain_override_ = std::move(scores);
+  retain_override_positions_ = retain_override_.empty() ? 0 : positions;
+  return Status::Ok();
+}
+
+}  // namespace deja::worker::model
