@@ -2,7 +2,7 @@
 # Held-out perplexity of opt-mini under full, h2o and window caches at budgets of 50%, 20% and
 # 10% of the 1024-token window, each window evaluated as serving runs it (prompt 256, then token
 # by token), plus the KV-memory capacity comparison. One run; prints JSON lines and a table.
-#   bash bench/h2o_quality.sh [build/release/cli/deja] [text files...]
+#   bash bench/h2o_quality.sh [build/release/lab/deja-lab] [text files...]
 # With SPLIT=1 it measures instead how the h2o budget's split between heavy and recent slots
 # changes perplexity: at 20% and 10% the heavy share goes from 0 (every slot recent: the window
 # policy, run as h2o) to 3/4 with the reference's summed scores, and the half/half split also runs

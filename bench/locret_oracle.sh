@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # How far any per-token retaining score could take locret at a 20% budget: opt-mini's held-out
-# perplexity with locret's tokens scored in hindsight (`deja ppl --locret-oracle`: the attention the
+# perplexity with locret's tokens scored in hindsight (`deja-lab ppl --locret-oracle`: the attention the
 # window's scored positions give each token in a dense run) against the trained retaining heads and
 # a recent window of the same budget, in the two modes of bench/locret_quality.sh (a: prompt 256,
 # b: prompt 896). One JSON line per (text, mode, scorer, skip, tokens scored); one run.
-#   bash bench/locret_oracle.sh [build/release/cli/deja] [text files...]
+#   bash bench/locret_oracle.sh [build/release/lab/deja-lab] [text files...]
 # SPLITS: tokens kept by score (the rest of the budget are stabilisers); SKIPS: 0, or 1 to never
 # keep the BOS by score.
 set -euo pipefail

@@ -5,7 +5,7 @@
 #   b: prompt 896, the last 128 tokens decoded and scored: the policy acts during the prefill.
 # Also the peak KV tokens per head and bytes per sequence during the prompt. One run; one JSON line
 # per (text, mode, policy, budget).
-#   bash bench/locret_quality.sh [build/release/cli/deja] [text files...]
+#   bash bench/locret_quality.sh [build/release/lab/deja-lab] [text files...]
 # Budgets: h2o half heavy hitters, half recent; window all recent; locret budget / SCORED (default
 # 1/8) kept by retaining-head score, the rest stabilisers, prefilled in chunks of CHUNK (64).
 set -euo pipefail

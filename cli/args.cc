@@ -3,6 +3,8 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include "cli/log_setup.h"
+
 namespace deja::cli {
 
 Args& Args::Flag(const std::string& name, const std::string& help, const std::string& def,
@@ -56,7 +58,7 @@ Status Args::Parse(int argc, char** argv, int first) {
 }
 
 std::string Args::Help() const {
-  std::string s = "usage: deja " + command_ + " [flags]\n" + summary_ + "\n\nflags:\n";
+  std::string s = std::string("usage: ") + ProgramName() + " " + command_ + " [flags]\n" + summary_ + "\n\nflags:\n";
   for (const std::string& name : order_) {
     const Spec& spec = specs_.at(name);
     s += "  --" + name + (spec.boolean ? "" : " VALUE") + "\n      " + spec.help;

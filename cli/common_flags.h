@@ -68,7 +68,7 @@ std::vector<std::string> PrefixImportanceArgs(const Args& args);
 // <model>/retaining.safetensors when that file exists, none is "".
 StatusOr<std::string> RetainingHeadsPath(const Args& args);
 
-// --retaining-heads (`deja ppl`, `deja generate`), and loading them into `model` when the policy
+// --retaining-heads (`deja-lab ppl`, `deja generate`), and loading them into `model` when the policy
 // is locret (InvalidArgument for the flag with another policy).
 void AddRetainingFlag(Args& args);
 Status EnableRetainingFromFlags(const Args& args, const worker::kv::CachePolicyConfig& cache,

@@ -97,9 +97,4 @@ int RunGenerate(int argc, char** argv, int first) {
   return 0;
 }
 
-int Fail(const char* command, const Status& status) {
-  std::fprintf(stderr, "deja %s: %s\n", command, status.ToString().c_str());
-  return status.code() == StatusCode::kInvalidArgument ? 2 : 1;
-}
-
 }  // namespace deja::cli

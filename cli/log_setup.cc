@@ -99,7 +99,21 @@ int SetUpLogging(int argc, char** argv) {
   if (vlog > 0) ::setenv("DEJA_VLOG", std::to_string(vlog).c_str(), 1);
   if (const char* v = std::getenv("DEJA_LOG_LEVEL")) FLAGS_minloglevel = std::atoi(v);
   google::InitGoogleLogging(argv[0], &Prefix, nullptr);
+  const char* slash = std::strrchr(argv[0], '/');
+  ProgramNameStorage() = slash != nullptr ? slash + 1 : argv[0];
   return argc;
+}
+
+std::string& ProgramNameStorage() {
+  static std::string name = "deja";
+  return name;
+}
+
+const char* ProgramName() { return ProgramNameStorage().c_str(); }
+
+int Fail(const char* command, const Status& status) {
+  std::fprintf(stderr, "%s %s: %s\n", ProgramName(), command, status.ToString().c_str());
+  return status.code() == StatusCode::kInvalidArgument ? 2 : 1;
 }
 
 }  // namespace deja::cli

@@ -6,10 +6,20 @@
 // serve and coordinator processes.
 #pragma once
 
+#include <string>
+
+#include "common/status.h"
+
 namespace deja::cli {
 
 // Returns the new argc (argv compacted in place); exits with status 2 and a message on a bad
 // value.
 int SetUpLogging(int argc, char** argv);
+// The binary's name as invoked (deja, deja-lab), for usage lines and errors.
+const char* ProgramName();
+std::string& ProgramNameStorage();
+// Prints "<program> <command>: <status>" to stderr; returns the exit code (2 for
+// INVALID_ARGUMENT, 1 otherwise).
+int Fail(const char* command, const Status& status);
 
 }  // namespace deja::cli

@@ -33,13 +33,13 @@ StatusOr<DataMeta> ReadDataMeta(const std::string& dir) {
   const std::string path = dir + "/meta.json";
   std::ifstream in(path);
   if (!in) {
-    return FailedPrecondition(dir + " is not `deja collect` output (no readable meta.json)");
+    return FailedPrecondition(dir + " is not `deja-lab collect` output (no readable meta.json)");
   }
   std::stringstream ss;
   ss << in.rdbuf();
   json j = json::parse(ss.str(), nullptr, false);
   if (j.is_discarded() || !j.is_object() || j.value("format", "") != kDataFormat) {
-    return FailedPrecondition(path + " is not `deja collect` metadata (format must be \"" +
+    return FailedPrecondition(path + " is not `deja-lab collect` metadata (format must be \"" +
                               std::string(kDataFormat) + "\")");
   }
   DataMeta m;

@@ -1,4 +1,4 @@
-// The training data `deja collect` writes and `deja train-predictors` reads: a directory with
+// The training data `deja-lab collect` writes and `deja-lab train-predictors` reads: a directory with
 // `meta.json` and one `layer_<L>.safetensors` per layer holding
 //   mlp.x   F16 [rows, d]                 the attention-block input of layer L (pre-LN residual)
 //   mlp.y   U8  [rows, ceil(ffn / 8)]     labels relu(fc1) > 0, bit-packed

@@ -16,7 +16,7 @@
 //          "mlp":   {"top_k": k, "recall": x, "precision": y},     // top_k 0 = dense
 //          "heads": {"top_k": k, "recall": x, "precision": y}}, ...], ...extra training info}
 // Tensors are f16 on disk and stay f16 in memory after loading. SavePredictors below writes the
-// pair; predictors/trainer.h trains it from `deja collect` data (predictors/collect.h,
+// pair; predictors/trainer.h trains it from `deja-lab collect` data (predictors/collect.h,
 // predictors/predictor_data.h).
 #pragma once
 

@@ -1,4 +1,4 @@
-// Training the Deja Vu predictors (docs/architecture.md#deja-vu-lookahead) from `deja collect`
+// Training the Deja Vu predictors (docs/architecture.md#deja-vu-lookahead) from `deja-lab collect`
 // data: per layer and kind two bias-free linear maps d -> r -> units (no activation between them),
 // class-balanced BCE on the logits (positive weight 1 - w, negative weight w, w = mean training
 // label), AdamW, minibatches, a deterministic 90/10 train/validation split, early stopping on

@@ -271,7 +271,7 @@ TEST(SparseModelTest, Tp2SparseEqualsTp1Sparse) {
 TEST(SparseModelTest, PredictorsDecodeEqualsWholeWindow) {
   const std::string predictors = MiniDir() + "/predictors.safetensors";
   if (!std::filesystem::exists(predictors)) {
-    GTEST_SKIP() << "no " << predictors << " (trained by deja train-predictors)";
+    GTEST_SKIP() << "no " << predictors << " (trained by deja-lab train-predictors)";
   }
   // Both places the predictors can run: their own thread and inline on the forward thread.
   for (auto where : {model::SparsityOptions::PredictorThread::kOwnThread,

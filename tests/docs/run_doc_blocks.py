@@ -26,7 +26,8 @@ What the script substitutes, in every block it runs:
   - the working directory is a copy of the source tree in a temporary directory (without .git
     and build outputs), whose build/release is the build directory: nothing is written into the
     source tree or the build directory;
-  - PATH starts with the build's cli/ (the docs' bare `deja`), HOME is a temporary directory,
+  - PATH starts with the build's cli/ and lab/ (the docs' bare `deja` and `deja-lab`), HOME is
+    a temporary directory,
     DEJA_LOG_LEVEL is 1 (no INFO lines) unless it is set;
   - for the blocks of a server: its port for 50051 and its metrics port for 9090 (each server
     gets free ports); `--port`/`--metrics-port` added to a `deja serve` that names none, and
@@ -273,7 +274,8 @@ class Runner:
         os.makedirs(os.path.join(self.work, "build"))
         os.symlink(self.build, os.path.join(self.work, "build", "release"))
         self.env = dict(os.environ)
-        self.env["PATH"] = os.path.join(self.build, "cli") + os.pathsep + self.env.get("PATH", "")
+        self.env["PATH"] = (os.path.join(self.build, "cli") + os.pathsep +
+                            os.path.join(self.build, "lab") + os.pathsep + self.env.get("PATH", ""))
         self.env["HOME"] = self.home
         self.env.pop("DEJA_AUTH_TOKEN", None)
         self.env.pop("DEJA_GROUP_SECRET", None)

@@ -25,8 +25,8 @@ struct CliRun {
   std::string out;  // stdout and stderr together
 };
 
-CliRun RunDeja(const std::string& args) {
-  std::string cmd = std::string(DEJA_BINARY) + " " + args + " 2>&1";
+CliRun RunBinary(const std::string& binary, const std::string& args) {
+  std::string cmd = binary + " " + args + " 2>&1";
   CliRun r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -38,6 +38,10 @@ CliRun RunDeja(const std::string& args) {
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+CliRun RunDeja(const std::string& args) { return RunBinary(DEJA_BINARY, args); }
+// Training and studies: the deja-lab binary.
+CliRun RunLab(const std::string& args) { return RunBinary(DEJA_LAB_BINARY, args); }
 
 std::string Mini() { return test_util::ModelDir("opt-mini"); }
 
@@ -77,7 +81,7 @@ TEST(CliTest, GenerateJsonMatchesGoldenGreedy) {
 }
 
 TEST(CliTest, PerplexityJson) {
-  CliRun r = RunDeja("ppl --model " + Mini() + " --text " + test_util::SourceDir() +
+  CliRun r = RunLab("ppl --model " + Mini() + " --text " + test_util::SourceDir() +
                      "/tests/data/heldout/tinyshakespeare.txt --context 256 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   auto j = LastJsonLine(r.out);
@@ -163,7 +167,7 @@ TEST(CliTest, BadFlagsNameTheFlag) {
                      "--sparsity must be on or off, got 'maybe'");
   ExpectCleanFailure(RunDeja("client generate --prompt hi --kv-policy lru"),
                      "--kv-policy must be full, window, h2o or locret, got 'lru'");
-  ExpectCleanFailure(RunDeja("ppl --model " + Mini() + " --text /nonexistent.txt"),
+  ExpectCleanFailure(RunLab("ppl --model " + Mini() + " --text /nonexistent.txt"),
                      "/nonexistent.txt");
 }
 
@@ -195,8 +199,6 @@ TEST(CliTest, DeviceFlag) {
   if (probe.exit_code == 0) GTEST_SKIP() << "a GPU is usable here: the refusals do not apply";
   for (const std::string cmd :
        {"generate --model " + Mini() + " --prompt hi --device cuda",
-        "ppl --model " + Mini() + " --text " + test_util::SourceDir() +
-            "/tests/data/heldout/tinyshakespeare.txt --device cuda",
         "bench decode --model " + Mini() + " --device cuda:0",
         "bench kv --model " + Mini() + " --device cuda",
         "serve --model " + Mini() + " --device cuda --port 0",
@@ -244,10 +246,24 @@ TEST(CliTest, BenchDecodeReportsEveryFigure) {
 }
 
 TEST(CliTest, HelpForEverySubcommand) {
-  for (const char* cmd : {"generate", "ppl", "bench decode"}) {
+  for (const char* cmd : {"generate", "bench decode", "serve", "client", "quantize"}) {
     CliRun r = RunDeja(std::string(cmd) + " --help");
     EXPECT_EQ(r.exit_code, 0) << cmd;
-    EXPECT_NE(r.out.find("usage: deja"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("usage: deja "), std::string::npos) << r.out;
+  }
+  for (const char* cmd : {"ppl", "prefix-eval", "collect", "train-predictors", "train-retaining"}) {
+    CliRun r = RunLab(std::string(cmd) + " --help");
+    EXPECT_EQ(r.exit_code, 0) << cmd;
+    EXPECT_NE(r.out.find("usage: deja-lab " + std::string(cmd)), std::string::npos) << r.out;
+  }
+}
+
+TEST(CliTest, LabCommandsPointToDejaLab) {
+  // The serving binary does not train or study; it says where those commands are.
+  for (const char* cmd : {"ppl", "collect", "train-predictors", "train-retaining", "prefix-eval"}) {
+    CliRun r = RunDeja(std::string(cmd) + " --help");
+    EXPECT_EQ(r.exit_code, 2) << cmd;
+    EXPECT_NE(r.out.find("deja-lab " + std::string(cmd) + " --help"), std::string::npos) << r.out;
   }
 }
 

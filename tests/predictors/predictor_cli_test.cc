@@ -1,4 +1,4 @@
-// `deja collect` and `deja train-predictors` as a user runs them: a small run end to end, and
+// `deja-lab collect` and `deja-lab train-predictors` as a user runs them: a small run end to end, and
 // bad input (missing files, a directory that is not collect output, a wrong model) giving a
 // clear message and a non-zero exit, never a signal.
 #include <sys/wait.h>
@@ -92,7 +92,7 @@ TEST(PredictorCli, TrainBadInput) {
   test_util::TempDir dir;
   ExpectCleanFailure(RunDeja("train-predictors --data " + dir.path() + " --out " +
                              dir.File("p.safetensors")),
-                     "not `deja collect` output");
+                     "not `deja-lab collect` output");
   ExpectCleanFailure(RunDeja("train-predictors --data " + dir.File("missing") + " --out " +
                              dir.File("p.safetensors")),
                      "missing");

@@ -1,4 +1,4 @@
-// `deja collect` on a slice of held-out text with opt-mini, checked against a dense forward, and
+// `deja-lab collect` on a slice of held-out text with opt-mini, checked against a dense forward, and
 // a short training on its output.
 #include <gtest/gtest.h>
 
@@ -16,7 +16,7 @@
 #include "predictors/trainer.h"
 #include "tests/common/temp_dir.h"
 #include "tests/worker/golden_util.h"
-#include "worker/dejavu/collect.h"
+#include "lab/dejavu_collect.h"
 
 namespace deja::predictors {
 namespace {

@@ -2,7 +2,7 @@
 // (OptModel, the RetainScores op, SequenceKv, chunked prefill) equals the plain reference loop
 // (tests/worker/h2o_reference.h) in tokens and log-probs; no head ever holds more than the budget
 // plus one chunk; mixed policies share a batch; Deja Vu runs beside it; the policy is refused
-// without retaining heads; the hindsight scores of `deja ppl --locret-oracle` (at the end).
+// without retaining heads; the hindsight scores of `deja-lab ppl --locret-oracle` (at the end).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,8 +14,8 @@
 #include "tests/common/temp_dir.h"
 #include "tests/worker/golden_util.h"
 #include "tests/worker/h2o_reference.h"
-#include "worker/locret/oracle.h"
-#include "worker/model/collection.h"
+#include "lab/locret_oracle.h"
+#include "lab/collection.h"
 #include "worker/model/generation.h"
 #include "worker/model/model.h"
 
@@ -239,7 +239,7 @@ TEST(LocretPolicy, RefusedWithoutRetainingHeads) {
   EXPECT_FALSE((*m)->EnableRetaining("/nonexistent/retaining.safetensors").ok());
 }
 
-// The locret oracle (`deja ppl --locret-oracle`, worker/locret/oracle.h): its scores equal an
+// The locret oracle (`deja-lab ppl --locret-oracle`, lab/locret_oracle.h): its scores equal an
 // explicit softmax over fresh random queries and keys; the table a dense run records is each
 // layer's and head's scores of that run's q and k, laid out [layer][position][head]; and a
 // retaining-score override really decides what locret keeps (scores rising with the position keep
@@ -432,7 +432,7 @@ TEST_F(OracleModelTest, OverrideRefusesBadTables) {
   ASSERT_TRUE(model_->SetRetainingOverride({}, 0).ok());
 }
 
-// deja ppl's wiring: an oracle run over a window longer than the budget evicts and gives a finite
+// deja-lab ppl's wiring: an oracle run over a window longer than the budget evicts and gives a finite
 // perplexity different from the retaining heads' (the scores decide what is kept).
 TEST_F(OracleModelTest, PolicyPerplexityUsesTheScorer) {
   std::vector<int32_t> text = RandomPrompt(400, 5);

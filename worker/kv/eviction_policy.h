@@ -35,7 +35,7 @@ struct CachePolicyConfig {
   bool h2o_mean_score = false;
   // h2o only: each step multiplies every accumulated score by this factor before the step's
   // probabilities add (1: the reference's plain sum), so a token ranks by its recent attention
-  // (served: CachePolicy.score_decay, --h2o-decay); and, an alternative of `deja ppl` on the CPU
+  // (served: CachePolicy.score_decay, --h2o-decay); and, an alternative of `deja-lab ppl` on the CPU
   // only, the first `sink_tokens` positions are never evicted (attention sinks).
   float h2o_decay = 1.0f;
   int32_t sink_tokens = 0;

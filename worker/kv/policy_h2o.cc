@@ -6,7 +6,7 @@
 // mean_score (an alternative, not the reference) a token ranks by its score divided by the number
 // of queries that have attended to it so far (length - position), its mean attention. Decayed
 // scores (SequenceKv, or KvEvict on a paged cache, multiplies them by score_decay() each step;
-// served) and sinks (the first positions, within the heavy budget, never go; deja ppl only).
+// served) and sinks (the first positions, within the heavy budget, never go; deja-lab ppl only).
 #include <algorithm>
 #include <cstdint>
 

@@ -1,5 +1,5 @@
 // Single-process generation and perplexity on one OptModel: what `deja generate` and
-// `deja ppl` run, and what tests compare with the HF goldens. The service's scheduler drives
+// `deja-lab ppl` run, and what tests compare with the HF goldens. The service's scheduler drives
 // the same model through OptModel::Forward with many sequences per step.
 #pragma once
 
@@ -67,7 +67,7 @@ struct PolicyPerplexityResult {
   size_t peak_prompt_kv_bytes = 0;
   int64_t evictions = 0;
 };
-// before_window, when set, runs before each window with the window's tokens (`deja ppl
+// before_window, when set, runs before each window with the window's tokens (`deja-lab ppl
 // --locret-oracle` scores them there).
 StatusOr<PolicyPerplexityResult> PolicyPerplexity(
     Model& model, const std::vector<int32_t>& tokens, int32_t context, int32_t prompt_tokens,

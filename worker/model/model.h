@@ -1,4 +1,4 @@
-// The model interface: what the worker service, generation, `deja collect` and the CLI need of a
+// The model interface: what the worker service, generation, `deja-lab collect` and the CLI need of a
 // decoder that one tensor-parallel rank runs, and the registry that builds one by the checkpoint's
 // `model_type`. An architecture is one file pair implementing Model (opt_model.{h,cc}) plus one
 // line in model_registry.cc; its layer code keeps the two all-reduces explicit.
@@ -37,7 +37,7 @@ struct SequenceStep {
 // Candidates a device backend returns per logits row (StepResult::top_*).
 inline constexpr int32_t kDeviceTopCandidates = 64;
 
-// Sees the intermediate tensors of a forward pass (`deja collect` records predictor training
+// Sees the intermediate tensors of a forward pass (`deja-lab collect` records predictor training
 // rows with it). Called on the forward thread; the views are valid only during the call. Rows
 // are the step's rows in batch order; widths are this rank's part.
 class LayerObserver {
@@ -51,7 +51,7 @@ class LayerObserver {
   virtual void OnMlp(int32_t layer, const TensorView& xm, const TensorView& act) = 0;
   // q, k, v of every row for this rank's heads (q as projected, unscaled), each row
   // [heads * head_dim] floats, rows row_stride floats apart; called before the layer's attention
-  // of a dense step (`deja collect --locret`). No-op unless overridden.
+  // of a dense step (`deja-lab collect --locret`). No-op unless overridden.
   virtual void OnQkv(int32_t layer, const float* q, const float* k, const float* v,
                      int64_t row_stride, int64_t rows) {
     (void)layer, (void)q, (void)k, (void)v, (void)row_stride, (void)rows;
@@ -158,7 +158,7 @@ class Model {
   // the `locret` cache policy needs; NewSequence refuses that policy without them.
   virtual Status EnableRetaining(const std::string& path) = 0;
   virtual bool retaining_enabled() const = 0;
-  // For analysis only (`deja ppl --locret-oracle`): while `scores` is not empty, locret sequences
+  // For analysis only (`deja-lab ppl --locret-oracle`): while `scores` is not empty, locret sequences
   // take their tokens' scores from it, [layer][position][this rank's head] for positions below
   // `positions`, instead of from the retaining heads; an empty vector restores the heads. Host
   // backends only.

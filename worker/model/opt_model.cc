@@ -277,7 +277,7 @@ Status OptModel::Forward(const std::vector<SequenceStep>& batch, StepResult* res
   }
   if (rows == 0) return InvalidArgument("empty step");
   if (on_device_ && observer_ != nullptr) {
-    return FailedPrecondition("layer observers (deja collect) read host memory; run on the CPU");
+    return FailedPrecondition("layer observers (deja-lab collect) read host memory; run on the CPU");
   }
   DEJA_RETURN_IF_ERROR(EnsureWorkspace(rows));
   ids_.clear();

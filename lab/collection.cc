@@ -1,4 +1,4 @@
-#include "worker/model/collection.h"
+#include "lab/collection.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -3,11 +3,11 @@
 #include <cstdio>
 #include <sstream>
 
-#include "cli/commands.h"
+#include "lab/cli/commands.h"
 #include "cli/common_flags.h"
 #include "common/tokenizer.h"
-#include "worker/dejavu/collect.h"
-#include "worker/locret/collect.h"
+#include "lab/dejavu_collect.h"
+#include "lab/locret_collect.h"
 
 namespace deja::cli {
 

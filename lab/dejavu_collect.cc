@@ -1,6 +1,6 @@
 // `deja collect`: runs windows densely with a LayerObserver that turns the block inputs and
 // activations into predictor rows, then writes them per layer.
-#include "worker/dejavu/collect.h"
+#include "lab/dejavu_collect.h"
 
 #include <algorithm>
 #include <chrono>
@@ -14,7 +14,7 @@
 
 #include "common/dtype.h"
 #include "predictors/predictor_data.h"
-#include "worker/model/collection.h"
+#include "lab/collection.h"
 
 namespace deja::worker::dejavu {
 

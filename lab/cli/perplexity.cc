@@ -4,11 +4,11 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "cli/commands.h"
+#include "lab/cli/commands.h"
 #include "cli/common_flags.h"
 #include "cli/sparsity_cli.h"
 #include "common/tokenizer.h"
-#include "worker/locret/oracle.h"
+#include "lab/locret_oracle.h"
 #include "worker/model/generation.h"
 
 namespace deja::cli {

@@ -1,12 +1,12 @@
 // `deja ppl --locret-oracle`: a dense run of each window records q and k per layer, and every
 // token is scored by the attention the scored queries give it.
-#include "worker/locret/oracle.h"
+#include "lab/locret_oracle.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-#include "worker/model/collection.h"
+#include "lab/collection.h"
 
 namespace deja::worker::locret {
 namespace {

@@ -1,6 +1,6 @@
 // `deja collect --locret`: runs whole windows densely with a LayerObserver that keeps each layer's
 // q, k and v, turns them into retaining-head rows and labels, then writes them per layer.
-#include "worker/locret/collect.h"
+#include "lab/locret_collect.h"
 
 #include <algorithm>
 #include <chrono>
@@ -14,7 +14,7 @@
 
 #include "common/dtype.h"
 #include "predictors/retaining_data.h"
-#include "worker/model/collection.h"
+#include "lab/collection.h"
 
 namespace deja::worker::locret {
 namespace {

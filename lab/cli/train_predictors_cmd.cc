@@ -2,7 +2,7 @@
 // (predictors/trainer.h) and writes the safetensors + JSON schedule.
 #include <cstdio>
 
-#include "cli/commands.h"
+#include "lab/cli/commands.h"
 #include "cli/args.h"
 #include "predictors/trainer.h"
 

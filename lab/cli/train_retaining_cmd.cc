@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "cli/args.h"
-#include "cli/commands.h"
+#include "lab/cli/commands.h"
 #include "predictors/retaining_trainer.h"
 
 namespace deja::cli {

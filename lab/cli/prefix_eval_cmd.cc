@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "cli/commands.h"
+#include "lab/cli/commands.h"
 #include "cli/common_flags.h"
 #include "common/tokenizer.h"
 #include "common/vec_math.h"
