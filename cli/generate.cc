@@ -6,6 +6,7 @@
 #include "cli/common_flags.h"
 #include "cli/sparsity_cli.h"
 #include "common/tokenizer.h"
+#include "worker/kv/policy_table.h"
 #include "worker/model/generation.h"
 
 namespace deja::cli {
@@ -48,7 +49,8 @@ int RunGenerate(int argc, char** argv, int first) {
       DEJA_ASSIGN_OR_RETURN(opt.cache, CachePolicyFromFlags(args));
     }
     DEJA_RETURN_IF_ERROR(EnableRetainingFromFlags(args, opt.cache, *m.model));
-    opt.prefill_chunk = opt.cache.kind == worker::kv::CachePolicyKind::kLocret ? 64 : 512;
+    // A policy scored by retaining heads evicts after each prefill chunk: smaller chunks.
+    opt.prefill_chunk = worker::kv::CachePolicyOf(opt.cache.kind).retaining_heads ? 64 : 512;
     if (args.Has("prefill-chunk")) {
       DEJA_ASSIGN_OR_RETURN(int64_t chunk, args.Int("prefill-chunk"));
       if (chunk < 1 || chunk > (1 << 20)) return InvalidArgument("--prefill-chunk must be >= 1");
