@@ -8,6 +8,8 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libssl-dev openssl
   libgoogle-glog-dev libgflags-dev libgloo-dev libhwy-dev libre2-dev nlohmann-json3-dev
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev prometheus-cpp-dev
+  # HTTP (http/): Boost.Beast and Asio, header-only.
+  libboost-dev
   # The fuzz preset (scripts/fuzz.sh): clang with libFuzzer and the sanitizer runtimes, and
   # llvm-symbolizer for readable crash reports.
   clang libclang-rt-14-dev llvm

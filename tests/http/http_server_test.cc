@@ -1,0 +1,227 @@
+// HttpServer over real loopback sockets: requests and keep-alive, the size bounds (431, 413) and
+// malformed requests (400), slow clients closed at the request timeout, the connection cap, and
+// 1,000 idle plus 100 slow connections that do not delay another client's answer past 100 ms.
+#include "http/http_server.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace deja::http {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int Connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  timeval tv{5, 0};  // a hung server fails the test instead of hanging it
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+bool SendAll(int fd, const std::string& data) {
+  size_t off = 0;
+  while (off < data.size()) {
+    const ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    off += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Reads one response whose body has a Content-Length (or up to EOF).
+std::string ReadResponse(int fd) {
+  std::string out;
+  char buf[4096];
+  while (true) {
+    const size_t head_end = out.find("\r\n\r\n");
+    if (head_end != std::string::npos) {
+      const size_t cl = out.find("Content-Length: ");
+      if (cl != std::string::npos && cl < head_end) {
+        const size_t len = std::stoul(out.substr(cl + 16));
+        if (out.size() >= head_end + 4 + len) return out.substr(0, head_end + 4 + len);
+      }
+    }
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) return out;
+    out.append(buf, static_cast<size_t>(n));
+  }
+}
+
+int StatusOf(const std::string& response) {
+  return response.rfind("HTTP/1.1 ", 0) == 0 ? std::stoi(response.substr(9, 3)) : 0;
+}
+
+// Whether the server closed the connection (EOF) within the socket's receive timeout.
+bool ClosedByServer(int fd) {
+  char c;
+  return ::recv(fd, &c, 1, 0) == 0;
+}
+
+std::unique_ptr<HttpServer> StartEcho(ServerOptions o = {}) {
+  auto s = HttpServer::Start(o, [](const Request& r) {
+    Response res;
+    res.body = r.method + " " + r.path + " " + std::to_string(r.body.size()) + " " +
+               std::string(r.Header("x-test"));
+    return res;
+  });
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+TEST(HttpServerTest, AnswersAndKeepsTheConnectionAlive) {
+  auto server = StartEcho();
+  ASSERT_NE(server, nullptr);
+  const int fd = Connect(server->port());
+  ASSERT_GE(fd, 0);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(SendAll(fd, "POST /a?b=c HTTP/1.1\r\nHost: x\r\nX-Test: v" + std::to_string(i) +
+                                "\r\nContent-Length: 5\r\n\r\nhello"));
+    const std::string r = ReadResponse(fd);
+    EXPECT_EQ(StatusOf(r), 200) << r;
+    EXPECT_NE(r.find("POST /a 5 v" + std::to_string(i)), std::string::npos) << r;
+  }
+  ASSERT_TRUE(SendAll(fd, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  EXPECT_EQ(StatusOf(ReadResponse(fd)), 200);
+  EXPECT_TRUE(ClosedByServer(fd));
+  ::close(fd);
+  EXPECT_EQ(server->requests(), 4u);
+}
+
+TEST(HttpServerTest, OversizedHeaderIs431BodyIs413MalformedIs400) {
+  ServerOptions o;
+  o.max_header_bytes = 1024;
+  o.max_body_bytes = 100;
+  auto server = StartEcho(o);
+  ASSERT_NE(server, nullptr);
+  auto one = [&](const std::string& raw) {
+    const int fd = Connect(server->port());
+    EXPECT_GE(fd, 0);
+    SendAll(fd, raw);
+    const std::string r = ReadResponse(fd);
+    ::close(fd);
+    return StatusOf(r);
+  };
+  EXPECT_EQ(one("GET / HTTP/1.1\r\nX-Big: " + std::string(2000, 'a') + "\r\n\r\n"), 431);
+  EXPECT_EQ(one("POST / HTTP/1.1\r\nContent-Length: 101\r\n\r\n" + std::string(101, 'b')), 413);
+  EXPECT_EQ(one("NOT A REQUEST\r\n\r\n"), 400);
+  EXPECT_EQ(one("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), 200);  // and it keeps serving
+}
+
+TEST(HttpServerTest, SlowClientsAreClosedAtTheRequestTimeout) {
+  ServerOptions o;
+  o.request_timeout_ms = 300;
+  auto server = StartEcho(o);
+  ASSERT_NE(server, nullptr);
+  const int fd = Connect(server->port());
+  ASSERT_GE(fd, 0);
+  const auto t0 = Clock::now();
+  // One byte every 100 ms never completes a request before the deadline.
+  bool closed = false;
+  for (int i = 0; i < 30 && !closed; ++i) {
+    if (!SendAll(fd, "G")) closed = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    char c;
+    const ssize_t n = ::recv(fd, &c, 1, MSG_DONTWAIT);
+    if (n == 0) closed = true;
+  }
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_TRUE(closed);
+  EXPECT_LT(s, 2.0);
+  ::close(fd);
+}
+
+TEST(HttpServerTest, ConnectionsPastTheCapAreClosedAtOnce) {
+  ServerOptions o;
+  o.max_connections = 10;
+  auto server = StartEcho(o);
+  ASSERT_NE(server, nullptr);
+  std::vector<int> idle;
+  for (int i = 0; i < 10; ++i) idle.push_back(Connect(server->port()));
+  for (int i = 0; i < 200 && server->connections() < 10; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(server->connections(), 10);
+  const int extra = Connect(server->port());
+  ASSERT_GE(extra, 0);
+  EXPECT_TRUE(ClosedByServer(extra));
+  ::close(extra);
+  for (int fd : idle) ::close(fd);
+}
+
+TEST(HttpServerTest, ThousandIdleAndSlowConnectionsDoNotDelayAnAnswer) {
+  // 1,000 connections that send nothing and 100 that send a byte now and then, then requests
+  // from a well-behaved client: each answered within 100 ms.
+  constexpr int kIdle = 1000, kSlow = 100;
+  rlimit lim{};
+  ::getrlimit(RLIMIT_NOFILE, &lim);
+  const rlim_t want = 2 * (kIdle + kSlow) + 64;  // both ends of every connection are ours
+  if (lim.rlim_cur < want) {
+    lim.rlim_cur = std::min(want, lim.rlim_max);
+    ::setrlimit(RLIMIT_NOFILE, &lim);
+  }
+  if (lim.rlim_cur < want) {
+    GTEST_SKIP() << "needs " << want << " file descriptors; the hard limit is " << lim.rlim_max;
+  }
+  auto server = StartEcho();
+  ASSERT_NE(server, nullptr);
+  std::vector<int> fds;
+  for (int i = 0; i < kIdle + kSlow; ++i) {
+    const int fd = Connect(server->port());
+    ASSERT_GE(fd, 0) << "connection " << i;
+    fds.push_back(fd);
+  }
+  for (int i = 0; i < 500 && server->connections() < kIdle + kSlow; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(server->connections(), kIdle + kSlow);
+  double worst = 0;
+  for (int round = 0; round < 5; ++round) {
+    for (int i = kIdle; i < kIdle + kSlow; ++i) SendAll(fds[i], "G");  // the slow ones trickle
+    const auto t0 = Clock::now();
+    const int fd = Connect(server->port());
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendAll(fd, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"));
+    const std::string r = ReadResponse(fd);
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    worst = std::max(worst, ms);
+    EXPECT_EQ(StatusOf(r), 200) << r;
+    ::close(fd);
+  }
+  EXPECT_LT(worst, 100.0) << "the slowest of 5 answers beside " << kIdle << " idle and " << kSlow
+                          << " slow connections";
+  for (int fd : fds) ::close(fd);
+}
+
+TEST(HttpServerTest, BindErrorsAreStatuses) {
+  ServerOptions o;
+  o.host = "not-an-address";
+  EXPECT_EQ(HttpServer::Start(o, [](const Request&) { return Response{}; }).status().code(),
+            StatusCode::kInvalidArgument);
+  auto first = StartEcho();
+  ASSERT_NE(first, nullptr);
+  o.host = "127.0.0.1";
+  o.port = first->port();
+  EXPECT_EQ(HttpServer::Start(o, [](const Request&) { return Response{}; }).status().code(),
+            StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace deja::http
