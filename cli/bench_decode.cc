@@ -73,7 +73,8 @@ struct DecodeTiming {
 // see the same machine (shared hosts drift by tens of percent within a minute).
 StatusOr<std::pair<DecodeTiming, DecodeTiming>> TimeDecode(
     worker::model::Model& model, int32_t batch, int32_t prompt, int32_t steps, bool compare_sparse,
-    std::mt19937& rng, const std::function<void()>& between = {}) {
+    std::mt19937& rng, const std::function<void()>& between = {},
+    kernels::Backend* profile = nullptr) {
   std::uniform_int_distribution<int32_t> tok(4,
                                              static_cast<int32_t>(model.config().vocab_size) - 1);
   const int sets = compare_sparse ? 2 : 1;
@@ -92,6 +93,8 @@ StatusOr<std::pair<DecodeTiming, DecodeTiming>> TimeDecode(
   std::pair<DecodeTiming, DecodeTiming> t;
   t.second.head_fraction = t.second.neuron_fraction = 0;
   std::vector<worker::model::SequenceStep> step(batch);
+  // --profile-decode-only: a profiler sees the decode steps, not the prompts' prefills.
+  if (profile != nullptr) profile->SetProfiling(true);
   for (int32_t s = 0; s < steps; ++s) {
     for (int set = 0; set < sets; ++set) {
       for (int32_t b = 0; b < batch; ++b) {
@@ -109,6 +112,7 @@ StatusOr<std::pair<DecodeTiming, DecodeTiming>> TimeDecode(
       }
     }
   }
+  if (profile != nullptr) profile->SetProfiling(false);
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
@@ -138,7 +142,10 @@ int RunBenchDecode(int argc, char** argv, int first) {
             "0: each sequence's KV cache is its own allocation; > 0: the caches come from a "
             "block pool of this many MiB, as in a worker with --kv-paging on",
             "0")
-      .Bool("json", "print one JSON object as the last line");
+      .Bool("json", "print one JSON object as the last line")
+      .Bool("profile-decode-only",
+            "open a profiler capture range (cudaProfilerStart/Stop) around the timed decode "
+            "steps only, for ncu --profile-from-start off");
   AddSparsityRunFlags(args);
   if (Status s = args.Parse(argc, argv, first); !s.ok()) return Fail("bench decode", s);
   if (args.help()) return std::printf("%s", args.Help().c_str()), 0;
@@ -238,8 +245,10 @@ int RunBenchDecode(int argc, char** argv, int first) {
       std::function<void()> between;
       if (b == 1 && !on_device) between = [&] { batch1_bw.push_back(probe->Measure(1)); };
       DEJA_ASSIGN_OR_RETURN(
-          auto timing, TimeDecode(*m.model, static_cast<int32_t>(b), static_cast<int32_t>(prompt),
-                                  static_cast<int32_t>(steps), sparsity.has_value(), rng, between));
+          auto timing,
+          TimeDecode(*m.model, static_cast<int32_t>(b), static_cast<int32_t>(prompt),
+                     static_cast<int32_t>(steps), sparsity.has_value(), rng, between,
+                     args.On("profile-decode-only") ? m.backend.get() : nullptr));
       const DecodeTiming& dense = timing.first;
       nlohmann::json d;
       d["batch"] = b;

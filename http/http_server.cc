@@ -11,6 +11,8 @@
 #include <boost/beast/version.hpp>
 #include <cctype>
 #include <chrono>
+#include <cstdio>
+#include <deque>
 #include <optional>
 #include <thread>
 
@@ -64,7 +66,7 @@ Response Plain(int status, std::string body) {
 // abandoned handlers hold, which still count themselves out of `connections`).
 struct HttpServer::Impl {
   ServerOptions options;
-  Handler handler;
+  AsyncHandler handler;
   int port = 0;
   std::atomic<int> connections{0};
   std::atomic<uint64_t> requests{0};
@@ -129,12 +131,143 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     r.body = req.body();
     version_ = req.version();
-    Response res = server_->handler(r);
-    if (r.method == "HEAD") res.head_only = true;
-    Reply(std::move(res), req.keep_alive() && server_->options.keep_alive);
+    head_ = r.method == "HEAD";
+    keep_alive_ = req.keep_alive() && server_->options.keep_alive;
+    // No deadline while the handler works; each write has one. A read of one byte watches for
+    // the client going away meanwhile.
+    stream_.expires_never();
+    replying_ = true;
+    responder_ = std::make_shared<SessionResponder>(shared_from_this());
+    WatchClient();
+    server_->handler(r, responder_);
+  }
+
+ public:
+  // --- On the server's thread, from SessionResponder. ---
+  void DoSend(Response res) {
+    if (!replying_ || streaming_) return;
+    replying_ = false;
+    if (head_) res.head_only = true;
+    Reply(std::move(res), keep_alive_);
+  }
+  void DoStartStream(int status, std::string content_type,
+                     std::vector<std::pair<std::string, std::string>> headers) {
+    if (!replying_ || streaming_) return;
+    streaming_ = true;
+    std::string head = "HTTP/1.1 " + std::to_string(status) + " " +
+                       std::string(bhttp::obsolete_reason(static_cast<bhttp::status>(status))) +
+                       "\r\nServer: deja\r\nContent-Type: " + content_type +
+                       "\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked"
+                       "\r\nConnection: close\r\n";
+    for (const auto& [k, v] : headers) head += k + ": " + v + "\r\n";
+    head += "\r\n";
+    Queue(std::move(head));
+  }
+  void DoWrite(std::string data) {
+    if (!replying_ || !streaming_ || data.empty()) return;
+    char size[32];
+    std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
+    Queue(size + std::move(data) + "\r\n");
+  }
+  void DoEnd() {
+    if (!replying_ || !streaming_) return;
+    replying_ = false;
+    server_->requests.fetch_add(1, std::memory_order_relaxed);
+    Queue("0\r\n\r\n");
+    closing_ = true;
+  }
+  void SetGone(std::function<void()> f) { gone_ = std::move(f); }
+
+ private:
+  // The reply's half of the connection: SessionResponder posts each call to the server's thread.
+  class SessionResponder final : public Responder {
+   public:
+    explicit SessionResponder(std::shared_ptr<Session> s) : session_(std::move(s)) {}
+    void Send(Response response) override {
+      Post([response = std::move(response)](Session& s) mutable {
+        s.DoSend(std::move(response));
+      });
+    }
+    void StartStream(int status, std::string content_type,
+                     std::vector<std::pair<std::string, std::string>> headers) override {
+      Post([status, ct = std::move(content_type), h = std::move(headers)](Session& s) mutable {
+        s.DoStartStream(status, std::move(ct), std::move(h));
+      });
+    }
+    void Write(std::string data) override {
+      Post([d = std::move(data)](Session& s) mutable { s.DoWrite(std::move(d)); });
+    }
+    void End() override {
+      Post([](Session& s) { s.DoEnd(); });
+    }
+    void OnClientGone(std::function<void()> f) override {
+      // Set from the handler, on the server's thread, before any reading can report.
+      if (auto s = session_.lock()) s->SetGone(std::move(f));
+    }
+
+   private:
+    template <typename F>
+    void Post(F f) {
+      std::shared_ptr<Session> s = session_.lock();
+      if (!s) return;
+      auto ex = s->stream_.get_executor();
+      asio::post(ex, [s, f = std::move(f)]() mutable { f(*s); });
+    }
+    std::weak_ptr<Session> session_;
+  };
+
+  // While a reply is pending or streaming, a read that completes means the client closed (or
+  // sent more than it should, which ends the connection too).
+  void WatchClient() {
+    const uint64_t gen = ++watch_gen_;
+    stream_.socket().async_read_some(
+        asio::buffer(watch_byte_, 1),
+        [self = shared_from_this(), gen](beast::error_code ec, std::size_t) {
+          // A watch cancelled because the reply went out, or one of an earlier request.
+          if (gen != self->watch_gen_ || ec == asio::error::operation_aborted) return;
+          self->ClientGone();
+        });
+  }
+
+  void ClientGone() {
+    if (!replying_ && !(streaming_ && !closing_)) return;
+    replying_ = false;
+    if (gone_) {
+      auto f = std::move(gone_);
+      gone_ = nullptr;
+      f();
+    }
+    Close();
+  }
+
+  // Streamed bytes go out in order, one write in flight.
+  void Queue(std::string bytes) {
+    out_.push_back(std::move(bytes));
+    if (!writing_) WriteNext();
+  }
+  void WriteNext() {
+    if (out_.empty()) {
+      writing_ = false;
+      if (closing_) Close();
+      return;
+    }
+    writing_ = true;
+    stream_.expires_after(std::chrono::milliseconds(server_->options.request_timeout_ms));
+    asio::async_write(stream_, asio::buffer(out_.front()),
+                      [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                        self->out_.pop_front();
+                        if (ec) return self->ClientGone();
+                        self->WriteNext();
+                      });
   }
 
   void Reply(Response r, bool keep_alive) {
+    gone_ = nullptr;  // replied: the client's going away no longer matters
+    // Stop watching the client before answering: after the answer, the next request's bytes are
+    // the parser's.
+    ++watch_gen_;
+    beast::error_code ignored;
+    stream_.socket().cancel(ignored);
     auto res = std::make_shared<bhttp::response<bhttp::string_body>>(
         ToBeast(r, version_, keep_alive));
     stream_.expires_after(std::chrono::milliseconds(server_->options.request_timeout_ms));
@@ -158,6 +291,17 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   unsigned version_ = 11;
   HttpServer::Impl* server_;
+  // The current reply.
+  std::shared_ptr<SessionResponder> responder_;
+  std::function<void()> gone_;
+  bool head_ = false, keep_alive_ = false;
+  bool replying_ = false;   // a request waits for its reply
+  bool streaming_ = false;  // the reply is a stream
+  bool closing_ = false;    // the stream ended: close once its bytes are out
+  bool writing_ = false;
+  std::deque<std::string> out_;
+  char watch_byte_[1];
+  uint64_t watch_gen_ = 0;
 };
 
 }  // namespace
@@ -181,6 +325,14 @@ void HttpServer::Impl::Accept() {
 
 StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const ServerOptions& options,
                                                        Handler handler) {
+  return StartAsync(options, [handler = std::move(handler)](const Request& r,
+                                                             std::shared_ptr<Responder> reply) {
+    reply->Send(handler(r));
+  });
+}
+
+StatusOr<std::unique_ptr<HttpServer>> HttpServer::StartAsync(const ServerOptions& options,
+                                                            AsyncHandler handler) {
   if (options.port < 0 || options.port > 65535) {
     return InvalidArgument(options.name + " port must be in [0, 65535], got " +
                            std::to_string(options.port));

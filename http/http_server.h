@@ -44,6 +44,28 @@ struct Response {
 // Called on the server's thread for each complete request; it must not block for long.
 using Handler = std::function<Response(const Request&)>;
 
+// A reply in progress, which any thread may complete: Send a whole response, or StartStream,
+// then Write chunks (chunked transfer: server-sent events go out as they are written) and End.
+// Calls after the reply ended, or after the client went away, do nothing. The connection closes
+// after a streamed reply.
+class Responder {
+ public:
+  virtual ~Responder() = default;
+  virtual void Send(Response response) = 0;
+  virtual void StartStream(int status, std::string content_type,
+                           std::vector<std::pair<std::string, std::string>> headers = {}) = 0;
+  virtual void Write(std::string data) = 0;
+  virtual void End() = 0;
+  // `f` runs once, on the server's thread, if the client closes the connection (or the server
+  // stops) before the reply ended: the place to cancel the work behind it. Set it before the
+  // handler returns.
+  virtual void OnClientGone(std::function<void()> f) = 0;
+};
+
+// Called on the server's thread with each complete request; the reply may come later, from any
+// thread, through the Responder.
+using AsyncHandler = std::function<void(const Request&, std::shared_ptr<Responder>)>;
+
 struct ServerOptions {
   // Address to bind: "127.0.0.1" for loopback only, "0.0.0.0" so other hosts can connect.
   std::string host = "127.0.0.1";
@@ -66,6 +88,8 @@ class HttpServer {
   // INVALID_ARGUMENT, never as a crash.
   static StatusOr<std::unique_ptr<HttpServer>> Start(const ServerOptions& options,
                                                      Handler handler);
+  static StatusOr<std::unique_ptr<HttpServer>> StartAsync(const ServerOptions& options,
+                                                          AsyncHandler handler);
   // Stops accepting, closes every connection and joins the thread.
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;

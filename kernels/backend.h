@@ -79,6 +79,10 @@ class Backend {
   // (two streams of one device: an event recorded on this stream, waited for on the other's).
   // Host backends run their ops synchronously: nothing to order.
   virtual Status OrderBefore(Backend& other) { return Status::Ok(); }
+  // Opens (on) or closes a profiler's capture range: cudaProfilerStart/Stop on CUDA, which
+  // `ncu --profile-from-start off` and `nsys --capture-range cudaProfilerApi` follow; nothing on
+  // host backends.
+  virtual void SetProfiling(bool on) { (void)on; }
 
   // A copy on device() of the row-major host view `host` (of the tensor).
   StatusOr<Tensor> ToBackend(const TensorView& host);

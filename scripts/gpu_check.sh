@@ -440,10 +440,12 @@ print(json.dumps(f, indent=1))
 EOF
 }
 
-# Nsight Compute's duration of every kernel of short bench runs (batch 1 dense and Deja Vu, batch 16 dense) (no clock control: the clocks
-# stay as they are; application replay and a small KV pool: no device memory is saved and
-# restored around a kernel). A forward pass starts at its embedding kernel; per pass shape (its launch
-# count), the median GPU time and the kernels that take it, beside the bench's own ms/step.
+# Nsight Compute's duration of every kernel of short bench runs (batch 1 dense and Deja Vu, batch
+# 16 dense), in their timed decode steps only (--profile-decode-only opens the capture range
+# there: no prompt prefills). No clock control: the clocks stay as they are. Application replay
+# and a small KV pool: no device memory is saved and restored around a kernel. A forward pass
+# starts at its embedding kernel; per pass shape (its launch count), the median GPU time and the
+# kernels that take it, beside the bench's own ms/step.
 step_profile() {
   local ncu
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -454,10 +456,12 @@ step_profile() {
     local name=$1
     shift
     local flags=(bench decode --device "$dev" --dtype bf16 --batches 1 --prefill-tokens 64
-      --prompt-tokens 64 --decode-steps 6 --warmup-rounds 1 --kv-memory-fraction 0.05 "$@")
+      --prompt-tokens 64 --decode-steps 6 --warmup-rounds 1 --kv-memory-fraction 0.05
+      --profile-decode-only "$@")
     "$deja" "${flags[@]}" --json >"$logs/profile_${name}_bench.json" 2>/dev/null
     LD_LIBRARY_PATH=$libpath timeout -k 5 70 "$ncu" --clock-control none --target-processes all \
       --replay-mode application --cache-control none --metrics gpu__time_duration.sum --csv \
+      --profile-from-start off \
       --print-units base --launch-count 6000 \
       "$here/bin/deja" "${flags[@]}" >"$logs/profile_$name.csv" 2>"$logs/profile_$name.err"
   }

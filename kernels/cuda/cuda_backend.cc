@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <string>
 #include <utility>
+#include <cuda_profiler_api.h>
 
 #include "kernels/cuda/cuda_context.h"
 #include "kernels/cuda/launch.h"
@@ -55,6 +56,13 @@ class CudaBackendImpl final : public CudaBackend {
   std::unique_ptr<Backend> MakeSideBackend() const override {
     StatusOr<std::unique_ptr<Backend>> side = MakeCudaBackend(ctx_.device);
     return side.ok() ? std::move(*side) : nullptr;
+  }
+
+  void SetProfiling(bool on) override {
+    if (Enter().ok()) {
+      const cudaError_t e = on ? cudaProfilerStart() : cudaProfilerStop();
+      if (e != cudaSuccess) LOG(WARNING) << name_ << ": profiler range: " << cudaGetErrorString(e);
+    }
   }
 
   Status OrderBefore(Backend& other) override {

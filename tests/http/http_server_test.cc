@@ -1,6 +1,7 @@
 // HttpServer over real loopback sockets: requests and keep-alive, the size bounds (431, 413) and
 // malformed requests (400), slow clients closed at the request timeout, the connection cap, and
-// 1,000 idle plus 100 slow connections that do not delay another client's answer past 100 ms.
+// 1,000 idle plus 100 slow connections that do not delay another client's answer past 100 ms;
+// replies from other threads, streamed replies, and a client that leaves mid-stream.
 #include "http/http_server.h"
 
 #include <arpa/inet.h>
@@ -10,7 +11,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -187,6 +190,108 @@ TEST(HttpServerTest, ThousandIdleAndSlowConnectionsDoNotDelayAnAnswer) {
   EXPECT_LT(worst, 100.0) << "the slowest of 5 answers beside " << kIdle << " idle and " << kSlow
                           << " slow connections";
   for (int fd : fds) ::close(fd);
+}
+
+TEST(HttpServerTest, AReplyMayComeLaterFromAnotherThread) {
+  std::vector<std::thread> workers;
+  std::mutex mu;
+  auto server = HttpServer::StartAsync({}, [&](const Request& r, std::shared_ptr<Responder> out) {
+    std::lock_guard<std::mutex> lock(mu);
+    workers.emplace_back([out, path = r.path] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      Response res;
+      res.body = "late " + path;
+      out->Send(std::move(res));
+      out->Send(Response{});  // a second reply does nothing
+    });
+  });
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const int fd = Connect((*server)->port());
+  ASSERT_GE(fd, 0);
+  for (const char* path : {"/one", "/two"}) {  // and the connection is kept alive
+    ASSERT_TRUE(SendAll(fd, std::string("GET ") + path + " HTTP/1.1\r\nHost: x\r\n\r\n"));
+    const std::string r = ReadResponse(fd);
+    EXPECT_EQ(StatusOf(r), 200) << r;
+    EXPECT_NE(r.find(std::string("late ") + path), std::string::npos) << r;
+  }
+  ::close(fd);
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& w : workers) w.join();
+}
+
+TEST(HttpServerTest, StreamsChunksAsTheyAreWrittenThenCloses) {
+  std::thread writer;
+  auto server = HttpServer::StartAsync({}, [&](const Request&, std::shared_ptr<Responder> out) {
+    out->StartStream(200, "text/event-stream");
+    writer = std::thread([out] {
+      for (int i = 0; i < 3; ++i) {
+        out->Write("data: " + std::to_string(i) + "\n\n");
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      }
+      out->End();
+      out->Write("data: after the end\n\n");  // ignored
+    });
+  });
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const int fd = Connect((*server)->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"));
+  // The first event arrives before the last is written.
+  std::string got;
+  char buf[4096];
+  const auto t0 = Clock::now();
+  while (got.find("data: 0") == std::string::npos) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    ASSERT_GT(n, 0);
+    got.append(buf, static_cast<size_t>(n));
+  }
+  const double first_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  EXPECT_LT(first_ms, 60.0);
+  while (true) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_EQ(StatusOf(got), 200) << got;
+  EXPECT_NE(got.find("Content-Type: text/event-stream"), std::string::npos) << got;
+  EXPECT_NE(got.find("Transfer-Encoding: chunked"), std::string::npos) << got;
+  const size_t a = got.find("data: 0"), b = got.find("data: 1"), c = got.find("data: 2");
+  EXPECT_TRUE(a < b && b < c && c != std::string::npos) << got;
+  EXPECT_NE(got.find("\r\n0\r\n\r\n"), std::string::npos) << "the last chunk: " << got;
+  EXPECT_EQ(got.find("after the end"), std::string::npos) << got;
+  ::close(fd);
+  writer.join();
+}
+
+TEST(HttpServerTest, AClientThatLeavesIsReportedOnce) {
+  std::atomic<int> gone{0};
+  std::shared_ptr<Responder> kept;
+  auto server = HttpServer::StartAsync({}, [&](const Request&, std::shared_ptr<Responder> out) {
+    out->OnClientGone([&gone] { gone.fetch_add(1); });
+    out->StartStream(200, "text/event-stream");
+    out->Write("data: first\n\n");
+    kept = out;  // the work behind the reply goes on until the client leaves
+  });
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const int fd = Connect((*server)->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n"));
+  std::string got;
+  char buf[1024];
+  while (got.find("first") == std::string::npos) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    ASSERT_GT(n, 0);
+    got.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  for (int i = 0; i < 200 && gone.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(gone.load(), 1);
+  kept->Write("data: nobody reads this\n\n");
+  kept->End();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(gone.load(), 1);
 }
 
 TEST(HttpServerTest, BindErrorsAreStatuses) {
