@@ -26,7 +26,7 @@ PROMPT=$(head -c 1000 tests/data/heldout/kjv.txt | tr '\n' ' ')
 for policy in "full" "h2o --heavy-tokens 102 --recent-tokens 103"; do
   # shellcheck disable=SC2086  # policy and SERVE_FLAGS are lists of flags
   start_deja_serve "$DEJA" $PORT /tmp/deja_h2o_serve_capacity.log --model "$MODEL" --tp 1 \
-    --metrics-port $METRICS_PORT --kv-memory-mb "$KV_MB" --max-batch-sequences 512 \
+    --metrics-port $METRICS_PORT --http-port -1 --kv-memory-mb "$KV_MB" --max-batch-sequences 512 \
     --max-queue 1024 --wait-for-kv --step-timeout-ms 60000 --kv-policy $policy ${SERVE_FLAGS:-}
   echo "# policy=$policy kv_memory_mb=$KV_MB streams=$STREAMS flags=${SERVE_FLAGS:-}"
   # The most sequences running at once, from /metrics every 0.2 s while the bench runs.

@@ -29,7 +29,7 @@ OUT=/tmp/deja_paged_kv_capacity
 for paging in off on; do
   # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
   start_deja_serve "$DEJA" $PORT $OUT.$paging.log --model "$MODEL" --tp 1 \
-    --metrics-port $METRICS_PORT --kv-memory-mb "$KV_MB" --max-batch-sequences 512 \
+    --metrics-port $METRICS_PORT --http-port -1 --kv-memory-mb "$KV_MB" --max-batch-sequences 512 \
     --max-queue 1024 --wait-for-kv --step-timeout-ms 60000 --kv-paging $paging ${SERVE_FLAGS:-}
   # The most sequences running at once, from /metrics every 0.1 s while the bench runs.
   python3 - "$METRICS_PORT" >$OUT.$paging.peak <<'PY' &

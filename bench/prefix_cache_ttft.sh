@@ -50,7 +50,7 @@ run_mode() {  # mode, then deja serve flags
   shift
   # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
   start_deja_serve "$DEJA" $PORT $OUT.$mode.log --model "$MODEL" --tp 1 \
-    --metrics-port $((PORT + 1)) --metrics-host 127.0.0.1 \
+    --metrics-port $((PORT + 1)) --http-port -1 --metrics-host 127.0.0.1 \
     --step-timeout-ms 600000 --max-prefill-tokens 2048 "$@" ${SERVE_FLAGS:-}
   python3 - "$DEJA" "$PORT" "$mode" "$QUESTIONS" "$DOC_CHARS" "$DISK_DIR" "$ROUNDS" <<'PY'
 import json, os, re, statistics, subprocess, sys, time, urllib.request

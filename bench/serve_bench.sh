@@ -20,7 +20,7 @@ METRICS_PORT=${DEJA_BENCH_METRICS_PORT:-9171}
 for tp in ${TPS:-1 2}; do
   # shellcheck disable=SC2086  # SERVE_FLAGS is a list of flags
   start_deja_serve "$DEJA" $PORT /tmp/deja_serve_bench_$tp.log --model "$MODEL" --tp $tp \
-    --metrics-port $METRICS_PORT --max-batch-sequences 32 --step-timeout-ms 60000 \
+    --metrics-port $METRICS_PORT --http-port -1 --max-batch-sequences 32 --step-timeout-ms 60000 \
     ${SERVE_FLAGS:-}
   echo "# tp=$tp model=$MODEL flags=${SERVE_FLAGS:-}"
   "$DEJA" client bench --target 127.0.0.1:$PORT --metrics-target 127.0.0.1:$METRICS_PORT \

@@ -93,6 +93,12 @@ void AddCoordinatorFlags(Args& args) {
       .Flag("port", "gRPC port (0: any free port)", "50051")
       .Flag("metrics-port", "Prometheus /metrics port (0: any free port, -1: off)", "9090")
       .Flag("metrics-host", "address /metrics listens on (default: the API's --host)", "")
+      .Flag("http-port",
+            "OpenAI-compatible HTTP API port, on --host (0: any free port, -1: off)", "8000")
+      .Flag("chat-template",
+            "JSON file of the chat template /v1/chat/completions uses (docs/serving.md); "
+            "default: a plain User:/Assistant: transcript",
+            "")
       .Flag("max-batch-sequences", "sequences per step", "32")
       .Flag("max-prefill-tokens", "prompt tokens per step over all prefill chunks", "512")
       .Flag("locret-chunk",
@@ -167,6 +173,7 @@ StatusOr<coordinator::CoordinatorOptions> CoordinatorFromFlags(const Args& args)
   DEJA_ASSIGN_OR_RETURN(int64_t tp, args.Int("tp"));
   DEJA_ASSIGN_OR_RETURN(int64_t port, args.Int("port"));
   DEJA_ASSIGN_OR_RETURN(int64_t metrics_port, args.Int("metrics-port"));
+  DEJA_ASSIGN_OR_RETURN(int64_t http_port, args.Int("http-port"));
   DEJA_ASSIGN_OR_RETURN(int64_t batch, args.Int("max-batch-sequences"));
   DEJA_ASSIGN_OR_RETURN(int64_t prefill, args.Int("max-prefill-tokens"));
   DEJA_ASSIGN_OR_RETURN(int64_t queue, args.Int("max-queue"));
@@ -180,6 +187,9 @@ StatusOr<coordinator::CoordinatorOptions> CoordinatorFromFlags(const Args& args)
   if (metrics_port < -1 || metrics_port > 65535) {
     return InvalidArgument("--metrics-port must be in [-1, 65535]");
   }
+  if (http_port < -1 || http_port > 65535) {
+    return InvalidArgument("--http-port must be in [-1, 65535]");
+  }
   if (batch < 1 || prefill < 1 || queue < 0 || max_new < 1) {
     return InvalidArgument(
         "--max-batch-sequences, --max-prefill-tokens and "
@@ -191,6 +201,8 @@ StatusOr<coordinator::CoordinatorOptions> CoordinatorFromFlags(const Args& args)
   o.tensor_parallel_size = static_cast<int>(tp);
   o.port = static_cast<int>(port);
   o.metrics_port = static_cast<int>(metrics_port);
+  o.http_port = static_cast<int>(http_port);
+  o.chat_template_file = args.Str("chat-template");
   o.scheduler.max_batch_sequences = static_cast<int32_t>(batch);
   o.scheduler.max_prefill_tokens = static_cast<int32_t>(prefill);
   o.scheduler.max_waiting = static_cast<int32_t>(queue);
@@ -242,8 +254,11 @@ Status Serve(const coordinator::CoordinatorOptions& options,
     launcher = std::make_unique<coordinator::Launcher>(lo, &c->group());
     DEJA_RETURN_IF_ERROR(launcher->Start());
   }
-  std::fprintf(stderr, "deja: serving on %s:%d (metrics on port %d); waiting for %d workers\n",
-               options.host.c_str(), c->port(), c->metrics_port(), options.tensor_parallel_size);
+  std::fprintf(stderr,
+               "deja: serving on %s:%d (metrics on port %d, OpenAI API on port %d); waiting for "
+               "%d workers\n",
+               options.host.c_str(), c->port(), c->metrics_port(), c->http_port(),
+               options.tensor_parallel_size);
   std::fprintf(stderr, "deja: internal plane (worker rendezvous) on %s\n",
                c->rendezvous_address().c_str());
   // Until a signal: announce readiness once, with a command to paste.

@@ -154,10 +154,39 @@ Status Coordinator::Init() {
                     "reaches "
                  << rendezvous_address() << " can join the worker group";
   }
+  if (o.http_port >= 0) {
+    OpenAiOptions ao;
+    ao.model = info.model_name();
+    ao.max_model_len = static_cast<int32_t>(config_.max_position_embeddings);
+    ao.auth = auth_.get();
+    if (!o.chat_template_file.empty()) {
+      DEJA_ASSIGN_OR_RETURN(ao.chat_template, ChatTemplate::Load(o.chat_template_file));
+    }
+    openai_ = std::make_unique<OpenAiService>(engine_.get(), std::move(ao));
+    http::ServerOptions ho;
+    ho.host = o.host;
+    ho.port = o.http_port;
+    ho.name = "openai";
+    // Prompts (and token id lists) are larger than scrapes; long generations hold a reply open
+    // without a deadline (each write has one).
+    ho.max_body_bytes = size_t{8} << 20;
+    ho.max_header_bytes = 16384;
+    // The API's certificate (and client CAs) on this port too.
+    ho.tls_cert_chain = security.pem.cert_chain;
+    ho.tls_private_key = security.pem.private_key;
+    ho.tls_client_ca = security.client_ca;
+    DEJA_ASSIGN_OR_RETURN(
+        http_server_,
+        http::HttpServer::StartAsync(ho, [svc = openai_.get()](const http::Request& r,
+                                                               std::shared_ptr<http::Responder> w) {
+          svc->Handle(r, std::move(w));
+        }));
+  }
   server_->GetHealthCheckService()->SetServingStatus(kReadinessService, false);
   health_ = std::thread([this] { HealthLoop(); });
   LOG(INFO) << "coordinator: serving " << info.model_name() << " (TP " << o.tensor_parallel_size
-            << ") on " << o.host << ":" << port_ << ", metrics on port " << metrics_port()
+            << ") on " << o.host << ":" << port_ << ", OpenAI API on port " << http_port()
+            << ", metrics on port " << metrics_port()
             << ", internal plane on " << o.internal_host << ":" << internal_port_
             << (internal_credentials.tls() ? " (mutual TLS)" : "") << "; waiting for "
             << o.tensor_parallel_size << " workers to register";
@@ -174,6 +203,9 @@ Coordinator::~Coordinator() {
   if (server_) server_->GetHealthCheckService()->SetServingStatus(false);
   if (rendezvous_) rendezvous_->Shutdown();
   if (engine_) engine_->FailAll(Unavailable("the server is shutting down"));
+  // Its handlers hold the engine; the errors above went out where their connections allowed.
+  if (http_server_) http_server_->WaitIdle(std::chrono::seconds(1));
+  http_server_.reset();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   if (internal_server_) {
     internal_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
@@ -196,7 +228,10 @@ bool Coordinator::Drain() {
   if (!drained) {
     LOG(WARNING) << "coordinator: drain timed out; failing the requests left";
     engine_->FailAll(Unavailable("the server shut down before the request finished"));
-  } else {
+  }
+  // The last HTTP replies leave the server before it stops.
+  if (http_server_) http_server_->WaitIdle(std::chrono::seconds(5));
+  if (drained) {
     LOG(INFO) << "coordinator: drained";
   }
   return drained;

@@ -1,7 +1,8 @@
 // Coordinator: the public endpoint as one object. Loads the tokenizer and config (no weights),
 // hosts deja.v1.TextGeneration, grpc.health.v1 and server reflection on the public gRPC port,
 // the workers' Rendezvous on an internal one (coordinator/internal_server.h), Prometheus
-// /metrics on a third, and owns the engine and the worker group.
+// /metrics on a third, the OpenAI-compatible HTTP API on a fourth (off unless http_port is set),
+// and owns the engine and the worker group.
 //
 // Health: the empty service name is liveness (SERVING while the process runs);
 // "deja.v1.TextGeneration" is readiness: SERVING only while every rank is connected and warmed
@@ -24,10 +25,12 @@
 #include "coordinator/engine.h"
 #include "coordinator/grpc_service.h"
 #include "coordinator/metrics.h"
+#include "coordinator/openai_service.h"
 #include "coordinator/rendezvous_service.h"
 #include "coordinator/security.h"
 #include "coordinator/validation.h"
 #include "coordinator/worker_group.h"
+#include "http/http_server.h"
 #include "metrics/metrics_server.h"
 #include "metrics/registry.h"
 
@@ -59,6 +62,11 @@ struct CoordinatorOptions {
   // Prometheus /metrics; port 0 picks a free one, -1 disables it. An empty host binds the API's.
   std::string metrics_host;
   int metrics_port = 0;
+  // The OpenAI-compatible HTTP API (coordinator/openai_service.h) on the API's host; port 0
+  // picks a free one (http_port()), -1 (the default here; `deja serve` defaults to 8000)
+  // disables it. A chat template file (coordinator/chat_template.h); empty: the default.
+  int http_port = -1;
+  std::string chat_template_file;
   SchedulerOptions scheduler;
   int32_t default_max_new_tokens = 256;
   // The KV-cache policy of requests that leave CachePolicy.kind unset (and the budgets of those
@@ -88,6 +96,7 @@ class Coordinator {
   int port() const { return port_; }
   int internal_port() const { return internal_port_; }
   int metrics_port() const { return metrics_server_ ? metrics_server_->port() : -1; }
+  int http_port() const { return http_server_ ? http_server_->port() : -1; }
   // host:port of the internal listener, the workers' --coordinator (loopback when it listens on
   // every interface).
   std::string rendezvous_address() const;
@@ -118,6 +127,8 @@ class Coordinator {
   std::unique_ptr<WorkerGroup> group_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<TextGenerationService> service_;
+  std::unique_ptr<OpenAiService> openai_;
+  std::unique_ptr<http::HttpServer> http_server_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> internal_server_;

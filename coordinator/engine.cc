@@ -57,17 +57,19 @@ Engine::~Engine() {
 
 StatusOr<std::shared_ptr<Request>> Engine::Submit(const v1::GenerateRequest& request,
                                                   std::optional<Clock::time_point> deadline,
-                                                  std::shared_ptr<RequestSink> sink) {
+                                                  std::shared_ptr<RequestSink> sink,
+                                                  Protocol protocol) {
+  const std::string label = ProtocolLabel(protocol);
   const Clock::time_point arrival = Clock::now();
   if (draining_.load()) {
-    metrics_->Rejected("draining");
+    metrics_->Rejected("draining", label);
     VLOG(1) << "request " << (request.has_request_id() ? request.request_id() : "-")
             << ": refused code=UNAVAILABLE reason=draining";
     return Unavailable("the server is draining and accepts no new requests");
   }
   const GroupState group = client_->State();
   if (!group.ready) {
-    metrics_->Rejected("not_ready");
+    metrics_->Rejected("not_ready", label);
     VLOG(1) << "request " << (request.has_request_id() ? request.request_id() : "-")
             << ": refused code=UNAVAILABLE reason=not_ready";
     return Unavailable("no worker group is ready" +
@@ -80,12 +82,13 @@ StatusOr<std::shared_ptr<Request>> Engine::Submit(const v1::GenerateRequest& req
   }
   StatusOr<ResolvedRequest> resolved = ResolveRequest(request, LimitsFor(group), *tokenizer_, seed);
   if (!resolved.ok()) {
-    metrics_->Rejected(RejectReason(resolved.status()));
+    metrics_->Rejected(RejectReason(resolved.status()), label);
     LOG(INFO) << "request " << (request.has_request_id() ? request.request_id() : "-")
               << ": refused code=" << StatusCodeName(resolved.status().code())
               << " reason=" << RejectReason(resolved.status());
     return resolved.status();
   }
+  resolved->protocol = protocol;
   std::string id = resolved->request_id;
   std::lock_guard<std::mutex> lock(mu_);
   if (id.empty()) id = NewRequestId();
@@ -94,7 +97,7 @@ StatusOr<std::shared_ptr<Request>> Engine::Submit(const v1::GenerateRequest& req
   if (group.epoch != served_epoch_) TrackGroup(group, arrival);
   std::string reason;
   if (Status s = scheduler_.Admit(r, &reason); !s.ok()) {
-    metrics_->Rejected(reason);
+    metrics_->Rejected(reason, label);
     LOG(INFO) << "request " << id << ": refused code=" << StatusCodeName(s.code())
               << " reason=" << reason;
     return s;
@@ -107,7 +110,9 @@ StatusOr<std::shared_ptr<Request>> Engine::Submit(const v1::GenerateRequest& req
   return r;
 }
 
-void Engine::RejectInvalid(const Status& status) { metrics_->Rejected(RejectReason(status)); }
+void Engine::RejectInvalid(const Status& status, Protocol protocol) {
+  metrics_->Rejected(RejectReason(status), ProtocolLabel(protocol));
+}
 
 bool Engine::Cancel(const std::string& request_id) {
   bool found;

@@ -48,12 +48,14 @@ class Engine {
   // Validates and admits `request`; its output goes to `sink`. INVALID_ARGUMENT (naming the
   // field), FAILED_PRECONDITION, ALREADY_EXISTS, RESOURCE_EXHAUSTED (queue or KV full) or
   // UNAVAILABLE (draining, or no ready worker group) come back at once and `sink` is unused.
+  // `protocol` labels the request's metrics.
   StatusOr<std::shared_ptr<Request>> Submit(const v1::GenerateRequest& request,
                                             std::optional<Clock::time_point> deadline,
-                                            std::shared_ptr<RequestSink> sink);
+                                            std::shared_ptr<RequestSink> sink,
+                                            Protocol protocol = Protocol::kGrpc);
   // Counts a call refused before it reached Submit (it could not be parsed, or it carried no
   // accepted bearer token).
-  void RejectInvalid(const Status& status);
+  void RejectInvalid(const Status& status, Protocol protocol = Protocol::kGrpc);
   // The Cancel RPC: true when a queued or running request has `request_id`.
   bool Cancel(const std::string& request_id);
   // The client of `request` went away; it leaves the batch at the next step.

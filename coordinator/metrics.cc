@@ -93,10 +93,12 @@ CoordinatorMetrics::CoordinatorMetrics(metrics::Registry* r, const ModelInfoLabe
 
       registry_(r),
       requests_(r->AddCounter("deja_coordinator_requests_total",
-                              "Finished generation requests by gRPC code and finish reason.",
-                              {"code", "finish_reason"})),
+                              "Finished generation requests by gRPC code, finish reason and "
+                              "API (grpc, openai).",
+                              {"code", "finish_reason", "protocol"})),
       rejections_(r->AddCounter("deja_coordinator_rejections_total",
-                                "Requests refused before queueing, by reason.", {"reason"})),
+                                "Requests refused before queueing, by reason and API (grpc, openai).",
+                                {"reason", "protocol"})),
       step_phase_(r->AddHistogram("deja_coordinator_step_duration_seconds",
                                   "Step time by phase: schedule, workers (RPC round trip), apply, "
                                   "total, overhead (total minus the slowest rank's own time).",
@@ -209,13 +211,17 @@ CoordinatorMetrics::CoordinatorMetrics(metrics::Registry* r, const ModelInfoLabe
   }
   // The usual outcomes exist from the start at zero, so that rates and ratios over them have a
   // series before the first request (a labelled family without a series is not exported).
-  for (v1::FinishReason reason : {v1::FINISH_REASON_LENGTH, v1::FINISH_REASON_EOS,
-                                  v1::FINISH_REASON_STOP_SEQUENCE, v1::FINISH_REASON_TIME_LIMIT}) {
-    requests_.Add({{"code", "OK"}, {"finish_reason", FinishReasonLabel(reason)}});
-  }
-  for (const char* reason : {"invalid_argument", "failed_precondition", "queue_full", "kv_full",
-                             "draining", "not_ready", "already_exists", "unauthenticated"}) {
-    rejections_.Add({{"reason", reason}});
+  for (const char* protocol : {"grpc", "openai"}) {
+    for (v1::FinishReason reason :
+         {v1::FINISH_REASON_LENGTH, v1::FINISH_REASON_EOS, v1::FINISH_REASON_STOP_SEQUENCE,
+          v1::FINISH_REASON_TIME_LIMIT}) {
+      requests_.Add(
+          {{"code", "OK"}, {"finish_reason", FinishReasonLabel(reason)}, {"protocol", protocol}});
+    }
+    for (const char* reason : {"invalid_argument", "failed_precondition", "queue_full", "kv_full",
+                               "draining", "not_ready", "already_exists", "unauthenticated"}) {
+      rejections_.Add({{"reason", reason}, {"protocol", protocol}});
+    }
   }
   for (int i = 0; i < info.tensor_parallel_size; ++i) {
     const metrics::Labels l = {{"rank", std::to_string(i)}};
@@ -227,12 +233,15 @@ CoordinatorMetrics::CoordinatorMetrics(metrics::Registry* r, const ModelInfoLabe
   }
 }
 
-void CoordinatorMetrics::RequestFinished(const std::string& code, v1::FinishReason reason) {
-  requests_.Add({{"code", code}, {"finish_reason", FinishReasonLabel(reason)}}).Increment();
+void CoordinatorMetrics::RequestFinished(const std::string& code, v1::FinishReason reason,
+                                         const std::string& protocol) {
+  requests_
+      .Add({{"code", code}, {"finish_reason", FinishReasonLabel(reason)}, {"protocol", protocol}})
+      .Increment();
 }
 
-void CoordinatorMetrics::Rejected(const std::string& reason) {
-  rejections_.Add({{"reason", reason}}).Increment();
+void CoordinatorMetrics::Rejected(const std::string& reason, const std::string& protocol) {
+  rejections_.Add({{"reason", reason}, {"protocol", protocol}}).Increment();
 }
 
 metrics::Histogram& CoordinatorMetrics::StepPhase(const std::string& phase) {

@@ -41,11 +41,13 @@ class CoordinatorMetrics {
 
   CoordinatorMetrics(metrics::Registry* registry, const ModelInfoLabels& info);
 
-  // Request outcomes: `code` is the gRPC code name ("OK", "CANCELLED", ...).
-  void RequestFinished(const std::string& code, v1::FinishReason reason);
+  // Request outcomes: `code` is the gRPC code name ("OK", "CANCELLED", ...); `protocol` the API
+  // the request came through ("grpc", "openai").
+  void RequestFinished(const std::string& code, v1::FinishReason reason,
+                       const std::string& protocol);
   // Requests turned away before queueing: invalid_argument, queue_full, kv_full, draining,
-  // not_ready, already_exists, failed_precondition, unauthenticated (any TextGeneration call).
-  void Rejected(const std::string& reason);
+  // not_ready, already_exists, failed_precondition, unauthenticated (any call of either API).
+  void Rejected(const std::string& reason, const std::string& protocol);
   // The per-step histogram of one phase: schedule, workers, apply, total, overhead.
   metrics::Histogram& StepPhase(const std::string& phase);
   // The series of rank r < tensor_parallel_size (created by the constructor).

@@ -183,7 +183,7 @@ void Request::FillFinal(v1::FinishReason reason, Clock::time_point now,
 }
 
 void Request::Record(const std::string& code, v1::FinishReason reason, Clock::time_point now) {
-  metrics_->RequestFinished(code, reason);
+  metrics_->RequestFinished(code, reason, ProtocolLabel(params_.protocol));
   metrics_->request_seconds.Observe(Seconds(now - arrival_));
   // The access log: one line per finished request, key=value fields.
   LOG(INFO) << "request " << id_ << ": finished code=" << code

@@ -203,7 +203,9 @@ StatusOr<ServerSecurity> LoadServerSecurity(const SecurityOptions& o) {
       DEJA_ASSIGN_OR_RETURN(ssl.pem_root_certs,
                             ReadPemCertificates(o.tls_client_ca, "--tls-client-ca"));
       ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+      s.client_ca = ssl.pem_root_certs;
     }
+    s.pem = pair;
     s.credentials = grpc::SslServerCredentials(ssl);
     s.tls = true;
   }

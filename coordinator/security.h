@@ -72,6 +72,10 @@ StatusOr<PemKeyPair> ReadPemKeyPair(const std::string& cert_path, const std::str
 struct ServerSecurity {
   std::shared_ptr<grpc::ServerCredentials> credentials;  // insecure when TLS is off
   bool tls = false;
+  // The PEM material behind `credentials` (the HTTP API serves the same certificate): empty
+  // without TLS; client_ca empty unless client certificates are required.
+  PemKeyPair pem;
+  std::string client_ca;
   std::unique_ptr<BearerAuth> auth;  // null: no token needed
   bool metrics_auth = false;
 };

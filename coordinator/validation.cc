@@ -20,7 +20,8 @@ namespace {
 constexpr auto& Num = rules::FormatNumber;
 constexpr auto& Invalid = rules::InvalidField;
 
-Status ResolveSampling(const v1::SamplingParams& s, uint64_t random_seed, v1::WorkerSampling* out) {
+Status ResolveSampling(const v1::SamplingParams& s, uint64_t random_seed, int32_t vocab,
+                       v1::WorkerSampling* out) {
   const float temperature = s.has_temperature() ? s.temperature() : 1.0f;
   DEJA_RETURN_IF_ERROR(rules::CheckTemperature(temperature, "sampling.temperature"));
   const int32_t top_k = s.has_top_k() ? s.top_k() : 0;
@@ -36,6 +37,21 @@ Status ResolveSampling(const v1::SamplingParams& s, uint64_t random_seed, v1::Wo
   out->set_top_p(top_p);
   out->set_repetition_penalty(penalty);
   out->set_seed(s.has_seed() ? s.seed() : random_seed);
+  if (s.has_presence_penalty()) {
+    DEJA_RETURN_IF_ERROR(
+        rules::CheckTokenPenalty(s.presence_penalty(), "sampling.presence_penalty"));
+    out->set_presence_penalty(s.presence_penalty());
+  }
+  if (s.has_frequency_penalty()) {
+    DEJA_RETURN_IF_ERROR(
+        rules::CheckTokenPenalty(s.frequency_penalty(), "sampling.frequency_penalty"));
+    out->set_frequency_penalty(s.frequency_penalty());
+  }
+  DEJA_RETURN_IF_ERROR(rules::CheckLogitBiasCount(s.logit_bias_size(), "sampling.logit_bias"));
+  for (const auto& [id, bias] : s.logit_bias()) {
+    DEJA_RETURN_IF_ERROR(rules::CheckLogitBias(id, bias, vocab, "sampling.logit_bias"));
+    if (bias != 0.f) (*out->mutable_logit_bias())[id] = bias;
+  }
   return Status::Ok();
 }
 
@@ -340,8 +356,10 @@ StatusOr<ResolvedRequest> ResolveRequest(const v1::GenerateRequest& request,
     out.request_id = request.request_id();
   }
   DEJA_RETURN_IF_ERROR(
-      ResolveSampling(request.sampling(), random_seed, out.config.mutable_sampling()));
+      ResolveSampling(request.sampling(), random_seed, limits.vocab_size,
+                      out.config.mutable_sampling()));
   DEJA_RETURN_IF_ERROR(ResolvePrompt(request, limits, tokenizer, &out));
+  out.config.mutable_sampling()->set_output_start(static_cast<uint32_t>(out.prompt.size()));
   DEJA_RETURN_IF_ERROR(ResolveStopping(request.stopping(), limits, &out));
   const v1::ResponseOptions& r = request.response();
   DEJA_RETURN_IF_ERROR(rules::CheckTopN(r.top_n_tokens(), "response.top_n_tokens"));

@@ -55,9 +55,14 @@ struct ModelLimits {
 };
 
 // A request with every default resolved.
+// The API a request arrived through (the metrics' `protocol` label).
+enum class Protocol { kGrpc, kOpenAi };
+inline const char* ProtocolLabel(Protocol p) { return p == Protocol::kGrpc ? "grpc" : "openai"; }
+
 struct ResolvedRequest {
   // The client's id; empty when the server is to assign one.
   std::string request_id;
+  Protocol protocol = Protocol::kGrpc;
   // Prompt ids, BOS included for text prompts.
   std::vector<int32_t> prompt;
   bool text_prompt = false;

@@ -5,9 +5,11 @@
 #include <glog/logging.h>
 
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <boost/beast/version.hpp>
 #include <cctype>
 #include <chrono>
@@ -15,6 +17,7 @@
 #include <deque>
 #include <optional>
 #include <thread>
+#include <type_traits>
 
 namespace deja::http {
 
@@ -70,8 +73,10 @@ struct HttpServer::Impl {
   int port = 0;
   std::atomic<int> connections{0};
   std::atomic<uint64_t> requests{0};
+  std::atomic<int> in_flight{0};
   std::thread thread;
   asio::io_context ioc{1};
+  std::optional<asio::ssl::context> ssl;  // set when the server speaks TLS
   tcp::acceptor acceptor{ioc};
 
   void Accept();
@@ -79,19 +84,53 @@ struct HttpServer::Impl {
 
 namespace {
 
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+
 // One connection: read a request (bounded in size and time), answer it, and read the next while
-// the client keeps the connection alive.
-class Session : public std::enable_shared_from_this<Session> {
+// the client keeps the connection alive. Stream: beast::tcp_stream, or TlsStream over it (the
+// handshake first, under the request timeout).
+template <typename Stream>
+class Session : public std::enable_shared_from_this<Session<Stream>> {
+  static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
+  using std::enable_shared_from_this<Session<Stream>>::shared_from_this;
+
  public:
   Session(tcp::socket socket, HttpServer::Impl* server)
-      : stream_(std::move(socket)), server_(server) {
+      : stream_(MakeStream(std::move(socket), server)), server_(server) {
     server_->connections.fetch_add(1, std::memory_order_relaxed);
   }
-  ~Session() { server_->connections.fetch_sub(1, std::memory_order_relaxed); }
+  ~Session() {
+    ReplyDone();
+    server_->connections.fetch_sub(1, std::memory_order_relaxed);
+  }
 
-  void Start() { Read(true); }
+  void Start() {
+    if constexpr (kTls) {
+      Tcp().expires_after(std::chrono::milliseconds(server_->options.request_timeout_ms));
+      stream_.async_handshake(asio::ssl::stream_base::server,
+                              [self = shared_from_this()](beast::error_code ec) {
+                                if (ec) {
+                                  VLOG(1) << self->server_->options.name
+                                          << ": TLS handshake failed: " << ec.message();
+                                  return self->Tcp().close();
+                                }
+                                self->Read(true);
+                              });
+    } else {
+      Read(true);
+    }
+  }
 
  private:
+  static Stream MakeStream(tcp::socket socket, HttpServer::Impl* server) {
+    if constexpr (kTls) {
+      return Stream(std::move(socket), *server->ssl);
+    } else {
+      return Stream(std::move(socket));
+    }
+  }
+  beast::tcp_stream& Tcp() { return beast::get_lowest_layer(stream_); }
+
   void Read(bool first) {
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(server_->options.max_header_bytes));
@@ -99,8 +138,8 @@ class Session : public std::enable_shared_from_this<Session> {
     // The first request of a connection has the request timeout; a kept-alive connection waits
     // for its next request up to the idle timeout, then the request timeout applies again (Beast
     // resets it on each read; the bound below is the whole request's).
-    stream_.expires_after(std::chrono::milliseconds(first ? server_->options.request_timeout_ms
-                                                          : server_->options.idle_timeout_ms));
+    Tcp().expires_after(std::chrono::milliseconds(first ? server_->options.request_timeout_ms
+                                                        : server_->options.idle_timeout_ms));
     bhttp::async_read(stream_, buffer_, *parser_,
                       [self = shared_from_this()](beast::error_code ec, std::size_t) {
                         self->OnRead(ec);
@@ -109,7 +148,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void OnRead(beast::error_code ec) {
     if (ec == bhttp::error::end_of_stream || ec == beast::error::timeout ||
-        ec == asio::error::operation_aborted || ec == asio::error::connection_reset) {
+        ec == asio::error::operation_aborted || ec == asio::error::connection_reset ||
+        ec == asio::ssl::error::stream_truncated) {
       return Close();
     }
     if (ec == bhttp::error::header_limit) {
@@ -135,8 +175,10 @@ class Session : public std::enable_shared_from_this<Session> {
     keep_alive_ = req.keep_alive() && server_->options.keep_alive;
     // No deadline while the handler works; each write has one. A read of one byte watches for
     // the client going away meanwhile.
-    stream_.expires_never();
+    Tcp().expires_never();
     replying_ = true;
+    counted_ = true;
+    server_->in_flight.fetch_add(1, std::memory_order_relaxed);
     responder_ = std::make_shared<SessionResponder>(shared_from_this());
     WatchClient();
     server_->handler(r, responder_);
@@ -210,34 +252,42 @@ class Session : public std::enable_shared_from_this<Session> {
     void Post(F f) {
       std::shared_ptr<Session> s = session_.lock();
       if (!s) return;
-      auto ex = s->stream_.get_executor();
+      auto ex = s->Tcp().get_executor();
       asio::post(ex, [s, f = std::move(f)]() mutable { f(*s); });
     }
     std::weak_ptr<Session> session_;
   };
 
-  // While a reply is pending or streaming, a read that completes means the client closed (or
-  // sent more than it should, which ends the connection too).
+  // While a reply is pending or streaming, the socket turning readable means the client closed
+  // (or sent more than it should, a TLS close_notify included, which ends the connection too).
+  // The wait reads nothing, so it neither disturbs TLS nor runs under the stream's timeouts.
   void WatchClient() {
     const uint64_t gen = ++watch_gen_;
-    stream_.socket().async_read_some(
-        asio::buffer(watch_byte_, 1),
-        [self = shared_from_this(), gen](beast::error_code ec, std::size_t) {
+    Tcp().socket().async_wait(
+        tcp::socket::wait_read, [self = shared_from_this(), gen](beast::error_code ec) {
           // A watch cancelled because the reply went out, or one of an earlier request.
           if (gen != self->watch_gen_ || ec == asio::error::operation_aborted) return;
           self->ClientGone();
         });
   }
 
+  // The current request's reply is out (or will never be): it leaves in_flight.
+  void ReplyDone() {
+    if (!counted_) return;
+    counted_ = false;
+    server_->in_flight.fetch_sub(1, std::memory_order_relaxed);
+  }
+
   void ClientGone() {
     if (!replying_ && !(streaming_ && !closing_)) return;
     replying_ = false;
+    ReplyDone();
     if (gone_) {
       auto f = std::move(gone_);
       gone_ = nullptr;
       f();
     }
-    Close();
+    Close(/*graceful=*/false);
   }
 
   // Streamed bytes go out in order, one write in flight.
@@ -248,11 +298,14 @@ class Session : public std::enable_shared_from_this<Session> {
   void WriteNext() {
     if (out_.empty()) {
       writing_ = false;
-      if (closing_) Close();
+      if (closing_) {
+        ReplyDone();
+        Close();
+      }
       return;
     }
     writing_ = true;
-    stream_.expires_after(std::chrono::milliseconds(server_->options.request_timeout_ms));
+    Tcp().expires_after(std::chrono::milliseconds(server_->options.request_timeout_ms));
     asio::async_write(stream_, asio::buffer(out_.front()),
                       [self = shared_from_this()](beast::error_code ec, std::size_t) {
                         self->out_.pop_front();
@@ -267,26 +320,41 @@ class Session : public std::enable_shared_from_this<Session> {
     // the parser's.
     ++watch_gen_;
     beast::error_code ignored;
-    stream_.socket().cancel(ignored);
+    Tcp().socket().cancel(ignored);
     auto res = std::make_shared<bhttp::response<bhttp::string_body>>(
         ToBeast(r, version_, keep_alive));
-    stream_.expires_after(std::chrono::milliseconds(server_->options.request_timeout_ms));
+    Tcp().expires_after(std::chrono::milliseconds(server_->options.request_timeout_ms));
     server_->requests.fetch_add(1, std::memory_order_relaxed);
     bhttp::async_write(stream_, *res,
                        [self = shared_from_this(), res, keep_alive](beast::error_code ec,
                                                                     std::size_t) {
+                         self->ReplyDone();
                          if (ec || !keep_alive) return self->Close();
                          self->Read(false);
                        });
   }
 
-  void Close() {
+  // graceful: a TLS connection says close_notify first (nothing else may be in flight then).
+  void Close(bool graceful = true) {
+    if (closed_) return;
+    closed_ = true;
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    stream_.close();
+    if (kTls && !graceful) {
+      Tcp().close();
+      return;
+    }
+    if constexpr (kTls) {
+      // close_notify, waiting up to a second for the client's, then the socket.
+      Tcp().expires_after(std::chrono::seconds(1));
+      stream_.async_shutdown(
+          [self = shared_from_this()](beast::error_code) { self->Tcp().close(); });
+    } else {
+      Tcp().socket().shutdown(tcp::socket::shutdown_send, ignored);
+      Tcp().close();
+    }
   }
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   unsigned version_ = 11;
@@ -299,8 +367,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool streaming_ = false;  // the reply is a stream
   bool closing_ = false;    // the stream ended: close once its bytes are out
   bool writing_ = false;
+  bool counted_ = false;  // the current request counts in the server's in_flight
+  bool closed_ = false;
   std::deque<std::string> out_;
-  char watch_byte_[1];
   uint64_t watch_gen_ = 0;
 };
 
@@ -313,8 +382,10 @@ void HttpServer::Impl::Accept() {
       if (connections.load(std::memory_order_relaxed) >= options.max_connections) {
         beast::error_code ignored;
         socket.close(ignored);  // over the cap: closed at once
+      } else if (ssl) {
+        std::make_shared<Session<TlsStream>>(std::move(socket), this)->Start();
       } else {
-        std::make_shared<Session>(std::move(socket), this)->Start();
+        std::make_shared<Session<beast::tcp_stream>>(std::move(socket), this)->Start();
       }
     } else {
       LOG_EVERY_N(WARNING, 100) << options.name << ": accept failed: " << ec.message();
@@ -346,6 +417,23 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::StartAsync(const ServerOptions
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->handler = std::move(handler);
+  if (options.tls_cert_chain.empty() != options.tls_private_key.empty()) {
+    return InvalidArgument(options.name + ": a TLS certificate chain and key go together");
+  }
+  if (!options.tls_cert_chain.empty()) {
+    impl->ssl.emplace(asio::ssl::context::tls_server);
+    asio::ssl::context& ctx = *impl->ssl;
+    ctx.set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                    asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                    asio::ssl::context::no_tlsv1_1 | asio::ssl::context::single_dh_use);
+    ctx.use_certificate_chain(asio::buffer(options.tls_cert_chain), ec);
+    if (!ec) ctx.use_private_key(asio::buffer(options.tls_private_key), asio::ssl::context::pem, ec);
+    if (!ec && !options.tls_client_ca.empty()) {
+      ctx.add_certificate_authority(asio::buffer(options.tls_client_ca), ec);
+      ctx.set_verify_mode(asio::ssl::verify_peer | asio::ssl::verify_fail_if_no_peer_cert);
+    }
+    if (ec) return InvalidArgument(options.name + ": TLS material refused: " + ec.message());
+  }
   const tcp::endpoint endpoint(address, static_cast<unsigned short>(options.port));
   const std::string where = options.host + ":" + std::to_string(options.port);
   impl->acceptor.open(endpoint.protocol(), ec);
@@ -381,5 +469,15 @@ int HttpServer::connections() const {
   return impl_->connections.load(std::memory_order_relaxed);
 }
 uint64_t HttpServer::requests() const { return impl_->requests.load(std::memory_order_relaxed); }
+int HttpServer::in_flight() const { return impl_->in_flight.load(std::memory_order_relaxed); }
+
+bool HttpServer::WaitIdle(std::chrono::milliseconds timeout) const {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (in_flight() > 0) {
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
 
 }  // namespace deja::http

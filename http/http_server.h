@@ -1,4 +1,5 @@
-// HttpServer: deja's HTTP/1.1 endpoints on Boost.Beast (Debian's libboost-dev), one thread
+// HttpServer: deja's HTTP/1.1 endpoints (plaintext or TLS, OpenSSL through Asio) on Boost.Beast
+// (Debian's libboost-dev), one thread
 // running an Asio io_context that multiplexes every connection asynchronously, so idle or slow
 // clients hold a socket and a few kilobytes, never a thread.
 //
@@ -11,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -80,6 +82,11 @@ struct ServerOptions {
   bool keep_alive = true;
   // For log lines: what this server serves ("metrics", ...).
   std::string name = "http";
+  // TLS: the PEM certificate chain and private key (both, or neither: plaintext), and the PEM
+  // CAs that client certificates must chain to (empty: none is asked for).
+  std::string tls_cert_chain;
+  std::string tls_private_key;
+  std::string tls_client_ca;
 };
 
 class HttpServer {
@@ -99,6 +106,10 @@ class HttpServer {
   // Open connections now, and requests answered so far.
   int connections() const;
   uint64_t requests() const;
+  // Requests received whose reply has not been written out (or abandoned by its client) yet.
+  int in_flight() const;
+  // Waits until in_flight() is 0 (the replies a drain let finish have left); false on timeout.
+  bool WaitIdle(std::chrono::milliseconds timeout) const;
 
   struct Impl;
 

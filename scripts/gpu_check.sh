@@ -227,7 +227,7 @@ serve_once() {
   t="127.0.0.1:$port"
   echo "== serve --tp $tp"
   "$deja" serve --device "$dev" --tp "$tp" --model "$here/models/opt-mini" --port "$port" \
-    --dtype checkpoint --kv-dtype f32 --metrics-port -1 >"$logs/serve_tp$tp.log" 2>&1 &
+    --dtype checkpoint --kv-dtype f32 --metrics-port -1 --http-port -1 >"$logs/serve_tp$tp.log" 2>&1 &
   pid=$!
   local up=0
   for _ in $(seq 1 120); do

@@ -53,3 +53,12 @@ then
     echo "note: a Python package did not install: tools/checkpoints, the Python proto tests," \
       "tests/monitoring and tests/deploy need them"
 fi
+
+# The test venv (.venv, over the system's packages): the official `openai` SDK, which
+# tests/openai drives the OpenAI-compatible API with.
+venv="$(cd "$(dirname "$0")/.." && pwd)/.venv"
+if ! "$venv/bin/python3" -c "import openai" 2>/dev/null; then
+  python3 -m venv --system-site-packages "$venv" &&
+    "$venv/bin/python3" -m pip install -q openai ||
+    echo "note: the openai package did not install into .venv: tests/openai needs it"
+fi

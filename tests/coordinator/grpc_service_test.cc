@@ -213,7 +213,8 @@ TEST_F(GrpcServiceTest, BearerTokenIsCheckedBeforeAnythingElse) {
   }
   EXPECT_TRUE(client_->steps().empty());
   EXPECT_NE(
-      registry_.Serialize().find("deja_coordinator_rejections_total{reason=\"unauthenticated\"} " +
+      registry_.Serialize().find(
+          "deja_coordinator_rejections_total{protocol=\"grpc\",reason=\"unauthenticated\"} " +
                                  std::to_string(refused) + "\n"),
       std::string::npos)
       << registry_.Serialize();
@@ -327,7 +328,8 @@ TEST_F(GrpcServiceTest, CancelledCallsAreNotCountedAsInvalid) {
   }
   // The series exists from the start at zero; no cancelled call may have counted.
   const std::string text = registry_.Serialize();
-  EXPECT_NE(text.find("rejections_total{reason=\"invalid_argument\"} 0\n"), std::string::npos)
+  EXPECT_NE(text.find("rejections_total{protocol=\"grpc\",reason=\"invalid_argument\"} 0\n"),
+            std::string::npos)
       << text.substr(text.find("rejections_total"), 300);
 }
 

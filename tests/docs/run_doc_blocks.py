@@ -29,8 +29,9 @@ What the script substitutes, in every block it runs:
   - PATH starts with the build's cli/ and lab/ (the docs' bare `deja` and `deja-lab`), HOME is
     a temporary directory,
     DEJA_LOG_LEVEL is 1 (no INFO lines) unless it is set;
-  - for the blocks of a server: its port for 50051 and its metrics port for 9090 (each server
-    gets free ports); `--port`/`--metrics-port` added to a `deja serve` that names none, and
+  - for the blocks of a server: its port for 50051, its metrics port for 9090 and its OpenAI
+    API port for 8000 (each server gets free ports); `--port`/`--metrics-port`/`--http-port`
+    added to a `deja serve` that names none, and
     `--target` to a `deja client` or `examples/python_client.py` that names none; `--host
     0.0.0.0` becomes `--host 127.0.0.1` (nothing is served to other hosts).
 Each block runs as `bash -e -o pipefail` with a time limit. examples/README.md runs first: it
@@ -71,7 +72,8 @@ NOT_IN_CI = [
     (r"--device\s+cuda|\bnvidia-smi\b|gpu_check\.sh", "a GPU"),
 ]
 READY = "deja: ready"
-SERVING_RE = re.compile(r"deja: serving on ([^:\s]+):(\d+) \(metrics on port (-?\d+)\)")
+SERVING_RE = re.compile(
+    r"deja: serving on ([^:\s]+):(\d+) \(metrics on port (-?\d+), OpenAI API on port (-?\d+)\)")
 
 
 class Block:
@@ -202,9 +204,10 @@ def substitute(block, server):
         text = text.replace(old, new)
     if server is None:
         return text
-    port, mport = server["port"], server["metrics_port"]
+    port, mport, hport = server["port"], server["metrics_port"], server["http_port"]
     text = re.sub(r"(?<!\d)50051(?!\d)", str(port), text)
     text = re.sub(r"(?<!\d)9090(?!\d)", str(mport), text)
+    text = re.sub(r"(?<!\d)8000(?!\d)", str(hport), text)
     text = re.sub(r"--host(\s+|=)0\.0\.0\.0\b", r"--host\g<1>127.0.0.1", text)
     out = []
     for ln in logical_lines(text):
@@ -217,6 +220,8 @@ def substitute(block, server):
                 extra += f" --port {port}"
             if "--metrics-port" not in ln:
                 extra += f" --metrics-port {mport}"
+            if "--http-port" not in ln:
+                extra += f" --http-port {hport}"
             ln = re.sub(r"\bdeja serve\b", lambda m: m.group(0) + extra, ln, count=1)
         if re.search(r"\bdeja client\s+\w+", ln) and "--target" not in ln:
             target = f" --target 127.0.0.1:{port}"
@@ -282,7 +287,7 @@ class Runner:
         self.env["DEJA_LOG_LEVEL"] = self.env.get("DEJA_LOG_LEVEL", "1")
 
     # Servers ----------------------------------------------------------------------------------
-    def start_server(self, script, port, mport, owner):
+    def start_server(self, script, port, mport, hport, owner):
         """Runs `script` in the background until a server in it is ready; None if it is not."""
         self.stop_server()
         log = os.path.join(self.logs, f"server-{len(self.results)}.log")
@@ -294,7 +299,8 @@ class Runner:
                                 env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         out.close()
-        self.server = dict(proc=proc, port=port, metrics_port=mport, log=log, owner=owner)
+        self.server = dict(proc=proc, port=port, metrics_port=mport, http_port=hport, log=log,
+                           owner=owner)
         deadline = time.monotonic() + self.args.timeout
         while time.monotonic() < deadline:
             text = open(log, errors="replace").read()
@@ -335,9 +341,10 @@ class Runner:
     def ensure_shared_server(self):
         if self.server is not None and self.server["owner"] == "shared":
             return None
-        port, mport = free_port(), free_port()
-        return self.start_server(f"{SHARED_SERVER} --port {port} --metrics-port {mport}",
-                                 port, mport, "shared")
+        port, mport, hport = free_port(), free_port(), free_port()
+        return self.start_server(
+            f"{SHARED_SERVER} --port {port} --metrics-port {mport} --http-port {hport}",
+            port, mport, hport, "shared")
 
     # Blocks -----------------------------------------------------------------------------------
     def run_script(self, script):
@@ -392,13 +399,13 @@ class Runner:
             return
         t0 = time.monotonic()
         if block.kind == "starts-server":
-            port, mport = free_port(), free_port()
+            port, mport, hport = free_port(), free_port(), free_port()
             try:
-                script = substitute(block, dict(port=port, metrics_port=mport))
+                script = substitute(block, dict(port=port, metrics_port=mport, http_port=hport))
             except ValueError as e:
                 self.fail(block, str(e))
                 return
-            why = self.start_server(script, port, mport, owner=block.path)
+            why = self.start_server(script, port, mport, hport, owner=block.path)
             if why:
                 self.fail(block, why, script, self.server_log(), time.monotonic() - t0)
                 self.stop_server()

@@ -129,7 +129,7 @@ def test_live(source, deja):
             serve_log = open(os.path.join(d, "serve.log"), "w+")
             procs.append(subprocess.Popen(
                 [deja, "serve", "--model", os.path.join(source, "models/opt-mini"), "--port", "0",
-                 "--metrics-port", str(metrics_port)], stdout=serve_log, stderr=subprocess.STDOUT))
+                 "--metrics-port", str(metrics_port), "--http-port", "-1"], stdout=serve_log, stderr=subprocess.STDOUT))
             target = None
             for _ in range(240):
                 serve_log.seek(0)
@@ -234,7 +234,7 @@ def test_logs(source, deja):
         logs = os.path.join(d, "logs")
         os.mkdir(logs)
         proc, target = start_serve(deja, ["--model", os.path.join(source, "models/opt-mini"),
-                                          "--tp", "2", "--metrics-port", "-1", "--log-dir", logs,
+                                          "--tp", "2", "--metrics-port", "-1", "--http-port", "-1", "--log-dir", logs,
                                           "-v", "1"], os.path.join(d, "serve.out"))
         try:
             check(target is not None, "deja serve --tp 2 --log-dir -v 1 became ready")

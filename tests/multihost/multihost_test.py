@@ -146,7 +146,7 @@ class Group:
         c = self.net.addr("c")
         log = open(f"{self.d}/coordinator.log", "w")
         p = self.net.popen("c", [self.deja, "coordinator", "--model", self.model, "--tp", "2",
-                                 "--host", c, "--port", "50051", "--metrics-port", "-1",
+                                 "--host", c, "--port", "50051", "--metrics-port", "-1", "--http-port", "-1",
                                  "--internal-host", c, "--internal-port", "50052",
                                  "--group-secret-file", f"{self.d}/secret",
                                  "--step-timeout-ms", str(STEP_TIMEOUT_MS),

@@ -19,7 +19,7 @@ class CachePolicyServingTest : public ServerSuite {
   static void SetUpTestSuite() {
     StartSuite("cache_policy",
                {DEJA_BINARY,       "serve", "--model",        ModelDir(),   "--tp",           "2",
-                "--port",          "0",     "--metrics-port", "0",          "--threads",      "1",
+                "--port",          "0",     "--metrics-port", "0", "--http-port", "-1",          "--threads",      "1",
                 "--kv-memory-mb",  "64",    "--kv-policy",    "h2o",        "--heavy-tokens", "4",
                 "--recent-tokens", "4",     "--dtype",        "checkpoint", "--kv-dtype",     "f32",
                 "--locret-chunk",  "16"});

@@ -108,7 +108,7 @@ TEST(FailureTest, KilledOrHungWorkerFailsRequestsFastAndTheGroupRecovers) {
   }
   const std::string m = Scrape(server.metrics_port());
   EXPECT_GE(Metric(m, "deja_coordinator_group_losses_total"), 2);
-  EXPECT_GE(Metric(m, "deja_coordinator_requests_total{code=\"UNAVAILABLE\",finish_reason=\"\"}"),
+  EXPECT_GE(Metric(m, "deja_coordinator_requests_total{code=\"UNAVAILABLE\",finish_reason=\"\",protocol=\"grpc\"}"),
             2);
 }
 
@@ -162,7 +162,7 @@ TEST(FailureTest, QueueAndKvFullAreRefusedAtOnceThenSigtermDrains) {
 
 TEST(FailureTest, TensorParallelSizeMustDivideTheModel) {
   test_util::ChildProcess p({DEJA_BINARY, "serve", "--model", ModelDir(), "--tp", "3", "--port",
-                             "0", "--metrics-port", "-1"},
+                             "0", "--metrics-port", "-1", "--http-port", "-1"},
                             LogPath("tp3"));
   EXPECT_EQ(p.ExitCode(milliseconds(20000)), 2);
   EXPECT_NE(p.Log().find("must divide"), std::string::npos) << p.Log();
@@ -172,14 +172,14 @@ TEST(FailureTest, TensorParallelSizeMustDivideTheModel) {
 // /metrics listens on the API's host unless told otherwise.
 TEST(FailureTest, PortInUseIsAnErrorAndMetricsBindTheApiHost) {
   Server first("port_first", {DEJA_BINARY, "coordinator", "--model", ModelDir(), "--tp", "2",
-                              "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
+                              "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", "--http-port", "-1",
                               "--internal-port", "0", "--insecure-internal"});
   ASSERT_TRUE(first.WaitListening()) << first.Log();
   EXPECT_EQ(ListenAddress(first.metrics_port()), "0100007F");
   const std::string port = first.target().substr(first.target().rfind(':') + 1);
   test_util::ChildProcess second(
       {DEJA_BINARY, "coordinator", "--model", ModelDir(), "--tp", "2", "--host", "127.0.0.1",
-       "--port", port, "--metrics-port", "-1", "--internal-port", "0", "--insecure-internal"},
+       "--port", port, "--metrics-port", "-1", "--http-port", "-1", "--internal-port", "0", "--insecure-internal"},
       LogPath("port_second"));
   EXPECT_NE(second.ExitCode(milliseconds(20000)), 0) << second.Log();
   EXPECT_NE(second.Log().find("cannot listen on 127.0.0.1:" + port), std::string::npos)

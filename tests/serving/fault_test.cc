@@ -158,7 +158,7 @@ TEST(FaultTest, LogsOnAFullDiskDoNotStopServing) {
   ASSERT_GT(port, 0);
   // Every log line of serve and its workers fails with ENOSPC.
   test_util::ChildProcess serve({DEJA_BINARY, "serve", "--model", ModelDir(), "--tp", "2", "--port",
-                                 std::to_string(port), "--metrics-port", "-1", "--threads", "1"},
+                                 std::to_string(port), "--metrics-port", "-1", "--http-port", "-1", "--threads", "1"},
                                 "/dev/full");
   ASSERT_GT(serve.pid(), 0);
   auto channel =

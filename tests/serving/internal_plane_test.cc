@@ -191,7 +191,7 @@ TEST(InternalPlaneTest, AFreedRankCannotBeTakenAndTheGroupRecovers) {
   std::unique_ptr<ReferenceModel> ref = ReferenceModel::Load();
   ASSERT_TRUE(ref->ok());
   Server server("plane", {DEJA_BINARY, "serve", "--model", ModelDir(), "--tp", "2", "--port", "0",
-                          "--metrics-port", "-1", "--threads", "1"});
+                          "--metrics-port", "-1", "--http-port", "-1", "--threads", "1"});
   ASSERT_TRUE(server.WaitListening()) << server.Log();
   ASSERT_TRUE(WaitHealth(server.channel(), kServing)) << server.Log();
   ASSERT_NE(server.internal_target(), server.target());
@@ -278,7 +278,7 @@ TEST(InternalPlaneTest, AFreedRankCannotBeTakenAndTheGroupRecovers) {
 TEST(InternalPlaneTest, StandaloneCommandsNeedASecretOrInsecureInternal) {
   test_util::TempDir tmp;
   std::vector<std::string> coordinator = {DEJA_BINARY, "coordinator", "--model", ModelDir()};
-  coordinator.insert(coordinator.end(), {"--tp", "2", "--port", "0", "--metrics-port", "-1"});
+  coordinator.insert(coordinator.end(), {"--tp", "2", "--port", "0", "--metrics-port", "-1", "--http-port", "-1"});
   coordinator.insert(coordinator.end(), {"--internal-port", "0"});
   test_util::ChildProcess none(coordinator, tmp.File("none.log"));
   EXPECT_EQ(none.ExitCode(milliseconds(20000)), 2) << none.Log();

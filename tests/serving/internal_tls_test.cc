@@ -110,7 +110,7 @@ TEST(InternalTlsTest, ServesOverMutualTlsAndRefusesPeersWithoutAGoodCertificate)
   ASSERT_TRUE(ref->ok());
   const std::string d = tmp.path() + "/";
   std::vector<std::string> args = {DEJA_BINARY, "serve", "--model", ModelDir(), "--tp", "2"};
-  args.insert(args.end(), {"--port", "0", "--metrics-port", "-1", "--threads", "1"});
+  args.insert(args.end(), {"--port", "0", "--metrics-port", "-1", "--http-port", "-1", "--threads", "1"});
   args.insert(args.end(), {"--internal-tls-cert", d + "group.pem", "--internal-tls-key",
                            d + "group.key", "--internal-tls-ca", d + "group-ca.pem"});
   args.insert(args.end(), {"--internal-tls-server-name", kGroupName});
@@ -156,7 +156,7 @@ TEST(InternalTlsTest, APartialSetOfFlagsIsRefused) {
   test_util::TempDir tmp;
   ASSERT_TRUE(MakeCertificates(tmp.path(), "group"));
   test_util::ChildProcess p({DEJA_BINARY, "coordinator", "--model", ModelDir(), "--tp", "2",
-                             "--port", "0", "--metrics-port", "-1", "--internal-port", "0",
+                             "--port", "0", "--metrics-port", "-1", "--http-port", "-1", "--internal-port", "0",
                              "--insecure-internal", "--internal-tls-cert", tmp.File("group.pem")},
                             tmp.File("partial.log"));
   EXPECT_EQ(p.ExitCode(milliseconds(20000)), 2) << p.Log();

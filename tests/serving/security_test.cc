@@ -185,7 +185,7 @@ TEST_F(SecurityTest, EveryMethodNeedsAnAcceptedTokenAndRefusalsNeverReachTheEngi
     ++refused;
   }
   const std::string after = scrape();
-  const std::string rejected = "deja_coordinator_rejections_total{reason=\"unauthenticated\"}";
+  const std::string rejected = "deja_coordinator_rejections_total{protocol=\"grpc\",reason=\"unauthenticated\"}";
   EXPECT_EQ(Series(after, rejected) - Series(before, rejected), refused) << after;
   EXPECT_EQ(Series(after, "deja_coordinator_prompt_tokens_total"),
             Series(before, "deja_coordinator_prompt_tokens_total"));
@@ -403,7 +403,7 @@ TEST(SecurityFlagsTest, BadValuesFailAtOnceNamingTheFlag) {
   for (const char* command : {"serve", "coordinator"}) {
     for (const Case& c : cases) {
       std::vector<std::string> args = {DEJA_BINARY, command, "--model",        ModelDir(),
-                                       "--port",    "0",     "--metrics-port", "-1"};
+                                       "--port",    "0",     "--metrics-port", "-1", "--http-port", "-1"};
       // A standalone coordinator also needs a group secret, refused first without one.
       if (std::string(command) == "coordinator") args.push_back("--insecure-internal");
       args.insert(args.end(), c.flags.begin(), c.flags.end());

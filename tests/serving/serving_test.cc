@@ -18,7 +18,7 @@ class ServingTest : public ServerSuite {
  protected:
   static void SetUpTestSuite() {
     StartSuite("main", {DEJA_BINARY, "serve", "--model", ModelDir(), "--tp", "2", "--port", "0",
-                        "--metrics-port", "0", "--threads", "1", "--max-batch-sequences", "16",
+                        "--metrics-port", "0", "--http-port", "-1", "--threads", "1", "--max-batch-sequences", "16",
                         "--max-queue", "64", "--kv-memory-mb", "64",
                         // The references compute with the checkpoint's dtypes.
                         "--dtype", "checkpoint", "--kv-dtype", "f32"});
@@ -369,7 +369,7 @@ TEST_F(ServingTest, EveryValidationRuleIsInvalidArgumentNamingTheField) {
     }
   }
   const std::string m = Scrape(server_->metrics_port());
-  EXPECT_GE(Metric(m, "deja_coordinator_rejections_total{reason=\"invalid_argument\"}"),
+  EXPECT_GE(Metric(m, "deja_coordinator_rejections_total{protocol=\"grpc\",reason=\"invalid_argument\"}"),
             2.0 * rules.size());
 }
 
@@ -378,7 +378,7 @@ TEST_F(ServingTest, EveryValidationRuleIsInvalidArgumentNamingTheField) {
 // run with.
 TEST(AutoDtypeServingTest, ModelInfoReportsWhatTheWorkersChose) {
   Server server("auto_dtype", {DEJA_BINARY, "serve", "--model", ModelDir(), "--tp", "1", "--port",
-                               "0", "--metrics-port", "-1", "--threads", "1"});
+                               "0", "--metrics-port", "-1", "--http-port", "-1", "--threads", "1"});
   ASSERT_TRUE(server.WaitListening()) << server.Log();
   ASSERT_TRUE(WaitHealth(server.channel(), kServing)) << server.Log();
   const v1::ModelInfo info = ModelInfoOf(server.stub());
@@ -391,7 +391,7 @@ TEST(AutoDtypeServingTest, ModelInfoReportsWhatTheWorkersChose) {
 // generation runs and stops at its length.
 TEST(Int8ServingTest, TensorParallelInt8Serves) {
   Server server("int8", {DEJA_BINARY, "serve", "--model", ModelDir(), "--tp", "2", "--port", "0",
-                         "--metrics-port", "-1", "--threads", "2", "--dtype", "int8"});
+                         "--metrics-port", "-1", "--http-port", "-1", "--threads", "2", "--dtype", "int8"});
   ASSERT_TRUE(server.WaitListening()) << server.Log();
   ASSERT_TRUE(WaitHealth(server.channel(), kServing)) << server.Log();
   {

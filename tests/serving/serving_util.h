@@ -67,7 +67,9 @@ class Server {
   // Waits for the "serving on" and "internal plane" lines; false if the process died or it took
   // too long.
   bool WaitListening(milliseconds timeout = milliseconds(30000)) {
-    const std::regex re("serving on [^:]+:([0-9]+) \\(metrics on port (-?[0-9]+)\\)");
+    const std::regex re(
+        "serving on [^:]+:([0-9]+) \\(metrics on port (-?[0-9]+), OpenAI API on port "
+        "(-?[0-9]+)\\)");
     const std::regex internal_re("internal plane \\(worker rendezvous\\) on ([^\\s]+)");
     const auto end = Clock::now() + timeout;
     while (Clock::now() < end) {
@@ -76,6 +78,7 @@ class Server {
       if (std::regex_search(log, m, re) && std::regex_search(log, internal, internal_re)) {
         port_ = std::stoi(m[1]);
         metrics_port_ = std::stoi(m[2]);
+        http_port_ = std::stoi(m[3]);
         internal_target_ = internal[1];
         channel_ = grpc::CreateChannel(target(), grpc::InsecureChannelCredentials());
         stub_ = v1::TextGeneration::NewStub(channel_);
@@ -130,6 +133,7 @@ class Server {
   // The workers' --coordinator: the internal plane's listener.
   const std::string& internal_target() const { return internal_target_; }
   int metrics_port() const { return metrics_port_; }
+  int http_port() const { return http_port_; }
   v1::TextGeneration::Stub& stub() { return *stub_; }
   std::shared_ptr<grpc::Channel> channel() { return channel_; }
   test_util::ChildProcess& process() { return *process_; }
@@ -140,6 +144,7 @@ class Server {
   std::unique_ptr<test_util::ChildProcess> process_;
   int port_ = 0;
   int metrics_port_ = -1;
+  int http_port_ = -1;
   std::string internal_target_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::TextGeneration::Stub> stub_;
@@ -308,7 +313,7 @@ inline std::vector<std::string> ServeArgs(const std::vector<std::string>& extra,
   std::vector<std::string> args = {
       DEJA_BINARY, "serve",      "--model",        ModelDir(), "--tp",      std::to_string(tp),
       "--port",    "0",          "--metrics-port", "0",        "--threads", "1",
-      "--dtype",   "checkpoint", "--kv-dtype",     "f32"};
+      "--dtype",   "checkpoint", "--kv-dtype",     "f32",      "--http-port", "0"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }
@@ -325,6 +330,8 @@ inline std::vector<std::string> StandaloneCoordinatorArgs(const std::string& sec
           "--port",
           "0",
           "--metrics-port",
+          "-1",
+          "--http-port",
           "-1",
           "--internal-port",
           "0",

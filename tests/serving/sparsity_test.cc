@@ -49,7 +49,7 @@ v1::ModelInfo Info(Server& server) {
 std::vector<std::string> ServeArgs(const std::string& tp, const std::vector<std::string>& extra) {
   std::vector<std::string> args = {
       DEJA_BINARY,      "serve", "--model",   ModelDir(),   "--tp",           tp,
-      "--port",         "0",     "--threads", "1",          "--metrics-port", "0",
+      "--port",         "0",     "--threads", "1",          "--metrics-port", "0", "--http-port", "-1",
       "--kv-memory-mb", "64",    "--dtype",   "checkpoint", "--kv-dtype",     "f32"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
@@ -129,7 +129,7 @@ TEST(SparsityServingTest, DenseServerRefusesSparsityAndKeepsServing) {
   EXPECT_EQ(c.head_count, 0);
   EXPECT_EQ(c.neuron_count, 0);
   const std::string m = Scrape(server.metrics_port());
-  EXPECT_GE(Metric(m, "deja_coordinator_rejections_total{reason=\"failed_precondition\"}"), 2);
+  EXPECT_GE(Metric(m, "deja_coordinator_rejections_total{protocol=\"grpc\",reason=\"failed_precondition\"}"), 2);
 }
 
 TEST(SparsityServingTest, SparseServerRunsModeOnAndMatchesDenseOtherwise) {

@@ -238,6 +238,57 @@ TEST(SamplerTest, RepetitionPenaltyDemotesSeenTokens) {
   EXPECT_EQ(s.Choose(logits.data(), 4, {1})->id, 2);  // negative: -0.5 * 1.5 = -0.75 < -0.6
 }
 
+// Presence and frequency penalties (over the generated tokens only) and a logit bias, against a
+// plain reference on fresh random rows and histories: greedy picks the reference's argmax, and
+// sampling's draws follow the reference's distribution (a fixed seed gives the same draws as a
+// sampler fed the reference's adjusted row with no adjustments).
+TEST(SamplerTest, PresenceFrequencyAndLogitBiasMatchAPlainReference) {
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> n(0.f, 2.f);
+  std::uniform_int_distribution<int32_t> tok(0, 39);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int32_t vocab = 40;
+    std::vector<float> row(vocab);
+    for (float& x : row) x = n(rng);
+    std::vector<int32_t> history(1 + trial % 17);
+    for (int32_t& t : history) t = tok(rng);
+    sampling::SamplingParams p;
+    p.presence_penalty = std::uniform_real_distribution<float>(-2.f, 2.f)(rng);
+    p.frequency_penalty = std::uniform_real_distribution<float>(-2.f, 2.f)(rng);
+    p.output_start = history.size() / 2;
+    p.logit_bias = {{tok(rng), 5.f}, {tok(rng), -100.f}};
+    std::sort(p.logit_bias.begin(), p.logit_bias.end());
+    p.logit_bias.erase(std::unique(p.logit_bias.begin(), p.logit_bias.end(),
+                                   [](auto& a, auto& b) { return a.first == b.first; }),
+                       p.logit_bias.end());
+    // Reference: count the generated ids, subtract, add the biases.
+    std::vector<float> ref = row;
+    std::map<int32_t, int> counts;
+    for (size_t i = p.output_start; i < history.size(); ++i) ++counts[history[i]];
+    for (auto [id, c] : counts) ref[id] -= p.presence_penalty + p.frequency_penalty * c;
+    for (auto [id, b] : p.logit_bias) ref[id] += b;
+    const int32_t want = static_cast<int32_t>(std::max_element(ref.begin(), ref.end()) - ref.begin());
+    sampling::Sampler greedy(p);
+    sampling::TokenChoice c = greedy.Choose(row.data(), vocab, history).value();
+    EXPECT_EQ(c.id, want) << "trial " << trial;
+    // The reported log-probability is the model's own (the raw row's log_softmax).
+    double mx = *std::max_element(row.begin(), row.end()), sum = 0;
+    for (float x : row) sum += std::exp(x - mx);
+    EXPECT_NEAR(c.logprob, row[c.id] - (mx + std::log(sum)), 1e-4);
+    // Sampling: the same draws as a plain sampler given the adjusted row.
+    p.do_sample = true;
+    p.seed = static_cast<uint64_t>(trial);
+    sampling::SamplingParams plain;
+    plain.do_sample = true;
+    plain.seed = p.seed;
+    sampling::Sampler a(p), b(plain);
+    for (int d = 0; d < 5; ++d) {
+      EXPECT_EQ(a.Choose(row.data(), vocab, history)->id, b.Choose(ref.data(), vocab, {})->id)
+          << "trial " << trial << " draw " << d;
+    }
+  }
+}
+
 TEST(SamplerTest, TopNAlternativesAreSortedLogprobs) {
   std::vector<float> logits = {0.1f, 0.9f, 0.5f, 0.7f, -2.f};
   sampling::SamplingParams params;
@@ -257,7 +308,7 @@ TEST(SamplerTest, ValidateNamesTheField) {
     sampling::SamplingParams p;
     const char* field;
   };
-  std::vector<Case> cases(5);
+  std::vector<Case> cases(8);
   cases[0].p.temperature = -1;
   cases[0].field = "temperature";
   cases[1].p.top_p = 0;
@@ -268,6 +319,12 @@ TEST(SamplerTest, ValidateNamesTheField) {
   cases[3].field = "repetition_penalty";
   cases[4].p.top_n = 99;
   cases[4].field = "top_n";
+  cases[5].p.presence_penalty = 2.5f;
+  cases[5].field = "presence_penalty";
+  cases[6].p.frequency_penalty = -3.f;
+  cases[6].field = "frequency_penalty";
+  cases[7].p.logit_bias = {{3, 101.f}};
+  cases[7].field = "logit_bias";
   for (const Case& c : cases) {
     Status s = c.p.Validate();
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
@@ -342,6 +399,11 @@ TEST(SamplerTest, TopCandidatesAreRefusedWhereTheyDoNotDecide) {
   EXPECT_FALSE(sampling::Sampler(p).CanChooseFromTop(64));
   p.top_k = 64;
   EXPECT_TRUE(sampling::Sampler(p).CanChooseFromTop(64));
+  p.logit_bias = {{5, 1.f}};
+  EXPECT_FALSE(sampling::Sampler(p).CanChooseFromTop(64));
+  p.logit_bias.clear();
+  p.presence_penalty = 0.5f;
+  EXPECT_FALSE(sampling::Sampler(p).CanChooseFromTop(64));
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const int32_t id = 3;
   EXPECT_EQ(sampling::Sampler({}).ChooseFromTop(&nan, &id, 1).status().code(),

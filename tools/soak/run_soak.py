@@ -76,7 +76,7 @@ def main():
     log = tempfile.NamedTemporaryFile(prefix="deja_soak_", suffix=".log", delete=False)
     serve = subprocess.Popen(
         [args.binary, "serve", "--model", args.model, "--tp", "2", "--port", str(port),
-         "--metrics-port", "-1", "--threads", str(args.threads),
+         "--metrics-port", "-1", "--http-port", "-1", "--threads", str(args.threads),
          "--max-queue", str(2 * args.streams), "--max-batch-sequences", "64",
          "--kv-memory-mb", "2048", "--wait-for-kv"],
         stdout=log, stderr=subprocess.STDOUT)

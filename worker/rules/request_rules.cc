@@ -47,6 +47,27 @@ Status CheckRepetitionPenalty(float penalty, const std::string& field) {
   return Invalid(field, "must be a finite number > 0, got " + Num(penalty));
 }
 
+Status CheckTokenPenalty(float penalty, const std::string& field) {
+  if (std::isfinite(penalty) && penalty >= -2.f && penalty <= 2.f) return Status::Ok();
+  return Invalid(field, "must be in [-2, 2], got " + Num(penalty));
+}
+
+Status CheckLogitBias(int32_t id, float bias, int32_t vocab, const std::string& field) {
+  if (id < 0 || id >= vocab) {
+    return Invalid(field, "has token id " + std::to_string(id) + ", outside [0, " +
+                              std::to_string(vocab) + ")");
+  }
+  if (std::isfinite(bias) && bias >= -100.f && bias <= 100.f) return Status::Ok();
+  return Invalid(field, "for token id " + std::to_string(id) + " must be in [-100, 100], got " +
+                            Num(bias));
+}
+
+Status CheckLogitBiasCount(size_t count, const std::string& field) {
+  if (count <= static_cast<size_t>(kMaxLogitBias)) return Status::Ok();
+  return Invalid(field, "has " + std::to_string(count) + " entries, at most " +
+                            std::to_string(kMaxLogitBias) + " are allowed");
+}
+
 Status CheckTopN(int64_t top_n, const std::string& field) {
   if (top_n >= 0 && top_n <= kMaxTopNTokens) return Status::Ok();
   return Invalid(field, "must be in [0, " + std::to_string(kMaxTopNTokens) + "], got " +

@@ -27,6 +27,12 @@ Status CheckTopK(int32_t top_k, const std::string& field);
 Status CheckTopP(float top_p, const std::string& field);
 Status CheckRepetitionPenalty(float penalty, const std::string& field);
 Status CheckTopN(int64_t top_n, const std::string& field);
+// OpenAI's presence and frequency penalties: finite, in [-2, 2].
+Status CheckTokenPenalty(float penalty, const std::string& field);
+// Logit bias: at most kMaxLogitBias ids, each in [0, vocab), each bias finite in [-100, 100].
+inline constexpr int kMaxLogitBias = 1024;
+Status CheckLogitBias(int32_t id, float bias, int32_t vocab, const std::string& field);
+Status CheckLogitBiasCount(size_t count, const std::string& field);
 
 // A score decay is in (0, 1], and set for a kind whose scores decay (H2O) only. `asked`: the
 // kind the request named (a budget that reaches the length later runs it as FULL, which is no

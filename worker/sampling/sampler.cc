@@ -81,6 +81,13 @@ Status SamplingParams::Validate() const {
   DEJA_RETURN_IF_ERROR(rules::CheckTopK(top_k, "top_k"));
   DEJA_RETURN_IF_ERROR(rules::CheckTopP(top_p, "top_p"));
   DEJA_RETURN_IF_ERROR(rules::CheckRepetitionPenalty(repetition_penalty, "repetition_penalty"));
+  DEJA_RETURN_IF_ERROR(rules::CheckTokenPenalty(presence_penalty, "presence_penalty"));
+  DEJA_RETURN_IF_ERROR(rules::CheckTokenPenalty(frequency_penalty, "frequency_penalty"));
+  DEJA_RETURN_IF_ERROR(rules::CheckLogitBiasCount(logit_bias.size(), "logit_bias"));
+  for (const auto& [id, bias] : logit_bias) {
+    // The vocabulary is the row's, checked at each choice; ids only need to be >= 0 here.
+    DEJA_RETURN_IF_ERROR(rules::CheckLogitBias(id, bias, INT32_MAX, "logit_bias"));
+  }
   return rules::CheckTopN(top_n, "top_n");
 }
 
@@ -101,9 +108,10 @@ StatusOr<TokenChoice> Sampler::Choose(const float* logits, int32_t vocab,
                                           : std::string("every logit of the row is -inf"));
   }
 
-  // The logits the choice is made from: the raw row unless a penalty changes it.
+  // The logits the choice is made from: the raw row unless a penalty or bias changes it.
   const float* work = logits;
-  if (params_.repetition_penalty != 1.0f || params_.do_sample) {
+  const bool adjusts = params_.AdjustsLogits();
+  if (adjusts || params_.do_sample) {
     work_.assign(logits, logits + vocab);
     work = work_.data();
   }
@@ -115,6 +123,25 @@ StatusOr<TokenChoice> Sampler::Choose(const float* logits, int32_t vocab,
       if (l == logits[id])
         l = l > 0 ? l / params_.repetition_penalty : l * params_.repetition_penalty;
     }
+  }
+  if ((params_.presence_penalty != 0.f || params_.frequency_penalty != 0.f) &&
+      history.size() > params_.output_start) {
+    // Each distinct generated id once: presence + frequency * its count.
+    seen_.assign(history.begin() + static_cast<std::ptrdiff_t>(params_.output_start),
+                 history.end());
+    std::sort(seen_.begin(), seen_.end());
+    for (size_t i = 0; i < seen_.size();) {
+      size_t j = i;
+      while (j < seen_.size() && seen_[j] == seen_[i]) ++j;
+      if (seen_[i] >= 0 && seen_[i] < vocab) {
+        work_[seen_[i]] -= params_.presence_penalty +
+                           params_.frequency_penalty * static_cast<float>(j - i);
+      }
+      i = j;
+    }
+  }
+  for (const auto& [id, bias] : params_.logit_bias) {
+    if (id < vocab) work_[id] += bias;
   }
 
   TokenChoice choice;
@@ -129,7 +156,7 @@ StatusOr<TokenChoice> Sampler::Choose(const float* logits, int32_t vocab,
     // the maxima to -inf (greedy, ties shared) instead of overflowing to inf - inf = NaN.
     const float t = params_.temperature;
     // The raw row's max is known already (LogSumExp); a penalty may have changed it.
-    const float m = params_.repetition_penalty == 1.0f ? max_logit : MaxOf(work_.data(), vocab);
+    const float m = !adjusts ? max_logit : MaxOf(work_.data(), vocab);
     const float shift = std::isfinite(m) ? m : 0.f;
     for (float& l : work_) l = (l - shift) / t;
     // Candidates sorted by logit (descending, ties to the lower id).
@@ -165,7 +192,7 @@ StatusOr<TokenChoice> Sampler::Choose(const float* logits, int32_t vocab,
 }
 
 bool Sampler::CanChooseFromTop(int32_t k) const {
-  if (params_.repetition_penalty != 1.0f || params_.top_n > k) return false;
+  if (params_.AdjustsLogits() || params_.top_n > k) return false;
   return !params_.do_sample || (params_.top_k > 0 && params_.top_k <= k);
 }
 

@@ -1,5 +1,6 @@
 // Token selection from one row of logits: greedy (the default), or sampling with temperature,
-// top-k and top-p (nucleus), with an optional repetition penalty, from a seeded per-sequence
+// top-k and top-p (nucleus), with optional repetition, presence and frequency penalties and a
+// logit bias, from a seeded per-sequence
 // RNG. Reports the chosen token's log-probability and the top-n alternatives under the model's
 // own distribution (log_softmax of the raw logits), as vLLM and TGI do.
 #pragma once
@@ -21,6 +22,17 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;  // > 0; 1 = off (CTRL-style, over prompt and output)
   uint64_t seed = 0;
   int32_t top_n = 0;  // alternatives to report, 0..20
+  // OpenAI-style, over the generated tokens: history from output_start on. 0 = off.
+  float presence_penalty = 0.f;
+  float frequency_penalty = 0.f;
+  size_t output_start = 0;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (id, bias) added to the logits
+
+  // Whether the logits are changed before the choice (a penalty or a bias).
+  bool AdjustsLogits() const {
+    return repetition_penalty != 1.0f || presence_penalty != 0.f || frequency_penalty != 0.f ||
+           !logit_bias.empty();
+  }
 
   // InvalidArgument naming the field.
   Status Validate() const;
@@ -37,7 +49,7 @@ class Sampler {
   explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
 
   // `logits` has `vocab` entries; `history` holds the prompt and generated ids (for the
-  // repetition penalty). Uses scratch buffers owned by the sampler (no per-call allocation
+  // penalties). Uses scratch buffers owned by the sampler (no per-call allocation
   // after the first).
   //
   // Edge cases, all defined: a temperature so small that (logit - max) / T underflows samples
@@ -50,7 +62,7 @@ class Sampler {
                                const std::vector<int32_t>& history);
 
   // Whether the `k` most likely tokens of a row decide this sampler's choice and report: greedy
-  // or top-k sampling with top_k <= k, no repetition penalty, top_n <= k.
+  // or top-k sampling with top_k <= k, no penalty or bias, top_n <= k.
   bool CanChooseFromTop(int32_t k) const;
   // The same choice as Choose from a row's k best (log-prob, id) pairs under log_softmax of the
   // row, best first, ties to the lower id (a device's top candidates, model::StepResult); the
@@ -64,6 +76,7 @@ class Sampler {
   std::vector<float> work_;
   std::vector<double> probs_;
   std::vector<int32_t> order_;
+  std::vector<int32_t> seen_;  // the generated ids, sorted (presence and frequency penalties)
 };
 
 }  // namespace deja::worker::sampling

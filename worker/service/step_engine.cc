@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -191,6 +192,12 @@ Status StepEngine::PlanNew(const deja::v1::SequenceWork& w, Planned* p, uint64_t
   sp.repetition_penalty = s.repetition_penalty() == 0.f ? 1.f : s.repetition_penalty();
   sp.seed = s.seed();
   sp.top_n = static_cast<int32_t>(c.top_n());
+  sp.presence_penalty = s.presence_penalty();
+  sp.frequency_penalty = s.frequency_penalty();
+  sp.output_start = s.output_start();
+  for (const auto& [token, bias] : s.logit_bias()) sp.logit_bias.emplace_back(token, bias);
+  // A map's order is unspecified; the sum of biases does not depend on it, but keep it fixed.
+  std::sort(sp.logit_bias.begin(), sp.logit_bias.end());
   if (Status v = sp.Validate(); !v.ok())
     return InvalidArgument(Seq(id) + "config.sampling." + v.message());
   // A paged cache takes pool blocks as it grows (checked per step in PlanOne), so nothing is
