@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "cli/args.h"
+#include "cli/api_bench.h"
 #include "cli/client_bench.h"
 #include "cli/client_soak.h"
 #include "cli/commands.h"
@@ -239,6 +240,13 @@ Status Run(const std::string& action, const Args& args) {
       DEJA_ASSIGN_OR_RETURN(stop_after, args.Int("stop-after"));
     }
     if (stop_after < 0) return InvalidArgument("--stop-after must be >= 0");
+    if (args.Has("http-target")) {
+      DEJA_ASSIGN_OR_RETURN(int64_t rounds, args.Int("rounds"));
+      if (rounds < 1) return InvalidArgument("--rounds must be >= 1");
+      return RunApiBench(connection, args.Str("http-target"), levels, static_cast<int>(max_new),
+                         args.Has("prompt") ? args.Str("prompt") : "And God said",
+                         static_cast<int>(rounds));
+    }
     return RunClientBench(connection, args.Str("metrics-target"), levels, static_cast<int>(max_new),
                           args.Has("prompt") ? args.Str("prompt") : "And God said",
                           static_cast<int>(stop_after));
@@ -318,7 +326,11 @@ int RunClient(int argc, char** argv, int first) {
       .Flag("cancel-fraction", "soak: streams the client cancels part-way", "0.1")
       .Flag("check-fraction", "soak: finished streams replayed as unary calls and compared", "0.1")
       .Flag("prompt-file", "soak: prompts, one per line (default: a few built in)", "")
-      .Flag("metrics-target", "bench: host:port of the server's /metrics, for step accounting");
+      .Flag("metrics-target", "bench: host:port of the server's /metrics, for step accounting")
+      .Flag("http-target",
+            "bench: host:port of the server's OpenAI API; each level then runs through gRPC and "
+            "HTTP alike and compares them")
+      .Flag("rounds", "bench with --http-target: rounds per level, alternating the APIs", "2");
   AddClientSecurityFlags(args);
   if (first >= argc || std::string(argv[first]).rfind("--", 0) == 0) {
     if (first < argc && (std::string(argv[first]) == "--help")) {

@@ -140,6 +140,8 @@ Status Coordinator::Init() {
   // the other server half of the new connections).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service_.get());
+  kserve_ = std::make_unique<KServeService>(engine_.get(), info.model_name(), auth_.get());
+  builder.RegisterService(kserve_.get());
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
     return Unavailable("cannot listen on " + address + " (in use, or not an address of this host)");

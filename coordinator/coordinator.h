@@ -1,5 +1,6 @@
 // Coordinator: the public endpoint as one object. Loads the tokenizer and config (no weights),
-// hosts deja.v1.TextGeneration, grpc.health.v1 and server reflection on the public gRPC port,
+// hosts deja.v1.TextGeneration, KServe v2's inference.GRPCInferenceService, grpc.health.v1 and
+// server reflection on the public gRPC port,
 // the workers' Rendezvous on an internal one (coordinator/internal_server.h), Prometheus
 // /metrics on a third, the OpenAI-compatible HTTP API on a fourth (off unless http_port is set),
 // and owns the engine and the worker group.
@@ -24,6 +25,7 @@
 #include "common/tokenizer.h"
 #include "coordinator/engine.h"
 #include "coordinator/grpc_service.h"
+#include "coordinator/kserve_service.h"
 #include "coordinator/metrics.h"
 #include "coordinator/openai_service.h"
 #include "coordinator/rendezvous_service.h"
@@ -127,6 +129,7 @@ class Coordinator {
   std::unique_ptr<WorkerGroup> group_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<TextGenerationService> service_;
+  std::unique_ptr<KServeService> kserve_;
   std::unique_ptr<OpenAiService> openai_;
   std::unique_ptr<http::HttpServer> http_server_;
   std::unique_ptr<grpc::Server> server_;

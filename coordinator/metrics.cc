@@ -94,10 +94,10 @@ CoordinatorMetrics::CoordinatorMetrics(metrics::Registry* r, const ModelInfoLabe
       registry_(r),
       requests_(r->AddCounter("deja_coordinator_requests_total",
                               "Finished generation requests by gRPC code, finish reason and "
-                              "API (grpc, openai).",
+                              "API (grpc, openai, kserve).",
                               {"code", "finish_reason", "protocol"})),
       rejections_(r->AddCounter("deja_coordinator_rejections_total",
-                                "Requests refused before queueing, by reason and API (grpc, openai).",
+                                "Requests refused before queueing, by reason and API (grpc, openai, kserve).",
                                 {"reason", "protocol"})),
       step_phase_(r->AddHistogram("deja_coordinator_step_duration_seconds",
                                   "Step time by phase: schedule, workers (RPC round trip), apply, "
@@ -211,7 +211,7 @@ CoordinatorMetrics::CoordinatorMetrics(metrics::Registry* r, const ModelInfoLabe
   }
   // The usual outcomes exist from the start at zero, so that rates and ratios over them have a
   // series before the first request (a labelled family without a series is not exported).
-  for (const char* protocol : {"grpc", "openai"}) {
+  for (const char* protocol : {"grpc", "openai", "kserve"}) {
     for (v1::FinishReason reason :
          {v1::FINISH_REASON_LENGTH, v1::FINISH_REASON_EOS, v1::FINISH_REASON_STOP_SEQUENCE,
           v1::FINISH_REASON_TIME_LIMIT}) {

@@ -42,7 +42,7 @@ class CoordinatorMetrics {
   CoordinatorMetrics(metrics::Registry* registry, const ModelInfoLabels& info);
 
   // Request outcomes: `code` is the gRPC code name ("OK", "CANCELLED", ...); `protocol` the API
-  // the request came through ("grpc", "openai").
+  // the request came through ("grpc", "openai", "kserve").
   void RequestFinished(const std::string& code, v1::FinishReason reason,
                        const std::string& protocol);
   // Requests turned away before queueing: invalid_argument, queue_full, kv_full, draining,

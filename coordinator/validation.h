@@ -56,8 +56,10 @@ struct ModelLimits {
 
 // A request with every default resolved.
 // The API a request arrived through (the metrics' `protocol` label).
-enum class Protocol { kGrpc, kOpenAi };
-inline const char* ProtocolLabel(Protocol p) { return p == Protocol::kGrpc ? "grpc" : "openai"; }
+enum class Protocol { kGrpc, kOpenAi, kKServe };
+inline const char* ProtocolLabel(Protocol p) {
+  return p == Protocol::kGrpc ? "grpc" : p == Protocol::kOpenAi ? "openai" : "kserve";
+}
 
 struct ResolvedRequest {
   // The client's id; empty when the server is to assign one.

@@ -54,11 +54,16 @@ then
       "tests/monitoring and tests/deploy need them"
 fi
 
-# The test venv (.venv, over the system's packages): the official `openai` SDK, which
-# tests/openai drives the OpenAI-compatible API with.
-venv="$(cd "$(dirname "$0")/.." && pwd)/.venv"
-if ! "$venv/bin/python3" -c "import openai" 2>/dev/null; then
-  python3 -m venv --system-site-packages "$venv" &&
-    "$venv/bin/python3" -m pip install -q openai ||
-    echo "note: the openai package did not install into .venv: tests/openai needs it"
-fi
+# The test venvs (over the system's packages) of the third-party clients tests/openai drives the
+# APIs with: .venv holds the official `openai` SDK, .venv-triton `tritonclient[grpc]` (apart: it
+# pins a protobuf older than the grpcio-tools the other tests compile protos with).
+root="$(cd "$(dirname "$0")/.." && pwd)"
+venv_with() {  # venv_with DIR MODULE PACKAGE
+  if ! "$1/bin/python3" -c "import $2" 2>/dev/null; then
+    python3 -m venv --system-site-packages "$1" &&
+      "$1/bin/python3" -m pip install -q "$3" ||
+      echo "note: $3 did not install into $1: tests/openai needs it"
+  fi
+}
+venv_with "$root/.venv" openai openai
+venv_with "$root/.venv-triton" tritonclient.grpc "tritonclient[grpc]"

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import yaml
 
@@ -158,11 +159,47 @@ def test_validate(source):
             lws = next(d for d in docs if d["kind"] == "LeaderWorkerSet")
             check(lws["spec"]["leaderWorkerTemplate"].get("restartPolicy") ==
                   "RecreateGroupOnPodRestart", "multi-node: a failed pod restarts the whole group")
+        check_inference_pool(source, overlay, docs)
         if overlay == "single-node-gpu":
             c = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
             check(config.get("DEJA_DEVICE") == "cuda" and config.get("DEJA_TP") == "8" and
                   c["resources"]["limits"].get("nvidia.com/gpu") == "8",
                   "single-node-gpu: --device cuda --tp 8 on 8 GPUs")
+
+
+def check_inference_pool(source, overlay, docs):
+    """deploy/gateway: the InferencePool's fields (no CRD offline: its v1 shape checked here),
+    its selector picks the overlay's server pods and its port is their OpenAI API's; the
+    HTTPRoute sends /v1/ to the pool."""
+    pool_docs = list(yaml.safe_load_all(open(os.path.join(source,
+                                                          "deploy/gateway/inference-pool.yaml"))))
+    pool = next(d for d in pool_docs if d["kind"] == "InferencePool")
+    route = next(d for d in pool_docs if d["kind"] == "HTTPRoute")
+    spec = pool["spec"]
+    ports = [p.get("number") for p in spec.get("targetPorts", [])]
+    check(pool["apiVersion"] == "inference.networking.k8s.io/v1" and
+          spec.get("selector", {}).get("matchLabels") and 1 <= len(ports) <= 8 and
+          all(isinstance(p, int) and 0 < p < 65536 for p in ports) and
+          spec.get("endpointPickerRef", {}).get("name") and
+          set(spec) <= {"selector", "targetPorts", "endpointPickerRef"},
+          f"{overlay}: InferencePool has the v1 fields (selector, targetPorts, endpointPickerRef)")
+    servers = []
+    for d in docs:
+        for name, pod in pod_specs(d):
+            meta = (d["spec"]["template"] if d["kind"] != "LeaderWorkerSet" else
+                    d["spec"]["leaderWorkerTemplate"]["leaderTemplate"])["metadata"]
+            if not name.endswith("/worker"):
+                servers.append((meta.get("labels", {}), pod))
+    wanted = spec.get("selector", {}).get("matchLabels", {})
+    picked = [pod for labels, pod in servers if wanted.items() <= labels.items()]
+    http = {p["containerPort"] for pod in picked for c in pod["containers"]
+            for p in c.get("ports", []) if p.get("name") == "http"}
+    check(bool(picked) and ports and ports[0] in http,
+          f"{overlay}: the InferencePool selects the server pods, on their http port {sorted(http)}")
+    backend = route["spec"]["rules"][0]["backendRefs"][0]
+    check(backend.get("kind") == "InferencePool" and backend.get("name") == pool["metadata"]["name"]
+          and route["spec"]["rules"][0]["matches"][0]["path"]["value"] == "/v1/",
+          f"{overlay}: the HTTPRoute sends /v1/ to the pool")
 
 
 # CUDA libraries (not Debian's) and the NVIDIA packages that ship them.
@@ -253,7 +290,7 @@ def test_run(source, deja):
     # The image's layout: /opt/deja is this checkout. Ports: free ones instead of the pod's.
     args = [a.replace("/opt/deja/", source.rstrip("/") + "/") for a in args]
     ports = {p["containerPort"]: free_port() for p in c["ports"]}
-    args = [re.sub(r"^(--(?:port|metrics-port))=(\d+)$",
+    args = [re.sub(r"^(--(?:port|metrics-port|http-port))=(\d+)$",
                    lambda m: f"{m.group(1)}={ports[int(m.group(2))]}", a) for a in args]
     args = [a.replace("--host=0.0.0.0", "--host=127.0.0.1") for a in args]
     cmd = [deja if c["command"][0] == "deja" else c["command"][0]] + args
@@ -283,6 +320,17 @@ def test_run(source, deja):
             check(started, "cpu overlay: the startup probe passes")
             check(probe(c["readinessProbe"]), "cpu overlay: the readiness probe passes")
             check(probe(c["livenessProbe"]), "cpu overlay: the liveness probe passes")
+            # The OpenAI-compatible API on the port the manifest names for it.
+            http = next((p["containerPort"] for p in c["ports"] if p["name"] == "http"), None)
+            ok = False
+            if http is not None:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{ports[http]}/health",
+                                                timeout=5) as r:
+                        ok = r.status == 200
+                except OSError:
+                    pass
+            check(ok, "cpu overlay: the OpenAI API's /health answers 200 on the http port")
             t0 = time.time()
             proc.send_signal(signal.SIGTERM)
             grace = spec.get("terminationGracePeriodSeconds", 30)

@@ -17,75 +17,29 @@ with the gRPC API of the same server (grpcio, stubs compiled here from the publi
 """
 import json
 import os
-import re
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from checks import FAILURES, check, run_parts  # noqa: E402
+from checks import check, run_parts  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from openai_server import PROMPT, Server, make_pki  # noqa: E402
 
 try:
     import openai
 except ImportError:
     sys.exit("the openai package is missing: scripts/install_deps.sh installs it into .venv")
 
-SERVING_RE = re.compile(
-    r"deja: serving on ([^:\s]+):(\d+) \(metrics on port (-?\d+), OpenAI API on port (-?\d+)\)")
-PROMPT = "And God said, Let there be light"
-
-
-class Server:
-    def __init__(self, deja, source, extra=(), name="serve"):
-        self.log = tempfile.NamedTemporaryFile(prefix=f"deja_openai_{name}_", suffix=".log",
-                                               delete=False)
-        args = [deja, "serve", "--model", os.path.join(source, "models/opt-mini"), "--tp", "2",
-                "--port", "0", "--metrics-port", "0", "--http-port", "0", "--threads", "1",
-                "--dtype", "checkpoint", "--kv-dtype", "f32"] + list(extra)
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            text = open(self.log.name, errors="replace").read()
-            m = SERVING_RE.search(text)
-            if m and "deja: ready" in text:
-                self.grpc_port, self.metrics_port, self.http_port = (
-                    int(m.group(2)), int(m.group(3)), int(m.group(4)))
-                self.base = f"http://127.0.0.1:{self.http_port}"
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        print(open(self.log.name, errors="replace").read()[-3000:])
-        raise RuntimeError("deja serve did not become ready")
-
-    def client(self, **kw):
-        kw.setdefault("api_key", "unused")
-        kw.setdefault("max_retries", 0)
-        kw.setdefault("timeout", 60)
-        return openai.OpenAI(base_url=self.base + "/v1", **kw)
-
-    def metrics(self):
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics") as r:
-            return r.read().decode()
-
-    def series(self, name, labels=""):
-        total = 0.0
-        for line in self.metrics().splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                if all(f'{l}' in line for l in labels.split(",") if l):
-                    total += float(line.rsplit(" ", 1)[1])
-        return total
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+def client(server, **kw):
+    """An OpenAI SDK client of `server`: no retries (a 429 is seen as it comes)."""
+    kw.setdefault("api_key", "unused")
+    kw.setdefault("max_retries", 0)
+    kw.setdefault("timeout", 60)
+    return openai.OpenAI(base_url=server.base + "/v1", **kw)
 
 
 def grpc_stub(source, port):
@@ -111,7 +65,7 @@ def test_sdk(source, deja):
 
 
 def sdk_checks(s, source):
-    c = s.client()
+    c = client(s)
     model = c.models.list().data[0].id
     check(model == "opt-mini", f"/v1/models lists the served model ({model})")
     check(c.models.retrieve(model).id == model, "/v1/models/<id> answers")
@@ -262,11 +216,14 @@ def sdk_checks(s, source):
         got += 1
         if got == 3:
             break
+    running = s.series("deja_coordinator_running_requests")
+    check(running == 1, f"the stream's sequence runs ({running})")
     st.close()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and s.series("deja_coordinator_running") > 0:
-        time.sleep(0.05)
-    check(s.series("deja_coordinator_running") == 0, "closing the stream cancels its sequence")
+    t0 = time.monotonic()
+    while time.monotonic() < t0 + 5 and s.series("deja_coordinator_running_requests") > 0:
+        time.sleep(0.02)
+    check(s.series("deja_coordinator_running_requests") == 0,
+          f"closing the stream cancels its sequence (in {time.monotonic() - t0:.2f} s)")
     after = s.series("deja_coordinator_requests_total", 'code="CANCELLED",protocol="openai"')
     check(after == before + 1, f"the cancel is counted as CANCELLED, protocol openai ({after})")
 
@@ -296,19 +253,6 @@ def sdk_checks(s, source):
         check(h.status == 200, "/health is 200 while ready")
 
 
-def make_pki(d):
-    """A CA and a server certificate for 127.0.0.1 in directory d, with the `openssl` CLI."""
-    sh = ("set -e\n"
-          "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout ca.key "
-          "-out ca.pem -days 2 -subj /CN=ca\n"
-          "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout server.key "
-          "-out server.csr -subj /CN=server\n"
-          "echo subjectAltName=IP:127.0.0.1 > server.ext\n"
-          "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
-          "-out server.pem -days 2 -extfile server.ext\n")
-    subprocess.run(["sh", "-c", sh], cwd=d, check=True, capture_output=True)
-
-
 def test_auth(source, deja):
     """Bearer tokens and TLS from the same flags as the gRPC API's."""
     import ssl
@@ -322,22 +266,22 @@ def test_auth(source, deja):
     s.base = s.base.replace("http://", "https://")
     ca = os.path.join(d, "ca.pem")
     try:
-        def client(key):
-            return s.client(api_key=key, http_client=openai.DefaultHttpxClient(verify=ca))
+        def tls_client(key):
+            return client(s, api_key=key, http_client=openai.DefaultHttpxClient(verify=ca))
         try:
-            client("wrong").completions.create(model="opt-mini", prompt=PROMPT, max_tokens=2)
+            tls_client("wrong").completions.create(model="opt-mini", prompt=PROMPT, max_tokens=2)
             check(False, "a wrong token is AuthenticationError")
         except openai.AuthenticationError:
             check(True, "a wrong token is AuthenticationError")
-        r = client("sesame").completions.create(model="opt-mini", prompt=PROMPT, max_tokens=2,
+        r = tls_client("sesame").completions.create(model="opt-mini", prompt=PROMPT, max_tokens=2,
                                                 temperature=0)
         check(r.usage.completion_tokens == 2, "the right token is served, over TLS")
-        chunks = list(client("sesame").chat.completions.create(
+        chunks = list(tls_client("sesame").chat.completions.create(
             model="opt-mini", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
             stream=True))
         check(len(chunks) >= 2, f"a stream over TLS ({len(chunks)} chunks)")
         try:
-            s.client(api_key="sesame").completions.create(model="opt-mini", prompt=PROMPT,
+            client(s, api_key="sesame").completions.create(model="opt-mini", prompt=PROMPT,
                                                           max_tokens=2)
             check(False, "a client that does not trust the CA fails")
         except openai.APIConnectionError:
