@@ -147,8 +147,10 @@ Stream HttpStream(const ClientConnection& connection, const std::string& target,
         in.erase(0, eol + 2);
         chunk_left = size + 2;  // the data and its CRLF
       }
+      // The chunk's data goes to `events`, its closing CRLF (the last 2 bytes) nowhere.
       const size_t take = std::min(chunk_left, in.size());
-      events.append(in, 0, take);
+      const size_t data = std::min(take, chunk_left > 2 ? chunk_left - 2 : size_t{0});
+      events.append(in, 0, data);
       in.erase(0, take);
       chunk_left -= take;
     }
