@@ -9,7 +9,7 @@ import os
 import threading
 import time
 
-from locust import FastHttpUser, events, task
+from locust import HttpUser, events, task
 
 MAX_TOKENS = int(os.environ.get("DEJA_LOAD_MAX_TOKENS", "64"))
 PROMPT = os.environ.get("DEJA_LOAD_PROMPT", "And God said, Let there be light")
@@ -22,7 +22,7 @@ _failures = 0
 _start = time.monotonic()
 
 
-class Streamer(FastHttpUser):
+class Streamer(HttpUser):
     @task
     def stream(self):
         global _tokens, _streams, _failures
@@ -37,7 +37,7 @@ class Streamer(FastHttpUser):
             else:
                 buf = b""
                 for chunk in r.iter_content(chunk_size=None):
-                    buf += chunk
+                    buf += chunk if isinstance(chunk, bytes) else chunk.encode()
                     while b"\n\n" in buf:
                         event, buf = buf.split(b"\n\n", 1)
                         if not event.startswith(b"data: "):
@@ -87,7 +87,7 @@ def _started(**_):
 @events.test_stop.add_listener
 def _summary(environment, **_):
     seconds = time.monotonic() - _start
-    users = environment.runner.user_count if environment.runner else 0
+    users = getattr(environment.parsed_options, "num_users", None)
     print("load_summary " + json.dumps({
         "users": users, "seconds": round(seconds, 1), "streams": _streams,
         "failures": environment.stats.total.num_failures, "failed_streams": _failures,
