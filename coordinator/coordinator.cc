@@ -172,6 +172,7 @@ Status Coordinator::Init() {
     // Prompts (and token id lists) are larger than scrapes; long generations hold a reply open
     // without a deadline (each write has one).
     ho.max_body_bytes = size_t{8} << 20;
+    ho.refusal = OpenAiService::Refusal;
     ho.max_header_bytes = 16384;
     // The API's certificate (and client CAs) on this port too.
     ho.tls_cert_chain = security.pem.cert_chain;

@@ -217,6 +217,18 @@ StatusOr<json> JsonBody(const http::Request& request) {
 
 }  // namespace
 
+http::Response OpenAiService::Refusal(int status, const std::string& message) {
+  openai::ApiError e;
+  e.http_status = status;
+  e.message = message;
+  e.type = "invalid_request_error";
+  http::Response r;
+  r.status = status;
+  r.content_type = "application/json";
+  r.body = openai::ErrorBody(e);
+  return r;
+}
+
 OpenAiService::OpenAiService(Engine* engine, OpenAiOptions options)
     : engine_(engine), options_(std::move(options)), created_(UnixNow()) {}
 

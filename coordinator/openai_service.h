@@ -29,6 +29,9 @@ class OpenAiService {
   // `engine` outlives the service.
   OpenAiService(Engine* engine, OpenAiOptions options);
 
+  // The HTTP server's own refusals (431, 413, 400) as OpenAI error objects.
+  static http::Response Refusal(int status, const std::string& message);
+
   // http::AsyncHandler: called on the HTTP server's thread.
   void Handle(const http::Request& request, std::shared_ptr<http::Responder> reply);
 

@@ -11,6 +11,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 #include <boost/beast/version.hpp>
+#include <array>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -92,6 +93,8 @@ using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 template <typename Stream>
 class Session : public std::enable_shared_from_this<Session<Stream>> {
   static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
+  // Lingering after a refusal reads the raw socket, which a TLS stream cannot skip over.
+  static constexpr bool kPlain = !kTls;
   using std::enable_shared_from_this<Session<Stream>>::shared_from_this;
 
  public:
@@ -146,6 +149,12 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
                       });
   }
 
+  // The server's own refusals, in the form its options ask for (plain text by default).
+  Response Refusal(int status, const std::string& message) const {
+    if (server_->options.refusal) return server_->options.refusal(status, message);
+    return Plain(status, message + "\n");
+  }
+
   void OnRead(beast::error_code ec) {
     if (ec == bhttp::error::end_of_stream || ec == beast::error::timeout ||
         ec == asio::error::operation_aborted || ec == asio::error::connection_reset ||
@@ -153,12 +162,14 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       return Close();
     }
     if (ec == bhttp::error::header_limit) {
-      return Reply(Plain(431, "request header fields too large\n"), false);
+      return Reply(Refusal(431, "request header fields too large"), false, kPlain);
     }
     if (ec == bhttp::error::body_limit) {
-      return Reply(Plain(413, "request body too large\n"), false);
+      return Reply(Refusal(413, "request body too large (at most " +
+                                     std::to_string(server_->options.max_body_bytes) + " bytes)"),
+                   false, kPlain);
     }
-    if (ec) return Reply(Plain(400, "malformed request: " + ec.message() + "\n"), false);
+    if (ec) return Reply(Refusal(400, "malformed request: " + ec.message()), false);
     const auto& req = parser_->get();
     Request r;
     r.method = std::string(req.method_string().data(), req.method_string().size());
@@ -314,7 +325,10 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
                       });
   }
 
-  void Reply(Response r, bool keep_alive) {
+  // linger: a refusal sent before the request was read whole; the rest of it is read and dropped
+  // (for a while) before the connection closes, so that a client still sending sees the answer
+  // rather than a reset.
+  void Reply(Response r, bool keep_alive, bool linger = false) {
     gone_ = nullptr;  // replied: the client's going away no longer matters
     // Stop watching the client before answering: after the answer, the next request's bytes are
     // the parser's.
@@ -326,12 +340,29 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     Tcp().expires_after(std::chrono::milliseconds(server_->options.request_timeout_ms));
     server_->requests.fetch_add(1, std::memory_order_relaxed);
     bhttp::async_write(stream_, *res,
-                       [self = shared_from_this(), res, keep_alive](beast::error_code ec,
-                                                                    std::size_t) {
+                       [self = shared_from_this(), res, keep_alive, linger](
+                           beast::error_code ec, std::size_t) {
                          self->ReplyDone();
+                         if (!ec && linger) return self->Linger(0);
                          if (ec || !keep_alive) return self->Close();
                          self->Read(false);
                        });
+  }
+
+  // Reads and drops what the client still sends, up to 64 MiB or the request timeout.
+  void Linger(size_t dropped) {
+    constexpr size_t kMaxDropped = size_t{64} << 20;
+    if (dropped == 0) {
+      beast::error_code ignored;
+      Tcp().socket().shutdown(tcp::socket::shutdown_send, ignored);
+      Tcp().expires_after(std::chrono::milliseconds(server_->options.request_timeout_ms));
+    }
+    if (dropped > kMaxDropped) return Close(/*graceful=*/false);
+    Tcp().async_read_some(asio::buffer(linger_buf_),
+                          [self = shared_from_this(), dropped](beast::error_code ec, size_t n) {
+                            if (ec) return self->Close(/*graceful=*/false);
+                            self->Linger(dropped + n);
+                          });
   }
 
   // graceful: a TLS connection says close_notify first (nothing else may be in flight then).
@@ -370,6 +401,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   bool counted_ = false;  // the current request counts in the server's in_flight
   bool closed_ = false;
   std::deque<std::string> out_;
+  std::array<char, 16384> linger_buf_;
   uint64_t watch_gen_ = 0;
 };
 

@@ -80,6 +80,9 @@ struct ServerOptions {
   int idle_timeout_ms = 30000;
   // false: every response closes its connection (simple scrapers read to EOF).
   bool keep_alive = true;
+  // The body of the server's own refusals (431, 413, 400 before any handler ran), for an API
+  // whose errors have a format of their own; unset: plain text.
+  std::function<Response(int status, const std::string& message)> refusal;
   // For log lines: what this server serves ("metrics", ...).
   std::string name = "http";
   // TLS: the PEM certificate chain and private key (both, or neither: plaintext), and the PEM

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
@@ -251,6 +252,20 @@ def sdk_checks(s, source):
     check(rejected >= 10, f"rejections_total counts the OpenAI refusals ({rejected})")
     with urllib.request.urlopen(s.base + "/health") as h:
         check(h.status == 200, "/health is 200 while ready")
+    # A body over the limit (8 MiB): 413 as an OpenAI error object; the server goes on.
+    big = urllib.request.Request(s.base + "/v1/completions", method="POST",
+                                 data=b'{"prompt": "' + b"a" * (9 << 20) + b'"}',
+                                 headers={"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(big)
+        check(False, "a 9 MiB body is 413")
+    except urllib.error.HTTPError as e:
+        err = json.loads(e.read()).get("error", {})
+        check(e.code == 413 and "too large" in err.get("message", ""),
+              f"a 9 MiB body is 413 with an OpenAI error ({e.code} {err})")
+    except OSError as e:  # the server may close before the client has sent it all
+        check(False, f"a 9 MiB body is 413 ({e})")
+    check(c.models.list().data[0].id == model, "the server goes on after it")
 
 
 def test_auth(source, deja):
