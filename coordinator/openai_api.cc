@@ -111,7 +111,7 @@ Status Unsupported(const json& body, Endpoint e) {
     return Bad("tool_choice", std::string(kUnsupported + 1) + " (only \"none\")");
   }
   if (const json* f = Get(body, "response_format");
-      f != nullptr && !(f->is_object() && f->value("type", "") == "text")) {
+      f != nullptr && !(f->is_object() && f->contains("type") && (*f)["type"] == "text")) {
     return Bad("response_format", std::string(kUnsupported + 1) + " (only {\"type\": \"text\"})");
   }
   return Status::Ok();
@@ -498,7 +498,11 @@ std::string ErrorBody(const ApiError& error) {
             {"type", error.type},
             {"param", error.param.empty() ? json(nullptr) : json(error.param)},
             {"code", error.code.empty() ? json(nullptr) : json(error.code)}};
-  return json{{"error", e}}.dump();
+  return Dump(json{{"error", e}});
+}
+
+std::string Dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::string FinishReasonName(v1::FinishReason reason) {

@@ -54,6 +54,8 @@ struct ApiError {
 ApiError ErrorFor(const Status& status, Endpoint endpoint);
 // {"error": {"message", "type", "param", "code"}}
 std::string ErrorBody(const ApiError& error);
+// JSON text of `j`; bytes that are not UTF-8 in its strings become U+FFFD (never an exception).
+std::string Dump(const nlohmann::json& j);
 
 // What one choice produced so far.
 struct ChoiceResult {

@@ -28,7 +28,7 @@ http::Response Json(int status, const json& body) {
   http::Response r;
   r.status = status;
   r.content_type = "application/json";
-  r.body = body.dump();
+  r.body = openai::Dump(body);
   return r;
 }
 
@@ -41,7 +41,7 @@ http::Response Error(const Status& status, Endpoint endpoint = Endpoint::kComple
   return r;
 }
 
-std::string Event(const json& data) { return "data: " + data.dump() + "\n\n"; }
+std::string Event(const json& data) { return "data: " + openai::Dump(data) + "\n\n"; }
 
 // One completions or chat call: its choices' requests in the engine, their output gathered into
 // one response or streamed as chunks. Output that arrives before every choice was admitted waits
@@ -233,6 +233,16 @@ OpenAiService::OpenAiService(Engine* engine, OpenAiOptions options)
     : engine_(engine), options_(std::move(options)), created_(UnixNow()) {}
 
 void OpenAiService::Handle(const http::Request& request, std::shared_ptr<http::Responder> reply) {
+  // A JSON type error the parsing missed must fail the request, never the server.
+  try {
+    Route(request, reply);
+  } catch (const std::exception& e) {
+    LOG(ERROR) << "openai: " << request.method << " " << request.path << ": " << e.what();
+    reply->Send(Error(Internal(std::string("the request could not be handled: ") + e.what())));
+  }
+}
+
+void OpenAiService::Route(const http::Request& request, std::shared_ptr<http::Responder> reply) {
   const std::string& path = request.path;
   if (path == "/health") {
     // Kubernetes probes: no token, 200 while ready for traffic.

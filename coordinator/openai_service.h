@@ -36,6 +36,7 @@ class OpenAiService {
   void Handle(const http::Request& request, std::shared_ptr<http::Responder> reply);
 
  private:
+  void Route(const http::Request& request, std::shared_ptr<http::Responder> reply);
   void Generate(const http::Request& request, std::shared_ptr<http::Responder> reply, bool chat);
   http::Response Tokenize(const http::Request& request) const;
   http::Response Detokenize(const http::Request& request) const;

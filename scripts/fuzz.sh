@@ -7,12 +7,12 @@
 # kept under build/fuzz/fuzzing/crashes/<target>/ and the log in build/fuzz/fuzzing/<target>.log.
 #
 # Usage: scripts/fuzz.sh [SECONDS] [TARGET...]
-#   targets: safetensors opt_config tokenizer request step (default: all, one after another)
+#   targets: safetensors opt_config tokenizer request step api (default: all, one after another)
 # Reproduce a crash: build/fuzz/tests/fuzz/fuzz_<target> <crash file>
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL=(safetensors opt_config tokenizer request step)
+ALL=(safetensors opt_config tokenizer request step api)
 seconds=${1:-60}
 [ $# -gt 0 ] && shift
 if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -lt 1 ]; then

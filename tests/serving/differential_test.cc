@@ -1,7 +1,8 @@
 // One request never changes another's answer. Seeded random valid requests over every field a
 // client may set (cache policies with ratios, token budgets and decay; Deja Vu sparsity on and
 // off; the prefix cache on and off, over shared prefixes, with and without a cache_salt; stop
-// sequences; greedy and seeded sampling; cancels) go in random concurrent batches to a real `deja
+// sequences; greedy and seeded sampling, with repetition, presence and frequency penalties and
+// logit biases; cancels) go in random concurrent batches to a real `deja
 // serve --tp 2` whose prefill budget is small (--max-prefill-tokens 16, so prompts are split at
 // places that depend on what else runs). Each is compared with the same request sent alone, with
 // the prefix cache off, to a second server of the same flags and a prefill budget of 8192: the
@@ -118,6 +119,17 @@ class Generator {
       p->set_seed(rng_());
     }
     if (Pick(6) == 0) r.mutable_sampling()->set_repetition_penalty(1.2f);
+    // OpenAI's penalties over the generated tokens (counted from the original prompt's end,
+    // also after a preemption recomputes them as prompt) and a logit bias.
+    if (Pick(5) == 0) {
+      r.mutable_sampling()->set_presence_penalty(0.5f * static_cast<float>(Pick(5)) - 1.f);
+      r.mutable_sampling()->set_frequency_penalty(0.5f * static_cast<float>(Pick(5)) - 1.f);
+    }
+    if (Pick(6) == 0) {
+      static constexpr float kBias[] = {-100.f, -5.f, 5.f, 100.f};
+      (*r.mutable_sampling()->mutable_logit_bias())[static_cast<int32_t>(Pick(2000) + 4)] =
+          kBias[Pick(4)];
+    }
     v1::CachePolicy* cache = r.mutable_cache();
     switch (Pick(locret_ ? 4 : 3)) {
       case 0:
