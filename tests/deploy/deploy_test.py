@@ -251,8 +251,10 @@ def test_images(source, deja):
         check(re.search(r"^USER 10001", text, re.M) is not None, f"{name}: a non-root user")
         check(re.search(r"^HEALTHCHECK .*deja.*health", text, re.M | re.S) is not None,
               f"{name}: a HEALTHCHECK")
-        check("ARG BUNDLE_MODEL" in text and "FROM model-${BUNDLE_MODEL}" in text,
-              f"{name}: the bundled model optional (BUNDLE_MODEL)")
+        check("ARG BUNDLE_MODEL" in text and "FROM model-${BUNDLE_MODEL}" in text and
+              text.index("ARG BUNDLE_MODEL") < text.index("\nFROM "),
+              f"{name}: the bundled model optional (BUNDLE_MODEL, a global ARG: one declared "
+              "between stages would leave `FROM model-` empty)")
     cpu_closure = apt_closure(runtime_packages(cpu))
     cuda_listed = set(runtime_packages(cuda))
     ldd = subprocess.run(["ldd", deja], capture_output=True, text=True).stdout
