@@ -32,15 +32,6 @@ namespace {
 
 using coordinator::ModelLimits;
 
-const Tokenizer& Tok() {
-  static const std::unique_ptr<Tokenizer> tok = [] {
-    StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Load(SourceDir() + "/models/opt-mini");
-    if (!t.ok()) Fail("Tokenizer::Load", __FILE__, __LINE__, t.status().ToString());
-    return std::move(*t);
-  }();
-  return *tok;
-}
-
 ModelLimits Limits() {
   ModelLimits l;
   l.vocab_size = static_cast<int32_t>(Tok().vocab_size());

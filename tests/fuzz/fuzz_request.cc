@@ -47,15 +47,6 @@ using coordinator::ResolvedRequest;
 // checks of a first chunk do not depend on its length).
 constexpr int32_t kChunk = 16;
 
-const Tokenizer& Tok() {
-  static const std::unique_ptr<Tokenizer> tok = [] {
-    StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Load(SourceDir() + "/models/opt-mini");
-    if (!t.ok()) Fail("Tokenizer::Load", __FILE__, __LINE__, t.status().ToString());
-    return std::move(*t);
-  }();
-  return *tok;
-}
-
 // opt-mini's limits as the coordinator sets them (config.json and `deja serve`'s defaults).
 ModelLimits PlainLimits() {
   ModelLimits l;

@@ -24,15 +24,6 @@
 namespace deja::fuzz {
 namespace {
 
-const Tokenizer& Tok() {
-  static const std::unique_ptr<Tokenizer> tok = [] {
-    StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Load(SourceDir() + "/models/opt-mini");
-    if (!t.ok()) Fail("Tokenizer::Load", __FILE__, __LINE__, t.status().ToString());
-    return std::move(*t);
-  }();
-  return *tok;
-}
-
 bool ValidUtf8(std::string_view s) { return FindInvalidUtf8(s) == kUtf8Valid; }
 
 // Decode and the streaming decoder agree, in valid UTF-8.

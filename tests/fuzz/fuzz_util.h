@@ -1,5 +1,6 @@
 // Shared by the libFuzzer targets: the invariant check (prints the broken invariant, then traps so
-// libFuzzer saves the input), quiet logging, the source tree's location and a scratch directory.
+// libFuzzer saves the input), quiet logging, the source tree's location, a scratch directory and
+// opt-mini's tokenizer.
 #pragma once
 
 #include <glog/logging.h>
@@ -9,10 +10,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <string_view>
 
 #include "common/status.h"
+#include "common/tokenizer.h"
 
 #ifndef DEJA_SOURCE_DIR
 #define DEJA_SOURCE_DIR "."
@@ -62,6 +65,16 @@ inline void WriteFile(const std::string& path, std::string_view bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   if (!out) Fail("write", __FILE__, __LINE__, path);
+}
+
+// opt-mini's tokenizer, loaded once.
+inline const Tokenizer& Tok() {
+  static const std::unique_ptr<Tokenizer> tok = [] {
+    StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Load(SourceDir() + "/models/opt-mini");
+    if (!t.ok()) Fail("Tokenizer::Load", __FILE__, __LINE__, t.status().ToString());
+    return std::move(*t);
+  }();
+  return *tok;
 }
 
 }  // namespace deja::fuzz

@@ -11,42 +11,29 @@
 #include "http/http_server.h"
 #include "tests/common/run_shell.h"
 #include "tests/common/temp_dir.h"
+#include "tests/common/test_pki.h"
 
 namespace deja::http {
 namespace {
 
 using test_util::RunShell;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// A CA `ca` signing `server` (for localhost) and `client`; `other` signing `stranger`.
+// tests/common/test_pki.h's certificates.
 class Pki {
  public:
   Pki() {
-    const std::string script =
-        "set -e\ncd '" + dir_.path() +
-        "'\n"
-        "ca() { openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
-        "-keyout $1.key -out $1.pem -days 2 -subj /CN=$1; }\n"
-        "leaf() { openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
-        "-keyout $1.key -out $1.csr -subj /CN=$1; echo subjectAltName=$3 > $1.ext; "
-        "openssl x509 -req -in $1.csr -CA $2.pem -CAkey $2.key -CAcreateserial -out $1.pem "
-        "-days 2 -extfile $1.ext; }\n"
-        "ca ca; ca other\n"
-        "leaf server ca DNS:localhost; leaf client ca DNS:client; leaf stranger other "
-        "DNS:stranger\n";
-    std::ofstream(dir_.File("make.sh")) << script;
-    std::string out;
-    ok_ = RunShell("sh " + dir_.File("make.sh"), &out) == 0;
-    EXPECT_TRUE(ok_) << out;
+    const std::string error = test_util::MakeTestPki(dir_.path());
+    ok_ = error.empty();
+    EXPECT_TRUE(ok_) << error;
   }
   bool ok() const { return ok_; }
   std::string File(const std::string& name) const { return dir_.File(name); }
-  std::string Pem(const std::string& name) const { return ReadAll(File(name + ".pem")); }
-  std::string Key(const std::string& name) const { return ReadAll(File(name + ".key")); }
+  std::string Pem(const std::string& name) const {
+    return test_util::ReadText(File(name + ".pem"));
+  }
+  std::string Key(const std::string& name) const {
+    return test_util::ReadText(File(name + ".key"));
+  }
 
  private:
   test_util::TempDir dir_;

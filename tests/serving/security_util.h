@@ -13,14 +13,13 @@
 
 #include "tests/common/run_shell.h"
 #include "tests/common/temp_dir.h"
+#include "tests/common/test_pki.h"
 
 namespace deja::serving_test {
 
 using test_util::RunShell;
 
-// Two CAs: `ca` signs the server's certificate `server` (for the name "localhost" only, so a
-// client that dials 127.0.0.1 must name it) and the client certificate `client`; `other` signs
-// `stranger`, a client certificate the server must refuse. Each NAME has NAME.pem and NAME.key.
+// The PKI of tests/common/test_pki.h (a client that dials 127.0.0.1 must name "localhost").
 // Also `tokens` (two tokens, with a comment and blank lines) and `empty_tokens` (comments only).
 class TestPki {
  public:
@@ -28,32 +27,22 @@ class TestPki {
   static constexpr const char* kSecondToken = "second-token-0d2e";
 
   TestPki() {
-    const std::string script =
-        "set -e\ncd '" + dir_.path() +
-        "'\n"
-        "ca() { openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
-        "-keyout $1.key -out $1.pem -days 2 -subj /CN=$1; }\n"
-        "leaf() { openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
-        "-keyout $1.key -out $1.csr -subj /CN=$1; echo subjectAltName=$3 > $1.ext; "
-        "openssl x509 -req -in $1.csr -CA $2.pem -CAkey $2.key -CAcreateserial -out $1.pem "
-        "-days 2 -extfile $1.ext; }\n"
-        "ca ca; ca other\n"
-        "leaf server ca DNS:localhost; leaf client ca DNS:client; leaf stranger other "
-        "DNS:stranger\n"
-        "printf '# deja test tokens\\n\\n  " +
-        std::string(kToken) + "  \\n" + kSecondToken +
-        "\\n' > tokens\n"
-        "printf '# none\\n\\n' > empty_tokens\n";
-    std::ofstream(dir_.File("make.sh")) << script;
-    std::string out;
-    if (RunShell("sh " + dir_.File("make.sh"), &out) != 0) error_ = "openssl failed: " + out;
+    error_ = test_util::MakeTestPki(
+        dir_.path(), "printf '# deja test tokens\\n\\n  " + std::string(kToken) + "  \\n" +
+                         kSecondToken +
+                         "\\n' > tokens\n"
+                         "printf '# none\\n\\n' > empty_tokens\n");
   }
 
   bool ok() const { return error_.empty(); }
   const std::string& error() const { return error_; }
   std::string File(const std::string& name) const { return dir_.File(name); }
-  std::string Pem(const std::string& name) const { return Read(File(name + ".pem")); }
-  std::string Key(const std::string& name) const { return Read(File(name + ".key")); }
+  std::string Pem(const std::string& name) const {
+    return test_util::ReadText(File(name + ".pem"));
+  }
+  std::string Key(const std::string& name) const {
+    return test_util::ReadText(File(name + ".key"));
+  }
 
   // A channel to 127.0.0.1 trusting `ca`, checking the name "localhost", presenting the
   // certificate `client` when not empty.
@@ -71,11 +60,6 @@ class TestPki {
   }
 
  private:
-  static std::string Read(const std::string& path) {
-    std::ifstream in(path);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-
   test_util::TempDir dir_;
   std::string error_;
 };
