@@ -39,7 +39,7 @@ fi
 
 for v in "${variants[@]}"; do
   s=$(t)
-  buildah "${storage[@]}" bud --isolation chroot --layers=false --skip-unused-stages=false -f "Dockerfile.$v" -t "deja-$v" . \
+  buildah "${storage[@]}" bud --isolation chroot --layers -f "Dockerfile.$v" -t "deja-$v" . \
     >"$work/build-$v.log" 2>&1 || { tail -40 "$work/build-$v.log"; exit 1; }
   size=$(buildah "${storage[@]}" images --format '{{.Size}}' "deja-$v" | head -1)
   echo "build_images: deja-$v built in $(($(t) - s)) s, $size (log: $work/build-$v.log)"
