@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "cli/client_bench.h"
 #include "deja/v1/text_generation.grpc.pb.h"
 
 namespace deja::cli {
@@ -77,26 +78,6 @@ Stream GrpcStream(const ClientConnection& connection, v1::TextGeneration::Stub& 
   return s;
 }
 
-int Connect(const std::string& target) {
-  const size_t colon = target.rfind(':');
-  if (colon == std::string::npos) return -1;
-  addrinfo hints = {};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(target.substr(0, colon).c_str(), target.substr(colon + 1).c_str(), &hints,
-                    &res) != 0) {
-    return -1;
-  }
-  int fd = ::socket(res->ai_family, res->ai_socktype, res->ai_protocol);
-  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
-    ::close(fd);
-    fd = -1;
-  }
-  ::freeaddrinfo(res);
-  return fd;
-}
-
 // A streamed completion over plain HTTP/1.1: the chunked body decoded as it arrives, each SSE
 // event with a non-empty "text" timed, the usage chunk's completion_tokens counted.
 Stream HttpStream(const ClientConnection& connection, const std::string& target,
@@ -113,7 +94,7 @@ Stream HttpStream(const ClientConnection& connection, const std::string& target,
   if (!connection.authorization.empty()) req += "Authorization: " + connection.authorization + "\r\n";
   req += "\r\n" + body;
   Clocked clock(Clock::now());
-  const int fd = Connect(target);
+  const int fd = ConnectTcp(target);
   if (fd < 0) return s;
   if (::write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
     ::close(fd);

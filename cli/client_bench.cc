@@ -31,19 +31,9 @@ using Clock = std::chrono::steady_clock;
 // GET /metrics from host:port, with an Authorization header when `authorization` is set; "" on
 // failure.
 std::string Scrape(const std::string& target, const std::string& authorization) {
-  const size_t colon = target.rfind(':');
-  if (colon == std::string::npos) return "";
-  addrinfo hints = {};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(target.substr(0, colon).c_str(), target.substr(colon + 1).c_str(), &hints,
-                    &res) != 0) {
-    return "";
-  }
   std::string out;
-  const int fd = ::socket(res->ai_family, res->ai_socktype, res->ai_protocol);
-  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+  const int fd = ConnectTcp(target);
+  if (fd >= 0) {
     std::string req = "GET /metrics HTTP/1.1\r\nHost: " + target + "\r\n";
     if (!authorization.empty()) req += "Authorization: " + authorization + "\r\n";
     req += "\r\n";
@@ -52,9 +42,8 @@ std::string Scrape(const std::string& target, const std::string& authorization) 
       ssize_t n;
       while ((n = ::read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
     }
+    ::close(fd);
   }
-  if (fd >= 0) ::close(fd);
-  ::freeaddrinfo(res);
   const size_t body = out.find("\r\n\r\n");
   return body == std::string::npos ? "" : out.substr(body + 4);
 }
@@ -132,6 +121,26 @@ Level RunLevel(const ClientConnection& connection, v1::TextGeneration::Stub& stu
 }
 
 }  // namespace
+
+int ConnectTcp(const std::string& target) {
+  const size_t colon = target.rfind(':');
+  if (colon == std::string::npos) return -1;
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(target.substr(0, colon).c_str(), target.substr(colon + 1).c_str(), &hints,
+                    &res) != 0) {
+    return -1;
+  }
+  int fd = ::socket(res->ai_family, res->ai_socktype, res->ai_protocol);
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
+    ::close(fd);
+    fd = -1;
+  }
+  ::freeaddrinfo(res);
+  return fd;
+}
 
 Status RunClientBench(const ClientConnection& connection, const std::string& metrics_target,
                       const std::vector<int>& levels, int max_new, const std::string& prompt,

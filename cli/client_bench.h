@@ -9,6 +9,9 @@
 
 namespace deja::cli {
 
+// A connected TCP socket to host:port (the first address that answers), or -1.
+int ConnectTcp(const std::string& target);
+
 // Prints one JSON line per concurrency level. `metrics_target` (host:port, may be empty) adds
 // the server's overhead and all-reduce fractions over each level (scraped with the connection's
 // token, if any). `stop_after` > 0: each stream cancels its request once it has received that
