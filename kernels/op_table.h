@@ -23,8 +23,8 @@ class Backend;
 // implementing the whole table supports it for). It generates OpId, OpName (the member's name),
 // the OpTable slots, SupportedByFullBackend and the simulated device's trampolines
 // (tests/common/sim_device.cc). Dtype sets: the weight dtypes (f32, f16, bf16, int8); the float
-// dtypes (f32, f16, bf16); the KV cache's (f32, f16); f32 alone. Attention, KvWrite and KvEvict
-// are keyed by the KV cache's dtype, Convert by the destination's.
+// dtypes (f32, f16, bf16); the KV cache's (f32, f16); f32 alone. Attention, KvWrite, KvEvict and
+// DecodeAttention are keyed by the KV cache's dtype, Convert by the destination's.
 #define DEJA_KERNEL_OPS(X)                                                  \
   X(kEmbedding, embedding, EmbeddingFn, kWeightDTypes)                      \
   X(kLayerNorm, layer_norm, LayerNormFn, kFloatDTypes)                      \
@@ -39,7 +39,8 @@ class Backend;
   X(kKvEvict, kv_evict, KvEvictFn, kKvDTypes)                               \
   X(kConvert, convert, ConvertFn, kFloatDTypes)                             \
   X(kMaskUnits, mask_units, MaskUnitsFn, kF32Only)                          \
-  X(kRetainScores, retain_scores, RetainScoresFn, kF32Only)
+  X(kRetainScores, retain_scores, RetainScoresFn, kF32Only)                \
+  X(kDecodeAttention, decode_attention, DecodeAttentionFn, kKvDTypes)
 
 enum class OpId {
 #define DEJA_OP_ID(id, member, fn, dtypes) id,
@@ -193,6 +194,51 @@ struct RetainArgs {
   Device device = Device::Host();  // where every pointer above is
 };
 using RetainScoresFn = Status (*)(Backend&, const RetainArgs& args);
+
+// A decode step of many sequences over one layer of one paged KV pool, in one call: each
+// sequence has one new token, and everything that changes from step to step (positions, slots,
+// lengths, block tables, which sequences keep scores) is read from device memory, so a step's
+// launches are the same whatever its sequences are (what a CUDA graph replays). For sequence i
+// (row i of q, k, v and out) and each cache head h:
+//   1. write: the key k[i, h] and value v[i, h] (rounded to kv.dtype) go into logical slot
+//      slots[i * heads + h] of sequence i's cache with position q_pos[i], and score 0 where
+//      flags[i] has kDecodeKeepsScore;
+//   2. attend: row i attends over its slots [0, used[i]) whose position is in [0, q_pos[i]],
+//      exactly as Attention does for a one-token call, adding each probability into the slot's
+//      score where flags[i] has kDecodeAddsScore.
+// Logical slot s of sequence i, head h is element
+//   blocks[i * max_blocks + s / kv.block_slots] * kv.block_stride + h * kv.block_slots
+//   + s % kv.block_slots
+// of kv.slot_pos and kv.score (times head_dim for kv.k and kv.v): KvSlotIndex with sequence i's
+// row of the block table. kv gives the pool's layer base pointers, dtype, block_slots and
+// block_stride; its blocks, capacity and used are not read (kv.score: the pool's score base, or
+// null when no sequence keeps scores). The metadata arrays are in device memory and not read by
+// the validation (as a KvView's block table): the caller builds them from its validated host
+// state. Every sequence of the call holds whole heads (no head subsets).
+inline constexpr int32_t kDecodeKeepsScore = 1;
+inline constexpr int32_t kDecodeAddsScore = 2;
+struct DecodeAttentionArgs {
+  const float* q = nullptr;  // row i at q + i * q_stride: heads * head_dim floats
+  int64_t q_stride = 0;
+  const float* k = nullptr;  // the new keys and values, row i at k + i * kv_stride
+  const float* v = nullptr;
+  int64_t kv_stride = 0;
+  float* out = nullptr;  // [seqs, heads * head_dim], contiguous
+  float scale = 1.0f;
+  KvView kv;
+  int32_t seqs = 0, heads = 0, head_dim = 0;
+  const int32_t* q_pos = nullptr;   // [seqs]
+  const int32_t* used = nullptr;    // [seqs]
+  const int32_t* slots = nullptr;   // [seqs, heads]
+  const int32_t* flags = nullptr;   // [seqs]
+  const int32_t* blocks = nullptr;  // [seqs, max_blocks]
+  int32_t max_blocks = 0;
+  // At least every used[i] and at most max_blocks * block_slots (a host bound: the CUDA launch
+  // sizes its slot splits and score grid by it).
+  int32_t max_used = 0;
+  Device device = Device::Host();  // where q, k, v, out and the metadata are
+};
+using DecodeAttentionFn = Status (*)(Backend&, const DecodeAttentionArgs& args);
 
 struct OpTable {
 #define DEJA_OP_SLOT(id, member, fn, dtypes) fn member = nullptr;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace deja::kernels {
@@ -173,7 +174,9 @@ Status CheckDevices(const Backend& backend, const char* op, std::initializer_lis
 Status CheckSupport(Backend& backend, OpId op, DType dtype, const void* fn) {
   if (fn == nullptr || !backend.Supports(op, dtype)) {
     return Unimplemented(std::string(OpName(op)) + ": backend " + backend.name() +
-                         " does not support " + (op == OpId::kAttention ? "KV cache" : "weight") +
+                         " does not support " +
+                         (op == OpId::kAttention || op == OpId::kDecodeAttention ? "KV cache"
+                                                                                  : "weight") +
                          " dtype " + DTypeName(dtype));
   }
   return Status::Ok();
@@ -586,6 +589,69 @@ Status RetainScores(Backend& backend, const RetainArgs& a) {
                                     reinterpret_cast<const void*>(backend.ops().retain_scores)));
   if (a.n == 0) return Status::Ok();
   return backend.ops().retain_scores(backend, a);
+}
+
+Status DecodeAttention(Backend& backend, const DecodeAttentionArgs& a) {
+  constexpr const char* kOp = "decode_attention";
+  if (a.seqs < 0) return Bad(kOp, "seqs", "must not be negative");
+  if (a.heads <= 0) return Bad(kOp, "heads", "must be positive");
+  if (a.head_dim <= 0) return Bad(kOp, "head_dim", "must be positive");
+  if (!std::isfinite(a.scale)) return Bad(kOp, "scale", "must be finite");
+  const int64_t width = static_cast<int64_t>(a.heads) * a.head_dim;
+  if (a.q_stride < width) {
+    return Bad(kOp, "q_stride",
+               std::to_string(a.q_stride) + " is less than heads * head_dim = " +
+                   std::to_string(width));
+  }
+  if (a.kv_stride < width) {
+    return Bad(kOp, "kv_stride",
+               std::to_string(a.kv_stride) + " is less than heads * head_dim = " +
+                   std::to_string(width));
+  }
+  const KvView& kv = a.kv;
+  if (kv.k == nullptr) return Bad(kOp, "kv.k", "is null");
+  if (kv.v == nullptr) return Bad(kOp, "kv.v", "is null");
+  if (kv.slot_pos == nullptr) return Bad(kOp, "kv.slot_pos", "is null");
+  if (!backend.SupportsPagedKv()) {
+    return Bad(kOp, "kv", "is paged, but backend " + backend.name() +
+                              " reads contiguous KV caches only");
+  }
+  if (kv.block_slots <= 0) return Bad(kOp, "kv.block_slots", "must be positive");
+  if (kv.block_stride < static_cast<int64_t>(a.heads) * kv.block_slots) {
+    return Bad(kOp, "kv.block_stride",
+               std::to_string(kv.block_stride) + " is less than heads * block_slots = " +
+                   std::to_string(static_cast<int64_t>(a.heads) * kv.block_slots));
+  }
+  if (a.max_blocks <= 0) return Bad(kOp, "max_blocks", "must be positive");
+  const int64_t most = static_cast<int64_t>(a.max_blocks) * kv.block_slots;
+  if (a.max_used < 0 || a.max_used > most) {
+    return Bad(kOp, "max_used",
+               std::to_string(a.max_used) + " is outside [0, max_blocks * block_slots = " +
+                   std::to_string(most) + "]");
+  }
+  const Device want = backend.device();
+  const std::pair<const char*, const void*> ptrs[] = {
+      {"q", a.q},         {"k", a.k},           {"v", a.v},         {"out", a.out},
+      {"q_pos", a.q_pos}, {"used", a.used},     {"slots", a.slots}, {"flags", a.flags},
+      {"blocks", a.blocks}};
+  for (const auto& [name, ptr] : ptrs) {
+    if (a.seqs > 0 && ptr == nullptr) return Bad(kOp, name, "is null");
+    DEJA_RETURN_IF_ERROR(CheckDevice(backend, want, kOp, name, ptr, a.device));
+  }
+  DEJA_RETURN_IF_ERROR(CheckDevice(backend, want, kOp, "kv", kv.k, kv.device));
+  // The floats each strided input spans: (seqs - 1) strides and one row.
+  const auto span = [&](int64_t stride) { return a.seqs > 0 ? (a.seqs - 1) * stride + width : 0; };
+  const TensorView out{a.out, DType::kF32, Shape{a.seqs * width}};
+  for (const auto& [name, ptr, stride] : {std::tuple{"q", a.q, a.q_stride},
+                                          std::tuple{"k", a.k, a.kv_stride},
+                                          std::tuple{"v", a.v, a.kv_stride}}) {
+    const TensorView x{const_cast<float*>(ptr), DType::kF32, Shape{span(stride)}};
+    DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, name, x));
+  }
+  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kDecodeAttention, kv.dtype,
+                                    reinterpret_cast<const void*>(backend.ops().decode_attention)));
+  if (a.seqs == 0) return Status::Ok();
+  return backend.ops().decode_attention(backend, a);
 }
 
 Status KvEvict(Backend& backend, const KvView& kv, int32_t heads, const KvEvictArgs& args,

@@ -82,6 +82,10 @@ Status RetainScores(Backend& backend, const RetainArgs& args);
 Status KvEvict(Backend& backend, const KvView& kv, int32_t heads, const KvEvictArgs& args,
                int32_t* victims);
 
+// A decode step of many sequences over one layer of a paged pool (DecodeAttentionFn in
+// op_table.h): each sequence's new key and value written, then its one-token attention.
+Status DecodeAttention(Backend& backend, const DecodeAttentionArgs& args);
+
 // dst = src between float dtypes (round to nearest even), equal element counts.
 Status Convert(Backend& backend, TensorView src, TensorView dst);
 

@@ -121,6 +121,20 @@ __host__ __device__ constexpr int Unroll() {
   return u < 1 ? 1 : (u > 4 ? 4 : u);
 }
 
+// Token t's cache: its slot count and block table (its own in a decode step over many caches).
+__device__ __forceinline__ int32_t UsedOf(const AttentionLaunch& a, int64_t t) {
+  return a.seq_used != nullptr ? a.seq_used[t] : a.used;
+}
+__device__ __forceinline__ KvSlots SlotsOf(const AttentionLaunch& a, int64_t t) {
+  KvSlots slots = a.slots;
+  if (a.seq_used != nullptr) slots.blocks = a.seq_blocks + t * a.seq_blocks_stride;
+  return slots;
+}
+__device__ __forceinline__ const float* QRow(const AttentionLaunch& a, int64_t t, int32_t h) {
+  const int64_t stride = a.q_stride != 0 ? a.q_stride : static_cast<int64_t>(a.heads) * a.head_dim;
+  return a.q + t * stride + static_cast<int64_t>(h) * a.head_dim;
+}
+
 // One block per (token, head) = blockIdx.x and split = blockIdx.y: slots
 // [split * split_slots, +split_slots) of [0, used). Each lane group runs an online softmax over
 // its slots (kUnroll at a time, so several rows are in flight); the warp's groups merge by
@@ -140,6 +154,9 @@ __global__ void __launch_bounds__(kThreads)
   const LaneGroup g = MakeLaneGroup(lanes);
   const T* k = static_cast<const T*>(a.k);
   const T* v = static_cast<const T*>(a.v);
+  const int32_t used = UsedOf(a, t);
+  const KvSlots slots = SlotsOf(a, t);
+  const float* q_row = QRow(a, t, h);
 
   float q[kPerLane][kVec], acc[kPerLane][kVec];
 #pragma unroll
@@ -147,7 +164,7 @@ __global__ void __launch_bounds__(kThreads)
     const int32_t c = (g.lane + j * g.lanes) * kVec;
 #pragma unroll
     for (int e = 0; e < kVec; ++e) {
-      q[j][e] = c < d ? a.q[th * d + c + e] : 0.f;
+      q[j][e] = c < d ? q_row[c + e] : 0.f;
       acc[j][e] = 0.f;
     }
   }
@@ -155,7 +172,7 @@ __global__ void __launch_bounds__(kThreads)
 
   const int32_t begin = static_cast<int32_t>(blockIdx.y) * plan.split_slots;
   const int32_t end = static_cast<int32_t>(
-      min(static_cast<int64_t>(a.used), static_cast<int64_t>(begin) + plan.split_slots));
+      min(static_cast<int64_t>(used), static_cast<int64_t>(begin) + plan.split_slots));
   for (int32_t base = begin; base < end; base += g.groups * kUnroll) {  // block-uniform
     int64_t row[kUnroll];
     bool seen[kUnroll];
@@ -165,7 +182,7 @@ __global__ void __launch_bounds__(kThreads)
       seen[u] = false;
       row[u] = 0;
       if (s < end) {
-        row[u] = SlotIndex(a.slots, cache_head, s);
+        row[u] = SlotIndex(slots, cache_head, s);
         const int32_t pos = a.slot_pos[row[u]];
         seen[u] = pos >= 0 && pos <= q_pos;
       }
@@ -307,20 +324,25 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t cache_head = a.head_ids != nullptr ? a.head_ids[h] : h;
   const int32_t d = a.head_dim, n_vec = d / kVec;
   const int64_t s = static_cast<int64_t>(blockIdx.x) * g.groups + g.group;
+  // A decode step over many caches: blockIdx.z is the sequence (its one token, its cache); else
+  // every token over the one cache.
+  const bool per_seq = a.seq_used != nullptr;
+  const int32_t t_begin = per_seq ? static_cast<int32_t>(blockIdx.z) : 0;
+  const int32_t t_end = per_seq ? t_begin + 1 : a.tokens;
+  if (per_seq && (a.seq_flags[t_begin] & kDecodeAddsScoreFlag) == 0) return;  // block-uniform
   int64_t row = 0;
   int32_t pos = -1;
-  if (s < a.used) {
-    row = SlotIndex(a.slots, cache_head, s);
+  if (s < UsedOf(a, t_begin)) {
+    row = SlotIndex(SlotsOf(a, t_begin), cache_head, s);
     pos = a.slot_pos[row];
   }
   float kx[kPerLane][kVec], q[kPerLane][kVec];
   LoadShare<T, kVec, kPerLane>(static_cast<const T*>(a.k) + row * d, pos >= 0, g, n_vec, kx);
   float score = pos >= 0 ? a.score[row] : 0.f;
-  const int64_t width = static_cast<int64_t>(a.heads) * d;
-  for (int32_t t = 0; t < a.tokens; ++t) {
+  for (int32_t t = t_begin; t < t_end; ++t) {
     const bool seen = pos >= 0 && pos <= a.q_pos[t];
     if (!__any_sync(0xffffffffu, seen)) continue;  // warp-uniform
-    const float* q_row = a.q + t * width + static_cast<int64_t>(h) * d;
+    const float* q_row = QRow(a, t, h);
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int32_t c = (g.lane + j * g.lanes) * kVec;
@@ -352,7 +374,8 @@ cudaError_t Run(const AttentionLaunch& a, const AttentionPlan& plan, int lanes,
   if (a.score != nullptr && a.used > 0) {
     const int64_t groups = kThreads / lanes;
     const dim3 score_grid(static_cast<unsigned>((a.used + groups - 1) / groups),
-                          static_cast<unsigned>(a.heads));
+                          static_cast<unsigned>(a.heads),
+                          static_cast<unsigned>(a.seq_used != nullptr ? a.tokens : 1));
     AttentionScoreKernel<T, kVec, kPerLane>
         <<<score_grid, kThreads, 0, stream>>>(a, lanes, scratch.stats);
   }

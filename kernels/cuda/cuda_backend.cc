@@ -41,6 +41,7 @@ class CudaBackendImpl final : public CudaBackend {
     table_.convert = CudaConvert;
     table_.mask_units = CudaMaskUnits;
     table_.retain_scores = CudaRetainScores;
+    table_.decode_attention = CudaDecodeAttention;
   }
 
   BackendKind kind() const override { return BackendKind::kCuda; }

@@ -89,6 +89,7 @@ Status CudaKvWrite(Backend& b, const KvView& kv, int32_t heads, int32_t head_dim
                    const int32_t* slots, const int32_t* positions, int32_t n, TensorView k,
                    TensorView v, const float* scores);
 Status CudaRetainScores(Backend& b, const RetainArgs& args);
+Status CudaDecodeAttention(Backend& b, const DecodeAttentionArgs& args);
 Status CudaKvEvict(Backend& b, const KvView& kv, int32_t heads, const KvEvictArgs& args,
                    int32_t* victims);
 Status CudaConvert(Backend& b, TensorView src, TensorView dst);

@@ -108,6 +108,70 @@ Status CudaAttention(Backend& b, const AttentionArgs& args) {
   return CudaStatus(LaunchAttention(a, plan, scratch, ctx.stream.get()), "attention kernels");
 }
 
+// No staging: every index array is already on the device, so the launches' arguments are the
+// same from step to step but for seqs and max_used.
+Status CudaDecodeAttention(Backend& b, const DecodeAttentionArgs& args) {
+  CudaContext& ctx = ContextOf(b);
+  DEJA_RETURN_IF_ERROR(Enter(ctx));
+  if (static_cast<int64_t>(args.seqs) * args.heads > INT_MAX || args.heads > 65535 ||
+      args.seqs > 65535) {
+    return Unimplemented("decode_attention: " + std::to_string(args.seqs) + " sequences x " +
+                         std::to_string(args.heads) + " heads exceed the CUDA grid limit");
+  }
+  if (args.head_dim > kAttentionMaxHeadDim) {
+    return Unimplemented("decode_attention: head_dim " + std::to_string(args.head_dim) +
+                         " exceeds the CUDA kernel's " + std::to_string(kAttentionMaxHeadDim));
+  }
+  KvSlots slots = SlotsOf(args.kv);
+  slots.blocks = nullptr;
+  slots.capacity = args.max_blocks * args.kv.block_slots;
+  DecodeKvWriteLaunch w;
+  w.slots = slots;
+  w.k = args.kv.k;
+  w.v = args.kv.v;
+  w.dtype = args.kv.dtype;
+  w.slot_pos = const_cast<int32_t*>(args.kv.slot_pos);
+  w.score = args.kv.score;
+  w.src_k = args.k;
+  w.src_v = args.v;
+  w.src_stride = args.kv_stride;
+  w.dst_slots = args.slots;
+  w.positions = args.q_pos;
+  w.flags = args.flags;
+  w.blocks = args.blocks;
+  w.blocks_stride = args.max_blocks;
+  w.seqs = args.seqs;
+  w.heads = args.heads;
+  w.head_dim = args.head_dim;
+  DEJA_RETURN_IF_ERROR(
+      CudaStatus(LaunchDecodeKvWrite(w, ctx.stream.get()), "decode_attention kv write kernel"));
+  AttentionLaunch a;
+  a.q = args.q;
+  a.q_stride = args.q_stride;
+  a.q_pos = args.q_pos;
+  a.k = args.kv.k;
+  a.v = args.kv.v;
+  a.kv_dtype = args.kv.dtype;
+  a.slot_pos = args.kv.slot_pos;
+  a.score = args.kv.score;
+  a.slots = slots;
+  a.out = args.out;
+  a.scale = args.scale;
+  a.tokens = args.seqs;
+  a.heads = args.heads;
+  a.head_dim = args.head_dim;
+  a.used = args.max_used;
+  a.seq_used = args.used;
+  a.seq_blocks = args.blocks;
+  a.seq_blocks_stride = args.max_blocks;
+  a.seq_flags = args.flags;
+  const AttentionPlan plan = PlanAttention(a, ctx.sm_count);
+  DEJA_ASSIGN_OR_RETURN(void* scratch,
+                        ctx.attention.Get(AttentionScratchBytes(a, plan), ctx.stream.get()));
+  return CudaStatus(LaunchAttention(a, plan, scratch, ctx.stream.get()),
+                    "decode_attention kernels");
+}
+
 Status CudaKvWrite(Backend& b, const KvView& kv, int32_t heads, int32_t head_dim,
                    const int32_t* slots, const int32_t* positions, int32_t n, TensorView k,
                    TensorView v, const float* scores) {

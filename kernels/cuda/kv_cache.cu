@@ -35,6 +35,29 @@ __global__ void KvWriteKernel(KvWriteLaunch a) {
   }
 }
 
+// A decode step's writes (DecodeAttention): grid-stride over (sequence, head, dim); sequence i's
+// slots are addressed through its row of the block table, its new row is src_stride floats
+// after the previous sequence's.
+__global__ void DecodeKvWriteKernel(DecodeKvWriteLaunch a) {
+  const int64_t d = a.head_dim, heads = a.heads;
+  const int64_t total = static_cast<int64_t>(a.seqs) * heads * d;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = e % d, r = e / d;
+    const int64_t h = r % heads, i = r / heads;
+    KvSlots slots = a.slots;
+    slots.blocks = a.blocks + i * a.blocks_stride;
+    const int64_t at = SlotIndex(slots, h, a.dst_slots[i * heads + h]);
+    const int64_t src = i * a.src_stride + h * d + c;
+    StoreF(a.k, a.dtype, at * d + c, a.src_k[src]);
+    StoreF(a.v, a.dtype, at * d + c, a.src_v[src]);
+    if (c == 0) {
+      a.slot_pos[at] = a.positions[i];
+      if (a.score != nullptr && (a.flags[i] & kDecodeKeepsScoreFlag) != 0) a.score[at] = 0.f;
+    }
+  }
+}
+
 // One block per (token, head): the [q, k, v] row in shared memory, one thread per hidden unit at a
 // time (a strided loop), ReLU times w2 summed by a block reduction.
 constexpr int kRetainThreads = 128;
@@ -161,6 +184,13 @@ __global__ void __launch_bounds__(kEvictThreads) KvEvictKernel(KvEvictLaunch a) 
 cudaError_t LaunchKvWrite(const KvWriteLaunch& a, cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(a.heads) * a.n * a.head_dim;
   KvWriteKernel<<<GridFor(total, kWriteThreads), kWriteThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDecodeKvWrite(const DecodeKvWriteLaunch& a, cudaStream_t stream) {
+  const int64_t total = static_cast<int64_t>(a.seqs) * a.heads * a.head_dim;
+  if (total == 0) return cudaSuccess;
+  DecodeKvWriteKernel<<<GridFor(total, kWriteThreads), kWriteThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

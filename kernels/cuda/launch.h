@@ -106,7 +106,22 @@ struct AttentionLaunch {
   const int32_t* head_ids = nullptr;
   float scale = 1.f;
   int32_t tokens = 0, heads = 0, head_dim = 0, used = 0;
+  // Floats from one row of q to the next; 0: heads * head_dim.
+  int64_t q_stride = 0;
+  // A decode step over many caches (DecodeAttention), when seq_used is set: token t is sequence
+  // t, which reads its own seq_used[t] slots through row t of seq_blocks (seq_blocks_stride ints
+  // apart; slots.blocks is not read) and adds scores only where seq_flags[t] has
+  // kDecodeAddsScoreFlag; `used` is then a bound on every seq_used[t] (the plan's). Device arrays.
+  const int32_t* seq_used = nullptr;
+  const int32_t* seq_blocks = nullptr;
+  int64_t seq_blocks_stride = 0;
+  const int32_t* seq_flags = nullptr;
 };
+
+// DecodeAttentionArgs' flags (kDecodeKeepsScore, kDecodeAddsScore in kernels/op_table.h, whose
+// header the .cu files cannot include).
+constexpr int32_t kDecodeKeepsScoreFlag = 1;
+constexpr int32_t kDecodeAddsScoreFlag = 2;
 
 // How a launch splits the slots: `splits` ranges of `split_slots` slots per (token, head).
 struct AttentionPlan {
@@ -139,6 +154,28 @@ struct KvWriteLaunch {
   int32_t heads = 0, head_dim = 0, n = 0;
 };
 cudaError_t LaunchKvWrite(const KvWriteLaunch& a, cudaStream_t stream);
+
+// A decode step's writes (DecodeAttentionArgs in kernels/op_table.h): sequence i's key and value
+// rows (src_stride floats apart) into logical slots dst_slots[i * heads + h] through row i of
+// `blocks`, position positions[i], score 0 where flags[i] has kDecodeKeepsScoreFlag.
+struct DecodeKvWriteLaunch {
+  KvSlots slots;  // block_slots and block_stride; blocks from `blocks` below
+  void* k = nullptr;
+  void* v = nullptr;
+  DType dtype = DType::kF32;
+  int32_t* slot_pos = nullptr;
+  float* score = nullptr;  // or null
+  const float* src_k = nullptr;
+  const float* src_v = nullptr;
+  int64_t src_stride = 0;
+  const int32_t* dst_slots = nullptr;  // [seqs, heads]
+  const int32_t* positions = nullptr;  // [seqs]
+  const int32_t* flags = nullptr;      // [seqs]
+  const int32_t* blocks = nullptr;     // [seqs, blocks_stride]
+  int64_t blocks_stride = 0;
+  int32_t seqs = 0, heads = 0, head_dim = 0;
+};
+cudaError_t LaunchDecodeKvWrite(const DecodeKvWriteLaunch& a, cudaStream_t stream);
 
 // Locret retaining heads (RetainArgs in kernels/op_table.h): out[i, h] = w2_h . relu(W1_h x + b1_h)
 // + b2_h with x = [q, k, v] of head h for token i (rows row_stride floats apart).

@@ -242,6 +242,37 @@ Status KvWrite(Backend&, const KvView& kv, int32_t heads, int32_t head_dim, cons
   return Status::Ok();
 }
 
+// Each sequence in turn: its KvWrite, then its one-token Attention, over a KvView made of its
+// row of the block table (the plain composition the batched kernels are held to).
+Status DecodeAttention(Backend& b, const DecodeAttentionArgs& a) {
+  const int64_t width = static_cast<int64_t>(a.heads) * a.head_dim;
+  for (int32_t i = 0; i < a.seqs; ++i) {
+    KvView kv = a.kv;
+    kv.blocks = a.blocks + static_cast<int64_t>(i) * a.max_blocks;
+    kv.used = a.used[i];
+    kv.capacity = a.max_blocks * a.kv.block_slots;
+    const bool keeps = (a.flags[i] & kDecodeKeepsScore) != 0;
+    const bool adds = (a.flags[i] & kDecodeAddsScore) != 0;
+    kv.score = keeps ? a.kv.score : nullptr;
+    TensorView k{const_cast<float*>(a.k + i * a.kv_stride), DType::kF32, Shape{1, width}};
+    TensorView v{const_cast<float*>(a.v + i * a.kv_stride), DType::kF32, Shape{1, width}};
+    DEJA_RETURN_IF_ERROR(KvWrite(b, kv, a.heads, a.head_dim,
+                                 a.slots + static_cast<int64_t>(i) * a.heads, a.q_pos + i, 1, k, v,
+                                 nullptr));
+    AttentionArgs att;
+    att.q = TensorView{const_cast<float*>(a.q + i * a.q_stride), DType::kF32, Shape{1, width}};
+    att.scale = a.scale;
+    att.q_pos = a.q_pos + i;
+    att.kv = kv;
+    att.kv.score = adds ? a.kv.score : nullptr;
+    att.heads = a.heads;
+    att.head_dim = a.head_dim;
+    att.out = TensorView{a.out + i * width, DType::kF32, Shape{1, width}};
+    DEJA_RETURN_IF_ERROR(RefAttention(b, att));
+  }
+  return Status::Ok();
+}
+
 Status RetainScores(Backend&, const RetainArgs& a) {
   const int32_t in = 3 * a.head_dim;
   std::vector<float> x(static_cast<size_t>(in));
@@ -386,6 +417,7 @@ OpTable MakeReferenceTable() {
   t.retain_scores = ref::RetainScores;
   t.convert = ref::Convert;
   t.mask_units = ref::MaskUnits;
+  t.decode_attention = ref::DecodeAttention;
   return t;
 }
 

@@ -17,6 +17,8 @@ Status KvEvict(Backend&, const KvView& kv, int32_t heads, const KvEvictArgs& arg
                int32_t* victims);
 Status Convert(Backend&, TensorView src, TensorView dst);
 Status MaskUnits(Backend&, TensorView x, const uint8_t* keep, int32_t unit_width);
+// Each sequence's KvWrite, then its one-token attention (the definition in op_table.h).
+Status DecodeAttention(Backend&, const DecodeAttentionArgs& args);
 
 // Linear over int8 weights w (TensorView::scale) with x quantized per row to int8 as the CPU's
 // prefill path does (kernels/cpu/i8_vnni.h): per row amax = max |x|, levels = 255 for a row

@@ -115,13 +115,14 @@ Backend& InnerBackend(Inner which) {
   return which == Inner::kCpu ? *cpu : *ref;
 }
 
-// Which backend runs an op on the simulated device: the reference for attention, the KV ops,
+// Which backend runs an op on the simulated device: the reference for attention (one sequence
+// or a decode step's), the KV ops,
 // conversions and unit masks (their paged-view code is the reference's), the CPU backend (fast)
 // for the rest.
 constexpr Inner InnerFor(kernels::OpId op) {
   using kernels::OpId;
   return op == OpId::kAttention || op == OpId::kKvWrite || op == OpId::kKvEvict ||
-                 op == OpId::kConvert || op == OpId::kMaskUnits
+                 op == OpId::kDecodeAttention || op == OpId::kConvert || op == OpId::kMaskUnits
              ? Inner::kReference
              : Inner::kCpu;
 }

@@ -3,6 +3,7 @@
 // memory stays bounded for sequences far longer than the budget.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
 #include "kernels/backend.h"
@@ -195,6 +196,91 @@ TEST_P(H2OTest, MixedPoliciesInOneBatch) {
   EXPECT_EQ(together[0]->evictions(), 0);
   EXPECT_GT(together[1]->evictions(), 0);
   EXPECT_GT(together[2]->evictions(), 0);
+}
+
+// A device's decode step runs every sequence's KV write and attention as one DecodeAttention
+// call per layer (metadata uploaded once per step); the same model loaded to attend one sequence
+// at a time gives the same logits (bit for bit where both paths run the same kernels: the
+// simulated device) over mixed policies and lengths (full, window, h2o with and without decay,
+// sequences joining and leaving), and the batched path is the one the steps took.
+TEST_P(H2OTest, BatchedDecodeEqualsPerSequenceDecode) {
+  if (GetParam() == "cpu") {
+    GTEST_SKIP() << "host backends attend one sequence per pool thread; no DecodeAttention";
+  }
+  model::LoadOptions options;
+  if (GetParam() == "cuda") options.kv_memory_bytes = 256ll << 20;
+  options.weight_dtype = test_util::ExactWeightDType(GetParam());
+  options.batched_decode_attention = false;
+  auto loaded = model::LoadModel(ModelDir("opt-mini"), backend_.get(), nullptr, options);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  model::Model& per_seq = **loaded;
+  const int64_t vocab = model_->config().vocab_size;
+  std::vector<kv::CachePolicyConfig> policies(5);
+  policies[1].kind = kv::CachePolicyKind::kWindow;
+  policies[2].kind = kv::CachePolicyKind::kH2O;
+  policies[3].kind = kv::CachePolicyKind::kH2O;
+  policies[3].h2o_decay = 0.7f;
+  policies[3].heavy_tokens = 3;
+  policies[3].recent_tokens = 4;
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < policies.size(); ++i) {
+    prompts.push_back(RandomPrompt(10 + 37 * static_cast<int>(i), 40 + static_cast<uint32_t>(i)));
+  }
+  struct Pair {
+    std::unique_ptr<kv::SequenceKv> batched, alone;
+  };
+  std::vector<Pair> seqs(policies.size());
+  for (size_t i = 0; i < policies.size(); ++i) {
+    const int32_t n = static_cast<int32_t>(prompts[i].size());
+    auto a = model_->NewSequence(260, policies[i], n, n);
+    auto b = per_seq.NewSequence(260, policies[i], n, n);
+    ASSERT_TRUE(a.ok() && b.ok());
+    seqs[i] = {std::move(*a), std::move(*b)};
+  }
+  // Each sequence's prompt alone, then decode steps over those still running: sequence 4 joins
+  // at step 6 (its prompt in a step of its own), sequence 0 leaves after step 12.
+  model::StepResult ra, rb;
+  auto prefill = [&](size_t i) {
+    const int32_t n = static_cast<int32_t>(prompts[i].size());
+    ASSERT_TRUE(model_->Forward({{seqs[i].batched.get(), prompts[i].data(), n, false}}, &ra).ok());
+    ASSERT_TRUE(per_seq.Forward({{seqs[i].alone.get(), prompts[i].data(), n, false}}, &rb).ok());
+  };
+  for (size_t i = 0; i < 4; ++i) prefill(i);
+  const int64_t before = model_->batched_decode_steps();
+  std::vector<size_t> running = {0, 1, 2, 3};
+  for (int step = 0; step < 24; ++step) {
+    if (step == 6) {
+      prefill(4);
+      running.push_back(4);
+    }
+    if (step == 13) running.erase(running.begin());
+    std::vector<model::SequenceStep> ba, bb;
+    for (size_t i : running) {
+      prompts[i].push_back(static_cast<int32_t>(100 + 7 * step + 13 * i));
+      ba.push_back({seqs[i].batched.get(), &prompts[i].back(), 1, false});
+      bb.push_back({seqs[i].alone.get(), &prompts[i].back(), 1, false});
+    }
+    ASSERT_TRUE(model_->Forward(ba, &ra).ok());
+    ASSERT_TRUE(per_seq.Forward(bb, &rb).ok());
+    for (size_t j = 0; j < running.size(); ++j) {
+      const float* got = ra.logits.as<float>() + j * vocab;
+      const float* want = rb.logits.as<float>() + j * vocab;
+      if (GetParam() == "sim") {
+        ASSERT_EQ(0, std::memcmp(got, want, vocab * sizeof(float)))
+            << "sequence " << running[j] << " step " << step;
+      } else {
+        std::vector<double> w(want, want + vocab);
+        ASSERT_LE(test_util::RelError(got, w), 1e-5)
+            << "sequence " << running[j] << " step " << step;
+      }
+    }
+  }
+  EXPECT_EQ(model_->batched_decode_steps() - before, 24);
+  EXPECT_EQ(per_seq.batched_decode_steps(), 0);
+  for (size_t i = 1; i < 4; ++i) {
+    EXPECT_GT(seqs[i].batched->evictions(), 0) << i;
+    EXPECT_EQ(seqs[i].batched->evictions(), seqs[i].alone->evictions()) << i;
+  }
 }
 
 // A sequence runs to the position limit on a budget of 20 slots per head: the allocation never

@@ -146,6 +146,17 @@ class SequenceKv {
   // Applies the policy to every head of `layer` (after that layer's attention of the step) at
   // an eviction boundary; elsewhere nothing.
   Status EvictLayer(int32_t layer);
+  // What a decode step over many caches reads of this one (KvAttention's DecodeAttention):
+  // its pool (null without one), the slots the last AppendPositions gave `layer`'s heads
+  // ([heads, appended()], head-major), `layer`'s slot count (slots [0, used) may be occupied)
+  // and its block table on the host (slot s in blocks()[s / block_slots]).
+  const KvBlockPool* pool() const { return pool_.get(); }
+  int32_t appended() const { return last_n_; }
+  const int32_t* appended_slots(int32_t layer) const {
+    return new_slots_.data() + HeadIndex(layer, 0) * last_n_;
+  }
+  int32_t used(int32_t layer) const { return used_[layer]; }
+  const std::vector<int32_t>& blocks() const { return blocks_; }
   // Moves occupied slots to the front and reallocates to `capacity` slots (after a prefill, a
   // bounded policy needs only budget + 1). OutOfRange when a head holds more than that. A cache
   // in a host pool compacts in place and gives back the blocks past its last slot; on a device

@@ -118,7 +118,12 @@ Status KvAttention::Run(int32_t l, const std::vector<SequenceStep>& batch, const
         ChooseImportantPrefix(l, batch, seq_row, qkv.q, qkv.q_stride, !gather));
   }
   // 3. Each sequence: its cache write, attention and eviction (heads are rank-local: no
-  // communication).
+  // communication); on a device, a decode step's writes and attentions in one call.
+  if (l == 0) {
+    DEJA_ASSIGN_OR_RETURN(decode_step_, PrepareDecode(batch, seq_row, tok_pos, qkv));
+    if (decode_step_) ++batched_steps_;
+  }
+  if (decode_step_ && !gather && !scored) return RunDecode(l, batch, qkv, ctx);
   bool all_decode = true;
   for (const SequenceStep& s : batch) all_decode = all_decode && s.n == 1;
   auto attend = [&](size_t i) -> Status {
@@ -160,6 +165,107 @@ Status KvAttention::Run(int32_t l, const std::vector<SequenceStep>& batch, const
   } else {
     for (size_t i = 0; i < batch.size(); ++i) DEJA_RETURN_IF_ERROR(attend(i));
   }
+  return Status::Ok();
+}
+
+StatusOr<bool> KvAttention::PrepareDecode(const std::vector<SequenceStep>& batch,
+                                          const int64_t* seq_row, const int32_t* tok_pos,
+                                          const Qkv&) {
+  if (!batched_decode_ || !on_device_ || batch.empty() || NeedsFullQuery(batch)) {
+    return false;
+  }
+  const kv::KvBlockPool* pool = batch[0].kv->pool();
+  if (pool == nullptr || pool->block_slots() <= 0) return false;
+  const DType kv_dtype = batch[0].kv->geometry().kv_dtype;
+  if (!backend_->Supports(kernels::OpId::kDecodeAttention, kv_dtype)) return false;
+  const int32_t seqs = static_cast<int32_t>(batch.size());
+  int32_t max_blocks = 1, max_used = 0;
+  for (int32_t i = 0; i < seqs; ++i) {
+    const kv::SequenceKv& kv = *batch[i].kv;
+    if (batch[i].n != 1 || seq_row[i] != i || kv.pool() != pool || kv.appended() != 1 ||
+        kv.important_pending(0) || tok_pos[i] != kv.length() - 1) {
+      return false;
+    }
+    max_blocks = std::max(max_blocks, static_cast<int32_t>(kv.blocks().size()));
+    for (int32_t l = 0; l < g_.layers; ++l) max_used = std::max(max_used, kv.used(l));
+  }
+  const int64_t heads = g_.heads;
+  const int64_t per_layer = seqs * (1 + heads);
+  const int64_t head = 2 * static_cast<int64_t>(seqs) + static_cast<int64_t>(seqs) * max_blocks;
+  const int64_t total = head + g_.layers * per_layer;
+  if (total > decode_capacity_) {
+    const int64_t grown = std::max(total, 2 * decode_capacity_);
+    DEJA_ASSIGN_OR_RETURN(decode_host_,
+                          backend_->AllocatePinned(static_cast<size_t>(grown) * sizeof(int32_t)));
+    DEJA_ASSIGN_OR_RETURN(decode_dev_, backend_->Allocate(DType::kI32, {grown}));
+    decode_capacity_ = grown;
+  }
+  int32_t* m = static_cast<int32_t*>(decode_host_.data());
+  int32_t* q_pos = m;
+  int32_t* flags = m + seqs;
+  int32_t* blocks = m + 2 * seqs;
+  for (int32_t i = 0; i < seqs; ++i) {
+    const kv::SequenceKv& kv = *batch[i].kv;
+    q_pos[i] = tok_pos[i];
+    flags[i] = (kv.policy().needs_scores() ? kernels::kDecodeKeepsScore : 0) |
+               (kv.policy().accumulates_scores() ? kernels::kDecodeAddsScore : 0);
+    const std::vector<int32_t>& table = kv.blocks();
+    int32_t* row = blocks + static_cast<int64_t>(i) * max_blocks;
+    std::copy(table.begin(), table.end(), row);
+    // Past the table: a block the kernels never reach (slots below used[i] only), but a real one.
+    std::fill(row + table.size(), row + max_blocks, table.empty() ? 0 : table[0]);
+  }
+  for (int32_t l = 0; l < g_.layers; ++l) {
+    int32_t* used = m + head + l * per_layer;
+    int32_t* slots = used + seqs;
+    for (int32_t i = 0; i < seqs; ++i) {
+      const kv::SequenceKv& kv = *batch[i].kv;
+      used[i] = kv.used(l);
+      std::copy_n(kv.appended_slots(l), heads, slots + i * heads);
+    }
+  }
+  DEJA_RETURN_IF_ERROR(backend_->CopyHostToDevice(decode_dev_.data(), m,
+                                                  static_cast<size_t>(total) * sizeof(int32_t)));
+  decode_seqs_ = seqs;
+  decode_max_blocks_ = max_blocks;
+  decode_max_used_ = max_used;
+  return true;
+}
+
+Status KvAttention::RunDecode(int32_t l, const std::vector<SequenceStep>& batch, const Qkv& qkv,
+                              const TensorView& ctx) {
+  const int32_t seqs = decode_seqs_;
+  if (static_cast<int32_t>(batch.size()) != seqs) {
+    return Internal("decode attention: layer " + std::to_string(l) + " got " +
+                    std::to_string(batch.size()) + " sequences, the step has " +
+                    std::to_string(seqs));
+  }
+  const int64_t heads = g_.heads;
+  const int32_t* m = decode_dev_.as<int32_t>();
+  const int64_t head = 2 * static_cast<int64_t>(seqs) + static_cast<int64_t>(seqs) * decode_max_blocks_;
+  const int32_t* used = m + head + l * seqs * (1 + heads);
+  kernels::DecodeAttentionArgs a;
+  a.q = qkv.q;
+  a.q_stride = qkv.q_stride;
+  a.k = qkv.k;
+  a.v = qkv.v;
+  a.kv_stride = qkv.kv_stride;
+  a.out = ctx.as<float>();
+  a.scale = 1.0f / std::sqrt(static_cast<float>(g_.head_dim));
+  a.kv = batch[0].kv->pool()->LayerView(l);
+  a.seqs = seqs;
+  a.heads = g_.heads;
+  a.head_dim = g_.head_dim;
+  a.q_pos = m;
+  a.flags = m + seqs;
+  a.blocks = m + 2 * seqs;
+  a.max_blocks = decode_max_blocks_;
+  a.used = used;
+  a.slots = used + seqs;
+  a.max_used = decode_max_used_;
+  a.device = ctx.device;
+  DEJA_RETURN_IF_ERROR(kernels::DecodeAttention(*backend_, a));
+  for (const SequenceStep& s : batch) DEJA_RETURN_IF_ERROR(s.kv->EvictLayer(l));
   return Status::Ok();
 }
 

@@ -47,6 +47,11 @@ class KvAttention {
   };
 
   void Init(const Geometry& g, kernels::Backend* backend, bool on_device);
+  // Device decode steps as one DecodeAttention call per layer over every sequence (the
+  // default), or one KvWrite and Attention per sequence (off: the path it is compared with).
+  void set_batched_decode(bool on) { batched_decode_ = on; }
+  // Decode steps that took the batched path since the model was loaded (one per Forward).
+  int64_t batched_decode_steps() const { return batched_steps_; }
 
   // Locret's retaining heads (this rank's heads), uploaded to the backend's memory.
   Status EnableRetaining(const predictors::RetainingHeads& heads);
@@ -77,6 +82,13 @@ class KvAttention {
                                const int64_t* seq_row, const float* q_rows, int64_t q_stride,
                                bool all_heads);
   StatusOr<Tensor> Alloc(DType dtype, Shape shape) const;
+  // Layer 0 of a decode step: whether every sequence of `batch` can go through DecodeAttention
+  // (one token each, rows in order, caches in one device pool, no retaining heads, no pending
+  // prefix, every head), and if so the step's metadata for all layers, uploaded in one copy.
+  StatusOr<bool> PrepareDecode(const std::vector<SequenceStep>& batch, const int64_t* seq_row,
+                               const int32_t* tok_pos, const Qkv& qkv);
+  Status RunDecode(int32_t l, const std::vector<SequenceStep>& batch, const Qkv& qkv,
+                   const TensorView& ctx);
 
   Geometry g_;
   kernels::Backend* backend_ = nullptr;
@@ -92,6 +104,16 @@ class KvAttention {
   int64_t retain_rows_ = 0;
   std::vector<float> retain_override_;  // [layers, positions, heads]; empty: the heads
   int32_t retain_override_positions_ = 0;
+
+  // Batched decode: the step's metadata (int32: q_pos [S], flags [S], block tables [S, MB], then
+  // per layer used [S] and slots [S, heads]) in a pinned host buffer and its device copy, both
+  // grown to the largest step; the step's sizes; whether this step took the path.
+  bool batched_decode_ = true;
+  Tensor decode_host_, decode_dev_;
+  int64_t decode_capacity_ = 0;  // int32s each buffer holds
+  int32_t decode_seqs_ = 0, decode_max_blocks_ = 0, decode_max_used_ = 0;
+  bool decode_step_ = false;
+  int64_t batched_steps_ = 0;
 
   // Important-token loading: the options, and per-layer counts since TakeImportanceStats.
   prefix::ImportanceOptions importance_;

@@ -94,6 +94,9 @@ struct LoadOptions {
   bool kv_paged = false;
   float kv_memory_fraction = 0.8f;
   int32_t kv_block_slots = 32;
+  // Device backends: a decode step's KV writes and attention as one DecodeAttention call per
+  // layer over all its sequences (kernels/op_table.h), not one KvWrite and Attention each.
+  bool batched_decode_attention = true;
   // Device backends: the pinned buffer weights stream through (worker/model/weight_upload.h).
   size_t staging_bytes = size_t{64} << 20;
   // What EnableSparsity builds (Deja Vu's runtime). LoadModel fills it when it is empty
@@ -118,6 +121,8 @@ class Model {
   // The pool's free bytes and its block size in slots (0: no pool).
   virtual int64_t kv_pool_free_bytes() const { return 0; }
   virtual int32_t kv_block_slots() const { return 0; }
+  // Forward calls whose attention ran as one DecodeAttention per layer (device decode steps).
+  virtual int64_t batched_decode_steps() const { return 0; }
   // Important-token loading for sequences whose cache has SetImportantPrefix (host backends; a
   // device keeps the whole prefix). Per layer since the last reset: layers that chose a subset,
   // layers that fell back to the whole prefix, and their summed mean Jaccard similarity.

@@ -56,6 +56,7 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
                          static_cast<int32_t>(m->w_.local_heads),
                          static_cast<int32_t>(m->config_.head_dim())},
                         backend, m->on_device_);
+  m->kv_attention_.set_batched_decode(options.batched_decode_attention);
   if (m->on_device_) {
     DEJA_RETURN_IF_ERROR(m->LoadToDevice(options));
   } else {

@@ -49,6 +49,7 @@ class OptModel final : public Model {
     return kv_pool_ ? kv_pool_->free_blocks() * kv_pool_->block_bytes() : 0;
   }
   int32_t kv_block_slots() const override { return kv_pool_ ? kv_pool_->block_slots() : 0; }
+  int64_t batched_decode_steps() const override { return kv_attention_.batched_decode_steps(); }
   std::shared_ptr<kv::KvBlockPool> kv_pool() const override { return kv_pool_; }
   void set_observer(LayerObserver* observer) override { observer_ = observer; }
 
