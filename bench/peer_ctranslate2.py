@@ -303,7 +303,7 @@ def cmd_report(args):
     for r in runs:
         by.setdefault(r["config"], {})[r["round"]] = figures(r["result"])
     deja = [c for c in by if c.startswith("deja")]
-    peer = [c for c in by if c.startswith("ct2")]
+    peer = [c for c in by if not c.startswith("deja")]
     rows = []
     for key, label, unit, higher in METRICS:
         for d in deja:
@@ -325,10 +325,16 @@ def cmd_report(args):
     print(f"machine: {meta.get('cpu', platform.processor())}, {meta.get('cores', os.cpu_count())} "
           f"cores; threads {meta.get('threads')}; {meta.get('date', time.strftime('%F'))}")
     print(f"model: {meta.get('model')}  ctranslate2 {meta.get('ctranslate2')} "
-          f"(CPU compute types: {', '.join(meta.get('cpu_compute_types', []))})")
-    print("speedup = deja / ctranslate2 from the same round (>1: deja faster), median [range]")
+          f"(CPU compute types: {', '.join(meta.get('cpu_compute_types', []))})  openvino "
+          f"{meta.get('openvino_info', {}).get('openvino', '-')}")
+    for r in runs:  # what OpenVINO chose for itself, once per configuration
+        res = r["result"]
+        if res.get("engine") == "openvino" and r["round"] == 1:
+            print(f"{r['config']}: inference precision {res.get('inference_precision')}, "
+                  f"KV cache {res.get('kv_cache_precision')}")
+    print("speedup = deja / peer from the same round (>1: deja faster), median [range]")
     print()
-    head = f"{'metric':26} {'deja':18} {'ctranslate2':12} {'deja':>10} {'ct2':>10} {'speedup':>18}"
+    head = f"{'metric':26} {'deja':18} {'peer':12} {'deja':>10} {'peer':>10} {'speedup':>18}"
     print(head)
     print("-" * len(head))
     for r in rows:

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# deja against CTranslate2 on the same random-weight OPT checkpoint, on the CPU: batch-1 decode
-# ms/token, batch-16 decode ms/step and prefill tokens/s, the same thread count for both,
-# alternating engine by engine, run by run. Prints per metric each engine's median and the
-# median of deja/CTranslate2 speedups from the same round (>1: deja faster); --out keeps every
-# run as JSON. CTranslate2 is a measuring stick only: it lives in its own venv, never in deja.
+# deja against its CPU peers, CTranslate2 and OpenVINO (through optimum-intel), on the same
+# random-weight OPT checkpoint: batch-1 decode ms/token, batch-16 decode ms/step and prefill
+# tokens/s, the same thread count for every engine, alternating engine by engine, run by run.
+# Prints per metric each engine's median and the median of deja/peer speedups from the same
+# round (>1: deja faster); --out keeps every run as JSON. The peers are measuring sticks only:
+# each lives in its own venv, never in deja. Quality beside speed: bench/peer_quality.py.
 #
 #   bash bench/peer_ctranslate2.sh                       # OPT-1.3B shape, 3 rounds, 2 threads
 #   bash bench/peer_ctranslate2.sh --shape 125m --rounds 1 --out /tmp/peer.json
@@ -20,7 +21,11 @@
 #   --deja-modes LIST  bf16 (--dtype bf16 --kv-dtype f16), int8 (--dtype int8 --kv-dtype f16);
 #                      a mode the binary rejects is skipped with a note [bf16,int8]
 #   --ct2-types LIST   CTranslate2 compute types (each converted with that quantization);
-#                      one the CPU lacks is skipped with a note [int8]
+#                      one the CPU lacks is skipped with a note; none: no CTranslate2 [int8]
+#   --ov-weights LIST  OpenVINO weight formats, each exported with optimum-intel: int8, int4
+#                      (symmetric, groups of 128); its other settings are OpenVINO's defaults
+#                      and each run reports the precision and KV type it chose; none: no
+#                      OpenVINO [int8,int4]
 #   --converter C      hf: CTranslate2's ct2-transformers-converter (installs transformers and
 #                      torch, ~6 GB: PyPI's Linux torch wheels pull the CUDA libraries);
 #                      numpy: the same spec built by bench/peer_ctranslate2.py from the
@@ -28,14 +33,19 @@
 #   --out FILE         JSON with the machine, the summary and every run (FILE.runs.jsonl
 #                      holds the runs while it goes) [$CACHE/peer-ctranslate2-DATE.json]
 # Environment: DEJA_PEER_VENV [~/.cache/deja/peer-venv] (reused when it exists),
+#              DEJA_PEER_OV_VENV [~/.cache/deja/peer-ov-venv] (OpenVINO's, apart: optimum-intel
+#              pins its own transformers),
 #              DEJA_PEER_CACHE [~/.cache/deja/peer] (checkpoints, converted models, results).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 HELPER=$REPO/bench/peer_ctranslate2.py
+OV_HELPER=$REPO/bench/peer_openvino.py
+OV_VENV=${DEJA_PEER_OV_VENV:-$HOME/.cache/deja/peer-ov-venv}
 VENV=${DEJA_PEER_VENV:-$HOME/.cache/deja/peer-venv}
 CACHE=${DEJA_PEER_CACHE:-$HOME/.cache/deja/peer}
 SHAPE=1.3b LAYERS= MODEL= DEJA=$REPO/build/release/cli/deja THREADS=2 ROUNDS=3
-PREFILL=512 PROMPT=64 STEPS=64 DEJA_MODES=bf16,int8 CT2_TYPES=int8 CONVERTER=hf OUT=
+PREFILL=512 PROMPT=64 STEPS=64 DEJA_MODES=bf16,int8 CT2_TYPES=int8 OV_WEIGHTS=int8,int4
+CONVERTER=hf OUT=
 
 die() { echo "peer_ctranslate2: $*" >&2; exit 1; }
 while [ $# -gt 0 ]; do
@@ -52,6 +62,7 @@ while [ $# -gt 0 ]; do
     --decode-steps) STEPS=$2 ;;
     --deja-modes) DEJA_MODES=$2 ;;
     --ct2-types) CT2_TYPES=$2 ;;
+    --ov-weights) OV_WEIGHTS=$2 ;;
     --converter) CONVERTER=$2 ;;
     --out) OUT=$2 ;;
     *) die "unknown flag $1 (see the head of $0)" ;;
@@ -64,25 +75,48 @@ T_START=$(date +%s)
 mkdir -p "$CACHE"
 OUT=${OUT:-$CACHE/peer-ctranslate2-$(date -u +%Y%m%dT%H%M%SZ).json}
 
-# --- the peer's venv ---------------------------------------------------------------------------
-if [ $CONVERTER = hf ]; then
-  PKGS=(ctranslate2 numpy transformers torch) IMPORTS="ctranslate2, numpy, transformers, torch"
-else
-  PKGS=(ctranslate2 numpy) IMPORTS="ctranslate2, numpy"
+# --- the peers' venvs ---------------------------------------------------------------------------
+[ "$CT2_TYPES" = none ] && CT2_TYPES=
+[ "$OV_WEIGHTS" = none ] && OV_WEIGHTS=
+# Without CTranslate2 the system's python3 runs the standard-library parts (report, numpy for
+# the checkpoint).
+PY=python3
+INFO='{}'
+if [ -n "$CT2_TYPES" ]; then
+  if [ $CONVERTER = hf ]; then
+    PKGS=(ctranslate2 numpy transformers torch) IMPORTS="ctranslate2, numpy, transformers, torch"
+  else
+    PKGS=(ctranslate2 numpy) IMPORTS="ctranslate2, numpy"
+  fi
+  PY=$VENV/bin/python
+  if [ ! -x "$PY" ]; then
+    echo "== making the venv $VENV" >&2
+    python3 -m venv "$VENV" || die "python3 -m venv $VENV failed"
+  fi
+  if ! (cd / && "$PY" -c "import $IMPORTS") 2>/dev/null; then
+    echo "== pip install ${PKGS[*]} into $VENV (PyPI)" >&2
+    "$PY" -m pip install --quiet "${PKGS[@]}" ||
+      die "pip could not install ${PKGS[*]} into $VENV (is PyPI reachable?)"
+    (cd / && "$PY" -c "import $IMPORTS") || die "installed, but 'import $IMPORTS' fails in $VENV"
+  fi
+  INFO=$(cd / && "$PY" "$HELPER" info) || die "ctranslate2 does not load in $VENV"
+  echo "== ctranslate2: $INFO" >&2
 fi
-PY=$VENV/bin/python
-if [ ! -x "$PY" ]; then
-  echo "== making the venv $VENV" >&2
-  python3 -m venv "$VENV" || die "python3 -m venv $VENV failed"
+OV_PY=$OV_VENV/bin/python
+OV_INFO='{}'
+if [ -n "$OV_WEIGHTS" ]; then
+  if [ ! -x "$OV_PY" ]; then
+    echo "== making the venv $OV_VENV" >&2
+    python3 -m venv "$OV_VENV" || die "python3 -m venv $OV_VENV failed"
+  fi
+  if ! (cd / && "$OV_PY" -c "import openvino, optimum.intel, nncf, numpy") 2>/dev/null; then
+    echo "== pip install optimum-intel[openvino] nncf numpy into $OV_VENV (PyPI)" >&2
+    "$OV_PY" -m pip install --quiet "optimum-intel[openvino]" nncf numpy ||
+      die "pip could not install optimum-intel into $OV_VENV (is PyPI reachable?)"
+  fi
+  OV_INFO=$(cd / && "$OV_PY" "$OV_HELPER" info) || die "openvino does not load in $OV_VENV"
+  echo "== openvino: $OV_INFO" >&2
 fi
-if ! (cd / && "$PY" -c "import $IMPORTS") 2>/dev/null; then
-  echo "== pip install ${PKGS[*]} into $VENV (PyPI)" >&2
-  "$PY" -m pip install --quiet "${PKGS[@]}" ||
-    die "pip could not install ${PKGS[*]} into $VENV (is PyPI reachable?)"
-  (cd / && "$PY" -c "import $IMPORTS") || die "installed, but 'import $IMPORTS' fails in $VENV"
-fi
-INFO=$(cd / && "$PY" "$HELPER" info) || die "ctranslate2 does not load in $VENV"
-echo "== ctranslate2: $INFO" >&2
 
 # --- the checkpoint ----------------------------------------------------------------------------
 if [ -z "$MODEL" ]; then
@@ -133,17 +167,31 @@ for t in ${CT2_TYPES//,/ }; do
   fi
   CT2_OK+=("$t")
 done
+# --- OpenVINO exports ---------------------------------------------------------------------------
+OV_OK=()
+for w in ${OV_WEIGHTS//,/ }; do
+  dir=$CACHE/ov/$(basename "$MODEL")-$KEY-$w
+  if [ ! -f "$dir/openvino_model.xml" ]; then
+    echo "== exporting $MODEL for OpenVINO ($w weights)" >&2
+    rm -rf "$dir.partial"
+    (cd / && "$OV_PY" "$OV_HELPER" export --model "$MODEL" --out "$dir.partial" --weights "$w") ||
+      die "export with $w weights failed"
+    rm -rf "$dir" && mv "$dir.partial" "$dir"
+  fi
+  OV_OK+=("$w")
+done
 [ ${#DEJA_OK[@]} -gt 0 ] || die "no deja mode runs with $DEJA"
-[ ${#CT2_OK[@]} -gt 0 ] || die "no CTranslate2 compute type to run"
+[ $((${#CT2_OK[@]} + ${#OV_OK[@]})) -gt 0 ] || die "no peer configuration to run"
 
 # --- the rounds ----------------------------------------------------------------------------------
 # Configurations interleaved (deja, ct2, deja, ...), the order reversed every other round so
 # neither engine always runs first after the other.
 CONFIGS=()
 i=0
-while [ $i -lt ${#DEJA_OK[@]} ] || [ $i -lt ${#CT2_OK[@]} ]; do
+while [ $i -lt ${#DEJA_OK[@]} ] || [ $i -lt ${#CT2_OK[@]} ] || [ $i -lt ${#OV_OK[@]} ]; do
   [ $i -lt ${#DEJA_OK[@]} ] && CONFIGS+=("deja-${DEJA_OK[$i]}")
   [ $i -lt ${#CT2_OK[@]} ] && CONFIGS+=("ct2-${CT2_OK[$i]}")
+  [ $i -lt ${#OV_OK[@]} ] && CONFIGS+=("ov-${OV_OK[$i]}")
   i=$((i + 1))
 done
 WORK=$(mktemp -d)
@@ -159,6 +207,13 @@ run_one() { # round config
 --prefill-tokens $PREFILL --prompt-tokens $PROMPT --decode-steps $STEPS --json"
     t0=$(date +%s.%N)
     line=$($cmd 2>"$WORK/err" | tail -1) || { cat "$WORK/err" >&2; die "run failed: $cmd (runs so far: $RUNS)"; }
+  elif [[ $c == ov-* ]]; then
+    local w=${c#ov-}
+    cmd="$OV_PY $OV_HELPER run --model $CACHE/ov/$(basename "$MODEL")-$KEY-$w --weights $w \
+--threads $THREADS --batches 1,16 --prefill-tokens $PREFILL --prompt-tokens $PROMPT \
+--decode-steps $STEPS"
+    t0=$(date +%s.%N)
+    line=$(cd / && $cmd 2>"$WORK/err" | tail -1) || { cat "$WORK/err" >&2; die "run failed: $cmd (runs so far: $RUNS)"; }
   else
     local t=${c#ct2-}
     cmd="$PY $HELPER run --model $CACHE/ct2/$(basename "$MODEL")-$KEY-$t --compute-type $t \
@@ -192,13 +247,13 @@ done
 
 # --- the report ----------------------------------------------------------------------------------
 CPU=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
-"$PY" - "$WORK/meta.json" "$INFO" "$CPU" "$(nproc)" "$THREADS" "$MODEL" "$DEJA" \
+"$PY" - "$WORK/meta.json" "$INFO" "$OV_INFO" "$CPU" "$(nproc)" "$THREADS" "$MODEL" "$DEJA" \
   "$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)" "$CONVERTER" \
   "$PREFILL" "$PROMPT" "$STEPS" "$ROUNDS" "$(($(date +%s) - T_START))" "${NOTES[@]+"${NOTES[@]}"}" <<'PY'
 import json, sys, time
-(out, info, cpu, cores, threads, model, deja, rev, conv, prefill, prompt, steps, rounds,
+(out, info, ov_info, cpu, cores, threads, model, deja, rev, conv, prefill, prompt, steps, rounds,
  elapsed, *notes) = sys.argv[1:]
-meta = dict(json.loads(info), cpu=cpu, cores=int(cores), threads=int(threads), model=model,
+meta = dict(json.loads(info), openvino_info=json.loads(ov_info), cpu=cpu, cores=int(cores), threads=int(threads), model=model,
             model_config=json.load(open(model + "/config.json")), deja=deja, deja_git=rev,
             converter=conv, prefill_tokens=int(prefill), prompt_tokens=int(prompt),
             decode_steps=int(steps), rounds=int(rounds), elapsed_s=int(elapsed),

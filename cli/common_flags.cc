@@ -72,7 +72,12 @@ void AddDtypeFlag(Args& args) {
       .Flag("kv-memory-fraction",
             "on a GPU: the share of its memory free after the weights that the KV block pool "
             "takes (default 0.8; a worker's explicit fraction overrides its --kv-memory-mb)",
-            "");
+            "")
+      .Flag("decode-attention",
+            "on a GPU: a decode step's KV writes and attention as one call per layer over "
+            "every sequence (batched), or one write and attention per sequence (per-sequence, "
+            "for comparisons)",
+            "batched");
 }
 
 StatusOr<Device> ParseDevice(const std::string& d) {
@@ -162,6 +167,11 @@ StatusOr<worker::model::LoadOptions> LoadOptionsFromFlags(const Args& args) {
     why += std::string(why.empty() ? "" : ", ") + "f16 KV cache";
   }
   if (!why.empty()) LOG(INFO) << "--dtype/--kv-dtype auto: " << why;
+  const std::string decode = args.Str("decode-attention");
+  if (decode != "batched" && decode != "per-sequence") {
+    return InvalidArgument("--decode-attention must be batched or per-sequence, got " + decode);
+  }
+  o.batched_decode_attention = decode == "batched";
   if (!args.Str("kv-memory-fraction").empty()) {
     DEJA_ASSIGN_OR_RETURN(double f, args.Double("kv-memory-fraction"));
     if (!(f > 0.0 && f < 1.0)) {

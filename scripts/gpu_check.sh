@@ -318,9 +318,19 @@ step_bench() {
   "$deja" bench decode --device "$dev" --model "$(ckpt_of "${bench_shape[@]}")" --dtype bf16 \
     --batches "$bench_batches" --prefill-tokens "$prefill" --prompt-tokens 128 \
     --decode-steps "$steps_n" --json >"$logs/bench.json" || return 1
-  $py - "$logs/bench.json" "$figs/bench.json" <<'EOF'
-import json, sys
+  # The same decode steps with one KV write and attention per sequence (the path before
+  # DecodeAttention), for the batched path's gain.
+  "$deja" bench decode --device "$dev" --model "$(ckpt_of "${bench_shape[@]}")" --dtype bf16 \
+    --batches "$bench_batches" --prefill-tokens 16 --prompt-tokens 128 \
+    --decode-steps "$steps_n" --decode-attention per-sequence --json \
+    >"$logs/bench_per_sequence.json" || true
+  $py - "$logs/bench.json" "$figs/bench.json" "$logs/bench_per_sequence.json" <<'EOF'
+import json, os, sys
 j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+per_seq = {}
+if os.path.getsize(sys.argv[3]) > 0:
+    for d in json.loads(open(sys.argv[3]).read().strip().splitlines()[-1])["decode"]:
+        per_seq[d["batch"]] = d["ms_per_step"]
 f = {k: j.get(k) for k in ("model", "device", "weight_bytes", "device_copy_gb_per_s",
                            "device_bf16_gemm_tflop_per_s", "floor_ms_per_token",
                            "batch1_fraction_of_floor", "prefill_tokens", "prefill_tokens_per_s",
@@ -329,6 +339,9 @@ for d in j["decode"]:
     f[f"batch{d['batch']}_ms_per_step"] = d["ms_per_step"]
     f[f"batch{d['batch']}_tokens_per_s"] = d["tokens_per_s"]
     f[f"batch{d['batch']}_speedup_vs_batch1"] = d.get("speedup_vs_batch1")
+    if d["batch"] in per_seq:
+        f[f"batch{d['batch']}_per_sequence_attention_ms_per_step"] = per_seq[d["batch"]]
+        f[f"batch{d['batch']}_batched_vs_per_sequence"] = per_seq[d["batch"]] / d["ms_per_step"]
 json.dump(f, open(sys.argv[2], "w"))
 print(json.dumps(f, indent=1))
 EOF
