@@ -18,8 +18,9 @@
 #   --rounds N         rounds; each runs every engine configuration once; 0 only prepares
 #                      the venv, checkpoint and conversions [3]
 #   --prefill-tokens N [512]   --prompt-tokens N [64]   --decode-steps N [64]
-#   --deja-modes LIST  bf16 (--dtype bf16 --kv-dtype f16), int8 (--dtype int8 --kv-dtype f16);
-#                      a mode the binary rejects is skipped with a note [bf16,int8]
+#   --deja-modes LIST  bf16 (--dtype bf16 --kv-dtype f16), int8 (--dtype int8 --kv-dtype f16),
+#                      int4 (--dtype int4 --kv-dtype f16); a mode the binary rejects is skipped
+#                      with a note [bf16,int8,int4]
 #   --ct2-types LIST   CTranslate2 compute types (each converted with that quantization);
 #                      one the CPU lacks is skipped with a note; none: no CTranslate2 [int8]
 #   --ov-weights LIST  OpenVINO weight formats, each exported with optimum-intel: int8, int4
@@ -44,7 +45,7 @@ OV_VENV=${DEJA_PEER_OV_VENV:-$HOME/.cache/deja/peer-ov-venv}
 VENV=${DEJA_PEER_VENV:-$HOME/.cache/deja/peer-venv}
 CACHE=${DEJA_PEER_CACHE:-$HOME/.cache/deja/peer}
 SHAPE=1.3b LAYERS= MODEL= DEJA=$REPO/build/release/cli/deja THREADS=2 ROUNDS=3
-PREFILL=512 PROMPT=64 STEPS=64 DEJA_MODES=bf16,int8 CT2_TYPES=int8 OV_WEIGHTS=int8,int4
+PREFILL=512 PROMPT=64 STEPS=64 DEJA_MODES=bf16,int8,int4 CT2_TYPES=int8 OV_WEIGHTS=int8,int4
 CONVERTER=hf OUT=
 
 die() { echo "peer_ctranslate2: $*" >&2; exit 1; }
@@ -138,7 +139,8 @@ for mode in ${DEJA_MODES//,/ }; do
   case $mode in
     bf16) flags="--dtype bf16 --kv-dtype f16" ;;
     int8) flags="--dtype int8 --kv-dtype f16" ;;
-    *) die "unknown deja mode $mode (bf16, int8)" ;;
+    int4) flags="--dtype int4 --kv-dtype f16" ;;
+    *) die "unknown deja mode $mode (bf16, int8, int4)" ;;
   esac
   # Try it: a tiny run with the mode's flags on the real checkpoint.
   if err=$("$DEJA" bench decode --model "$MODEL" --threads "$THREADS" $flags --batches 1 \

@@ -8,7 +8,7 @@ fixture (models/opt-mini), against Hugging Face transformers in float32, in one 
 - greedy agreement: the share of 32 greedy tokens equal to float32 HF's, position by position,
   on prompts cut from the held-out text.
 
-Engines: HF float32 (the reference), deja in its modes (`--dtype bf16|int8 --kv-dtype f16`, as
+Engines: HF float32 (the reference), deja in its modes (`--dtype bf16|int8|int4 --kv-dtype f16`, as
 the speed runs), OpenVINO with int8 and int4 weights (optimum-intel exports, its defaults
 otherwise) and CTranslate2 int8 when `ctranslate2` imports (converted with numpy, as
 `peer_ctranslate2.py convert --converter numpy`). Run it with OpenVINO's venv (torch,
@@ -32,7 +32,8 @@ from dejavu_quality import prompts_from  # noqa: E402
 
 TEXTS = [ROOT / "tests/data/heldout/tinyshakespeare.txt", ROOT / "tests/data/heldout/kjv.txt"]
 DEJA_MODES = {"bf16": ["--dtype", "bf16", "--kv-dtype", "f16"],
-              "int8": ["--dtype", "int8", "--kv-dtype", "f16"]}
+              "int8": ["--dtype", "int8", "--kv-dtype", "f16"],
+              "int4": ["--dtype", "int4", "--kv-dtype", "f16"]}
 
 
 def windows(ids, context, bos):

@@ -2,7 +2,7 @@
 """Quality of the reduced-precision modes on the fixture, one run: held-out perplexity at
 1024-token windows and the 32-token greedy agreement with the default mode (checkpoint-dtype
 weights, f32 activations, f32 KV cache) on prompts cut from the held-out text, for `--dtype bf16`,
-`--dtype int8`, `--kv-dtype f16` and their pairs. Prints JSON lines and a Markdown table.
+`--dtype int8`, `--dtype int4`, `--kv-dtype f16` and their pairs. Prints JSON lines and a Markdown table.
 
     python3 bench/precision_quality.py --deja build/release/cli/deja"""
 import argparse
@@ -19,7 +19,9 @@ MODES = [("checkpoint", ["--dtype", "checkpoint", "--kv-dtype", "f32"]),
          ("f16 KV cache", ["--dtype", "checkpoint", "--kv-dtype", "f16"]),
          ("bf16 + f16 KV", ["--dtype", "bf16", "--kv-dtype", "f16"]),
          ("int8 weights", ["--dtype", "int8", "--kv-dtype", "f32"]),
-         ("int8 + f16 KV", ["--dtype", "int8", "--kv-dtype", "f16"])]
+         ("int8 + f16 KV", ["--dtype", "int8", "--kv-dtype", "f16"]),
+         ("int4 weights", ["--dtype", "int4", "--kv-dtype", "f32"]),
+         ("int4 + f16 KV", ["--dtype", "int4", "--kv-dtype", "f16"])]
 
 
 def main():

@@ -212,19 +212,24 @@ int RunBenchDecode(int argc, char** argv, int first) {
       j["peak_bf16_dot_gflop_per_s"] = peak_flops / 1e9;
       j["compute_peak"] = "bf16_dot";
     }
-    // int8 prefill quantizes x and multiplies with VPDPBUSD where the CPU has AVX512-VNNI
+    // int8 quantizes x and multiplies with VPDPBUSD where the CPU has AVX512-VNNI
     // (kernels/cpu/i8_vnni.h): its roofline is that instruction's, twice VDPBF16PS's.
     double prefill_peak = peak_flops;
     if (!on_device && wd == DType::kI8 && kernels::cpu::Bf16DotEnabled() &&
-        kernels::cpu::QuantizesX(prefill_tokens)) {
+        kernels::cpu::QuantizesX()) {
       prefill_peak = kernels::MeasurePeakVnniOpsPerSec(m.backend->pool());
       j["peak_vnni_gop_per_s"] = prefill_peak / 1e9;
       j["prefill_compute_peak"] = "vnni_dot";
     } else {
       j["prefill_compute_peak"] = j["compute_peak"];
     }
-    const double weights =
-        static_cast<double>(m.model->weight_bytes()) / DTypeSize(m.model->weight_dtype());
+    // The weights a token multiplies (one rank: bench decode runs one): the layers' matrices and
+    // the lm head, from the config, whatever their dtypes.
+    const OptConfig& c = m.model->config();
+    const double weights = static_cast<double>(c.num_hidden_layers) *
+                               (4.0 * c.hidden_size * c.hidden_size +
+                                2.0 * c.hidden_size * c.ffn_dim) +
+                           static_cast<double>(c.vocab_size) * c.word_embed_proj_dim;
     DEJA_ASSIGN_OR_RETURN(double prefill_s,
                           TimePrefill(*m.model, static_cast<int32_t>(prefill_tokens), 3, rng));
     j["prefill_tokens"] = prefill_tokens;

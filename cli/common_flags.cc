@@ -37,9 +37,14 @@ const WeightDTypeRow kWeightDTypes[] = {
     {DTypeName(DType::kI8),
      "weight-only int8, quantized at load per output channel (half of bf16's bytes; on a GPU "
      "on the host as the weights stream to it); on the CPU activations meet them as bf16, "
-     "except steps of 17+ tokens (prefill) on CPUs with AVX512-VNNI, which quantize each "
-     "token's activations to int8 (DEJA_CPU_VNNI=0: bf16)",
+     "except on CPUs with AVX512-VNNI, which quantize each token's activations to int8 "
+     "(DEJA_CPU_VNNI=0: bf16)",
      DType::kI8},
+    {DTypeName(DType::kI4),
+     "CPU only: the layers' matrices int4 in groups of --int4-group (a quarter of bf16's "
+     "bytes), each token's activations quantized to int8; a matrix whose int4 error exceeds "
+     "--int4-max-error, the embeddings and the lm head int8",
+     DType::kI4},
 };
 
 // --kv-dtype: how K and V are stored (the attention kernels read f32 and f16).
@@ -77,7 +82,12 @@ void AddDtypeFlag(Args& args) {
             "on a GPU: a decode step's KV writes and attention as one call per layer over "
             "every sequence (batched), or one write and attention per sequence (per-sequence, "
             "for comparisons)",
-            "batched");
+            "batched")
+      .Flag("int4-group", "--dtype int4: K values per scale (a multiple of 8)", "128")
+      .Flag("int4-max-error",
+            "--dtype int4: a matrix whose relative error sqrt(sum (q - w)^2 / sum w^2) exceeds "
+            "this stays int8",
+            "0.15");
 }
 
 StatusOr<Device> ParseDevice(const std::string& d) {
@@ -172,6 +182,20 @@ StatusOr<worker::model::LoadOptions> LoadOptionsFromFlags(const Args& args) {
     return InvalidArgument("--decode-attention must be batched or per-sequence, got " + decode);
   }
   o.batched_decode_attention = decode == "batched";
+  DEJA_ASSIGN_OR_RETURN(int64_t group, args.Int("int4-group"));
+  if (group <= 0 || group % 8 != 0 || group > (1 << 16)) {
+    return InvalidArgument("--int4-group must be a positive multiple of 8, got " +
+                           args.Str("int4-group"));
+  }
+  o.int4_group = static_cast<int32_t>(group);
+  DEJA_ASSIGN_OR_RETURN(o.int4_max_error, args.Double("int4-max-error"));
+  if (!(o.int4_max_error >= 0.0)) {
+    return InvalidArgument("--int4-max-error must be >= 0, got " + args.Str("int4-max-error"));
+  }
+  if (o.weight_dtype == DType::kI4 && !device.is_host()) {
+    return InvalidArgument("--dtype int4 runs on the CPU only (no CUDA kernel yet), not on " +
+                           device.ToString());
+  }
   if (!args.Str("kv-memory-fraction").empty()) {
     DEJA_ASSIGN_OR_RETURN(double f, args.Double("kv-memory-fraction"));
     if (!(f > 0.0 && f < 1.0)) {

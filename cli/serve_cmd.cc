@@ -359,7 +359,9 @@ int RunServe(int argc, char** argv, int first) {
     lo.sparsity_default = sparsity.default_flag;
     DEJA_RETURN_IF_ERROR(LoadOptionsFromFlags(args).status());
     lo.extra_worker_args = {"--dtype", args.Str("dtype"), "--kv-dtype", args.Str("kv-dtype"),
-                            "--decode-attention", args.Str("decode-attention")};
+                            "--decode-attention", args.Str("decode-attention"),
+                            "--int4-group", args.Str("int4-group"),
+                            "--int4-max-error", args.Str("int4-max-error")};
     DEJA_RETURN_IF_ERROR(worker::service::ParseCpuComm(args.Str("cpu-comm")).status());
     if (args.Str("kv-paging") != "on" && args.Str("kv-paging") != "off") {
       return InvalidArgument("--kv-paging must be on or off, not '" + args.Str("kv-paging") + "'");

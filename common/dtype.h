@@ -1,6 +1,6 @@
 // Element types and the scalar conversions between them. Weights stay in their checkpoint dtype
 // (f16/bf16/f32) in memory, or are quantized to int8 with one f32 scale per output row
-// (TensorView::scale, common/quantize.h); kernels widen to f32 in registers and accumulate in f32.
+// (TensorView::scale, common/quantize.h) or to int4 in groups (common/int4.h); kernels widen to f32 in registers and accumulate in f32.
 #pragma once
 
 #include <cstddef>
@@ -10,7 +10,8 @@
 
 namespace deja {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI8 };
+// kI4: int4 Linear weights, two per byte in a tiled layout with group scales (common/int4.h).
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI8, kI4 };
 
 inline size_t DTypeSize(DType t) {
   switch (t) {
@@ -20,6 +21,8 @@ inline size_t DTypeSize(DType t) {
     case DType::kBF16: return 2;
     case DType::kI8:
       return 1;
+    case DType::kI4:  // packed, half a byte each: TensorView::bytes() counts a matrix's bytes
+      return 0;
   }
   return 0;
 }
@@ -46,7 +49,8 @@ inline uint16_t FloatToBF16(float f) {
 }
 
 // Reads element i of a buffer of dtype t as f32 (slow path: references, tests, tools); an int8
-// element reads as its integer value (the row's scale is not applied).
+// element reads as its integer value (the row's scale is not applied); int4 (packed and tiled)
+// reads as 0 here: common/int4.h reads it.
 float LoadAsFloat(const void* data, DType t, size_t i);
 void StoreFromFloat(void* data, DType t, size_t i, float v);
 

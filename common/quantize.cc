@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/int4.h"
 #include "common/thread_pool.h"
 #include "common/vec_math.h"
 
@@ -70,6 +71,97 @@ StatusOr<QuantizedMatrix> QuantizeRowsInt8(const TensorView& w, const char* what
     return InvalidArgument(std::string(what) + ": row " + std::to_string(bad_row.load()) +
                            " holds a NaN or an infinity; it cannot be quantized");
   }
+  return out;
+}
+
+}  // namespace deja
+
+namespace deja {
+
+TensorView Int4Matrix::view() const {
+  TensorView v{packed.data(), DType::kI4, shape, Layout::kTiled16};
+  v.scale = scale.as<float>();
+  v.scale_group = group;
+  return v;
+}
+
+StatusOr<Int4Matrix> QuantizeInt4(const TensorView& w, int32_t group, const char* what,
+                                  ThreadPool* pool) {
+  if (w.shape.rank != 2 || w.layout != Layout::kRowMajor || !w.device.is_host()) {
+    return InvalidArgument(std::string(what) +
+                           ": int4 quantization takes a 2-D row-major host matrix");
+  }
+  if (w.dtype != DType::kF32 && w.dtype != DType::kF16 && w.dtype != DType::kBF16) {
+    return InvalidArgument(std::string(what) + ": cannot quantize " + DTypeName(w.dtype) +
+                           " to int4");
+  }
+  const int64_t rows = w.rows(), cols = w.cols();
+  if (group <= 0 || group % 8 != 0 || cols % group != 0) {
+    return InvalidArgument(std::string(what) + ": int4 group " + std::to_string(group) +
+                           " must be a positive multiple of 8 that divides the " +
+                           std::to_string(cols) + " columns");
+  }
+  const int64_t groups = cols / group;
+  Int4Matrix out{Tensor::Zeros(DType::kI8, {Int4Bytes(rows, cols)}),
+                 Tensor::Zeros(DType::kF32, {Int4Scales(rows, cols, group)}),
+                 Shape{rows, cols},
+                 group,
+                 0.0};
+  auto* packed = out.packed.as<uint8_t>();
+  float* scales = out.scale.as<float>();
+  // Padding rows of the last tile read as value 0 (nibble 8) with scale 0.
+  std::fill(packed, packed + out.packed.numel(), uint8_t{0x88});
+  std::atomic<int64_t> bad_row{-1};
+  std::vector<double> err2(static_cast<size_t>(rows)), norm2(static_cast<size_t>(rows));
+  auto run = [&](int64_t r0, int64_t r1) {
+    std::vector<float> row(static_cast<size_t>(cols));
+    const size_t row_bytes = static_cast<size_t>(cols) * DTypeSize(w.dtype);
+    for (int64_t r = r0; r < r1; ++r) {
+      ConvertToF32(static_cast<const char*>(w.data) + r * row_bytes, w.dtype, cols, row.data(),
+                   false);
+      double e2 = 0, n2 = 0;
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* v = row.data() + g * group;
+        float m = 0.f;
+        bool finite = true;
+        for (int32_t i = 0; i < group; ++i) {
+          finite = finite && std::isfinite(v[i]);
+          if (std::fabs(v[i]) > std::fabs(m)) m = v[i];
+        }
+        if (!finite) {
+          bad_row.store(r);
+          break;
+        }
+        const float scale = m / -8.f;
+        scales[Int4ScaleIndex(r, g, groups)] = scale;
+        const float inv = scale != 0.f ? 1.f / scale : 0.f;
+        for (int32_t i = 0; i < group; ++i) {
+          const int64_t k = g * group + i;
+          const int q = static_cast<int>(std::fmax(-8.f, std::fmin(7.f, std::round(v[i] * inv))));
+          uint8_t& byte = packed[Int4Byte(r, k, cols)];
+          const int shift = Int4Shift(k);
+          byte = static_cast<uint8_t>((byte & ~(15 << shift)) | ((q + 8) << shift));
+          const double d = static_cast<double>(q) * scale - v[i];
+          e2 += d * d;
+          n2 += static_cast<double>(v[i]) * v[i];
+        }
+      }
+      err2[r] = e2;
+      norm2[r] = n2;
+    }
+  };
+  if (pool != nullptr) {
+    pool->ParallelFor(rows, run, 16);
+  } else {
+    run(0, rows);
+  }
+  if (bad_row.load() >= 0) {
+    return InvalidArgument(std::string(what) + ": row " + std::to_string(bad_row.load()) +
+                           " holds a NaN or an infinity; it cannot be quantized");
+  }
+  double e2 = 0, n2 = 0;
+  for (int64_t r = 0; r < rows; ++r) e2 += err2[r], n2 += norm2[r];
+  out.relative_error = n2 > 0 ? std::sqrt(e2 / n2) : 0.0;
   return out;
 }
 

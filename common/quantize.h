@@ -23,4 +23,23 @@ struct QuantizedMatrix {
 StatusOr<QuantizedMatrix> QuantizeRowsInt8(const TensorView& w, const char* what,
                                            ThreadPool* pool = nullptr);
 
+// int4 in groups (common/int4.h): the packed values, the tiled scales, and the matrix's relative
+// error sqrt(sum (q * scale - w)^2 / sum w^2), by which a model keeps int8 for a matrix int4
+// would harm.
+struct Int4Matrix {
+  Tensor packed;  // int8 storage of Int4Bytes(rows, cols) bytes
+  Tensor scale;   // f32 [Int4Scales(rows, cols, group)]
+  Shape shape;    // {rows, cols}
+  int32_t group = 0;
+  double relative_error = 0;
+  // The view kernels take: dtype kI4, layout kTiled16, the scales and the group attached.
+  TensorView view() const;
+};
+
+// Quantizes the 2-D row-major host view w (f32, f16 or bf16) to int4 in groups of `group` K.
+// InvalidArgument naming `what` when group is not a positive multiple of 8 dividing w's columns,
+// or when w holds a NaN or an infinity.
+StatusOr<Int4Matrix> QuantizeInt4(const TensorView& w, int32_t group, const char* what,
+                                  ThreadPool* pool = nullptr);
+
 }  // namespace deja

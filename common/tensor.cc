@@ -6,6 +6,8 @@
 
 #include <glog/logging.h>
 
+#include "common/int4.h"
+
 namespace deja {
 
 Shape::Shape(std::initializer_list<int64_t> d) {
@@ -33,6 +35,7 @@ std::string Shape::ToString() const {
 }
 
 size_t TensorView::bytes() const {
+  if (dtype == DType::kI4) return static_cast<size_t>(Int4Bytes(rows(), cols()));
   if (layout == Layout::kTiled16) {
     return static_cast<size_t>(TiledRows(rows()) * TiledCols(cols())) * DTypeSize(dtype);
   }
@@ -42,6 +45,13 @@ size_t TensorView::bytes() const {
 TensorView TensorView::RowSlice(int64_t begin, int64_t end) const {
   CHECK(begin >= 0 && begin <= end && end <= rows());
   TensorView v = *this;
+  if (dtype == DType::kI4) {
+    CHECK_EQ(begin % kTileRows, 0) << "a tiled view slices at tile boundaries";
+    v.data = static_cast<char*>(data) + Int4Bytes(begin, cols());
+    v.shape = Shape{end - begin, cols()};
+    v.scale = scale + Int4Scales(begin, cols(), scale_group);
+    return v;
+  }
   if (layout == Layout::kTiled16) {
     CHECK_EQ(begin % kTileRows, 0) << "a tiled view slices at tile boundaries";
     v.data = static_cast<char*>(data) + begin * TiledCols(cols()) * DTypeSize(dtype);

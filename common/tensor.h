@@ -52,8 +52,10 @@ struct TensorView {
   Device device = Device::Host();
   // An int8 matrix's f32 scales, one per row of the 2-D reading (per output channel of a Linear
   // weight), in the same memory as data: element (n, k) is data[n, k] * scale[n]. RowSlice moves
-  // it with the rows. Null for every other dtype.
+  // it with the rows. An int4 matrix's group scales (common/int4.h), scale_group K values each.
+  // Null for every other dtype.
   const float* scale = nullptr;
+  int32_t scale_group = 0;
 
   int64_t numel() const { return shape.numel(); }
   // Bytes of storage (for kTiled16 with the padding).

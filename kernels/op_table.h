@@ -4,8 +4,8 @@
 // has a reference implementation (kernels/reference/). Linear and the gathers over bf16 and int8
 // weights multiply x rounded to bf16 (nearest even) and add the products in f32, as a bf16 GEMM
 // does (kernels/cpu/bf16_dot.h), an int8 row's scale multiplying its sum; f16 and f32 weights
-// multiply x. One exception: the CPU backend's Linear over tiled int8 weights quantizes x to int8
-// per row from kVnniMinM rows on where the CPU has AVX512-VNNI (kernels/cpu/i8_vnni.h; the
+// multiply x. One exception: the CPU backend's Linear over tiled int8 weights quantizes every row
+// of x to int8 where the CPU has AVX512-VNNI, at every row count (kernels/cpu/i8_vnni.h; the
 // reference for it is ref::LinearI8QuantizedX).
 #pragma once
 
@@ -22,13 +22,14 @@ class Backend;
 // The ops, each listed once: X(id, table member, function type, the dtypes a backend
 // implementing the whole table supports it for). It generates OpId, OpName (the member's name),
 // the OpTable slots, SupportedByFullBackend and the simulated device's trampolines
-// (tests/common/sim_device.cc). Dtype sets: the weight dtypes (f32, f16, bf16, int8); the float
+// (tests/common/sim_device.cc). Dtype sets: the weight dtypes (f32, f16, bf16, int8), and int4
+// too for Linear (common/int4.h: reference, CPU and simulated device; not CUDA); the float
 // dtypes (f32, f16, bf16); the KV cache's (f32, f16); f32 alone. Attention, KvWrite, KvEvict and
 // DecodeAttention are keyed by the KV cache's dtype, Convert by the destination's.
 #define DEJA_KERNEL_OPS(X)                                                  \
   X(kEmbedding, embedding, EmbeddingFn, kWeightDTypes)                      \
   X(kLayerNorm, layer_norm, LayerNormFn, kFloatDTypes)                      \
-  X(kLinear, linear, LinearFn, kWeightDTypes)                               \
+  X(kLinear, linear, LinearFn, kLinearDTypes)                               \
   X(kAttention, attention, AttentionFn, kKvDTypes)                          \
   X(kAdd, add, AddFn, kFloatDTypes)                                         \
   X(kLogSoftmax, log_softmax, LogSoftmaxFn, kF32Only)                       \

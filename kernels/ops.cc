@@ -11,10 +11,12 @@ namespace deja::kernels {
 
 namespace {
 
-enum DTypeSet { kWeightDTypes, kFloatDTypes, kKvDTypes, kF32Only };
+enum DTypeSet { kLinearDTypes, kWeightDTypes, kFloatDTypes, kKvDTypes, kF32Only };
 
 bool InSet(DTypeSet set, DType d) {
   switch (set) {
+    case kLinearDTypes:
+      return d == DType::kI4 || InSet(kWeightDTypes, d);
     case kWeightDTypes:
       return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16 || d == DType::kI8;
     case kFloatDTypes:

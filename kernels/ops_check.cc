@@ -37,29 +37,39 @@ Status CheckActivation(const char* op, const char* arg, const TensorView& v) {
 }
 
 // A weight: row-major, or kTiled16 (a 2-D bf16 or int8 matrix) where `backend` reads it for op
-// `id`. Matrices (rank 2) may be int8 with their scales; vectors (biases, LayerNorm) are floats.
+// `id`. Matrices (rank 2) may be int8 or int4 with their scales; vectors (biases, LayerNorm) are floats.
 Status CheckWeight(const char* op, const char* arg, const TensorView& v, int rank,
                    const Backend* backend, OpId id) {
   DEJA_RETURN_IF_ERROR(CheckView(op, arg, v, rank, rank));
   if (v.dtype == DType::kI8 && rank == 2) {
     if (v.scale == nullptr) return Bad(op, arg, "is int8 without its scales (TensorView::scale)");
+  } else if (v.dtype == DType::kI4 && rank == 2) {
+    if (v.scale == nullptr) return Bad(op, arg, "is int4 without its scales (TensorView::scale)");
+    if (v.scale_group <= 0 || v.scale_group % 8 != 0 || v.cols() % v.scale_group != 0) {
+      return Bad(op, arg,
+                 "is int4 with group " + std::to_string(v.scale_group) +
+                     ", which must be a positive multiple of 8 dividing its " +
+                     std::to_string(v.cols()) + " columns");
+    }
+    if (v.layout != Layout::kTiled16) return Bad(op, arg, "is int4, which must be tiled");
   } else if (!IsFloat(v.dtype)) {
     return Bad(op, arg,
                std::string("must be f32, f16 or bf16") +
-                   (rank == 2 ? " (or int8 with scales)" : "") + ", is " + DTypeName(v.dtype));
+                   (rank == 2 ? " (or int8 or int4 with scales)" : "") + ", is " + DTypeName(v.dtype));
   } else if (v.scale != nullptr) {
     return Bad(op, arg,
-               std::string("has scales, which only int8 takes, but is ") + DTypeName(v.dtype));
+               std::string("has scales, which only int8 and int4 take, but is ") + DTypeName(v.dtype));
   }
   if (v.numel() == 0) return Bad(op, arg, "is empty");
   if (v.layout == Layout::kTiled16) {
     if (backend == nullptr || !backend->SupportsTiled(id)) {
       return Bad(op, arg, "is tiled (kTiled16), which this op on this backend does not read");
     }
-    if ((v.dtype != DType::kBF16 && v.dtype != DType::kI8) || rank != 2) {
-      return Bad(
-          op, arg,
-          std::string("is tiled, which needs a 2-D bf16 or int8 matrix, is ") + DTypeName(v.dtype));
+    if ((v.dtype != DType::kBF16 && v.dtype != DType::kI8 && v.dtype != DType::kI4) ||
+        rank != 2) {
+      return Bad(op, arg,
+                 std::string("is tiled, which needs a 2-D bf16, int8 or int4 matrix, is ") +
+                     DTypeName(v.dtype));
     }
   } else if (v.layout != Layout::kRowMajor) {
     return Bad(op, arg, "has an unknown layout");

@@ -6,7 +6,13 @@
 #include "common/tensor.h"
 #include "kernels/op_table.h"
 
+namespace deja {
+class ThreadPool;
+}
+
 namespace deja::kernels::cpu {
+
+struct LinearEpilogue;
 
 Status CpuLinear(Backend& backend, TensorView x, TensorView w, TensorView bias, Activation act,
                  bool accumulate, TensorView out);
@@ -19,6 +25,11 @@ Status CpuGatherLinear(Backend& backend, TensorView x, TensorView w, TensorView 
 Status CpuRetainScores(Backend& backend, const RetainArgs& args);
 Status CpuGatherLinearT(Backend& backend, TensorView x, TensorView wt, const int32_t* rows,
                         int64_t n_rows, bool accumulate, TensorView out);
+
+// Linear over int4 weights (common/int4.h; kernels/cpu/linear_i4.cc): x quantized per row, on
+// AVX512-VNNI where enabled (VnniEnabled()), else the portable loop.
+Status LinearI4(ThreadPool* pool, const TensorView& x, const TensorView& w,
+                const LinearEpilogue& epilogue, float* out);
 
 // M at and below which Linear (and the gathers) use the weight-streaming kernel rather than
 // OpenBLAS.

@@ -1,10 +1,12 @@
-// int8 weights against int8 activations on CPUs with AVX512-VNNI: the prefill path of Linear over
-// kTiled16 int8 weights. From kVnniMinM rows of x on, each row of x is quantized to int8 with its
-// own scale (dynamic: scale = max |x_row| / 127, or / 255 for a row without negative values) and
-// VPDPBUSD multiplies 64 u8 x s8 pairs per instruction into 16 int32 lanes, twice the products of
-// VDPBF16PS. The quantization of x is lossy by design, so this path computes a different function
-// from the bf16-x path (ref::LinearI8QuantizedX defines it); decode-sized M keeps the bf16-x
-// kernels.
+// int8 weights against int8 activations on CPUs with AVX512-VNNI: Linear over kTiled16 int8
+// weights at every row count. Each row of x is quantized to int8 with its own scale (dynamic:
+// scale = max |x_row| / 127, or / 255 for a row without negative values) and VPDPBUSD multiplies
+// 64 u8 x s8 pairs per instruction into 16 int32 lanes, twice the products of VDPBF16PS. The
+// quantization of x is lossy by design, so this path computes a different function from the
+// bf16-x path (ref::LinearI8QuantizedX defines it). Decode steps take it too: each row is
+// quantized on its own, so a token's result does not depend on the rows beside it in its step
+// (other sequences' tokens, or the rest of its prompt's chunk). A switch by row count would make
+// a decode token's logits depend on whether its step also held a prefill chunk.
 #pragma once
 
 #include <cstdint>
@@ -13,21 +15,15 @@
 
 namespace deja::kernels::cpu {
 
-// Rows of x from which Linear over tiled int8 weights quantizes x: past one block of x for the
-// bf16 kernels (kTiledXBlock), so decode batches up to 16 keep bf16 x. Measured (8192 x 2048, one
-// thread, two runs each, the other core busy): M = 24 3.0 ms against 5.4-9.6 ms with bf16 x,
-// M = 32 3.6 against 6.9-7.2, M = 48 5.0-6.6 against 9.2; M = 16 2.35 against 2.8-3.0.
-constexpr int64_t kVnniMinM = 17;
-
 // The CPU supports AVX512-VNNI (and AVX512-BF16, which tiles int8 weights in the first place) and
 // the environment does not set DEJA_CPU_VNNI=0.
 bool VnniAvailable();
-// Whether Linear over tiled int8 weights takes this path for m_rows >= kVnniMinM (initially
-// VnniAvailable()); tests switch it. Not thread-safe against running ops.
+// Whether Linear over tiled int8 weights takes this path (initially VnniAvailable()); tests
+// switch it. Not thread-safe against running ops.
 bool VnniEnabled();
 void SetVnniEnabled(bool on);
-// Linear over tiled int8 weights quantizes these many rows of x (also needs Bf16DotEnabled()).
-inline bool QuantizesX(int64_t m_rows) { return m_rows >= kVnniMinM && VnniEnabled(); }
+// Linear over tiled int8 weights quantizes x (also needs Bf16DotEnabled()).
+inline bool QuantizesX() { return VnniEnabled(); }
 
 // The quantization of one row of x [k] (the definition the kernels and the reference share):
 // amax = max |x|; levels = 255 if no x < 0, else 127; inv = levels / amax in f32; q = (x * inv in

@@ -179,7 +179,7 @@ void LinearTiledPortable(const float* x, int64_t m_rows, int64_t k_dim, const T*
   }
 }
 
-// Linear over kTiled16 int8 weights for prefill-sized x on a CPU with AVX512-VNNI: x quantized
+// Linear over kTiled16 int8 weights on a CPU with AVX512-VNNI: x quantized
 // per row (rows split among the threads), then the tiles split in whole groups.
 Status VnniLinear(ThreadPool* pool, const TensorView& x, const TensorView& w,
                   const LinearEpilogue& e, float* o) {
@@ -221,7 +221,7 @@ Status TiledLinear(ThreadPool* pool, const TensorView& x, const TensorView& w,
     });
     return Status::Ok();
   }
-  if (int8 && QuantizesX(m_rows)) return VnniLinear(pool, x, w, e, o);
+  if (int8 && QuantizesX()) return VnniLinear(pool, x, w, e, o);
   thread_local std::vector<uint16_t> packed_storage;  // this thread's: the pool reads xp
   packed_storage.resize(static_cast<size_t>(m_rows * TiledCols(k_dim)));
   const uint16_t* xp = packed_storage.data();
@@ -257,6 +257,7 @@ Status CpuLinear(Backend& backend, TensorView x, TensorView w, TensorView bias, 
   LinearEpilogue e{bias_f32.empty() ? nullptr : bias_f32.data(), act == Activation::kRelu,
                    accumulate, w.dtype == DType::kI8 ? w.scale : nullptr};
   float* o = out.as<float>();
+  if (w.dtype == DType::kI4) return LinearI4(pool, x, w, e, o);
   if (w.layout == Layout::kTiled16) return TiledLinear(pool, x, w, e, o);
   const bool small = UseStreamingKernel(m_rows, w.dtype);
   const KernelInput xb = InputFor(w.dtype, x.as<float>(), m_rows * k_dim, small);

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <vector>
 
+#include "common/int4.h"
 #include "common/vec_math.h"
 #include "kernels/backend.h"
 #include "kernels/op_table.h"
@@ -68,8 +69,44 @@ Status RefLayerNorm(Backend&, TensorView x, TensorView gamma, TensorView beta, f
   return Status::Ok();
 }
 
+// Linear over int4 weights (common/int4.h): each row of x quantized to int8, symmetric, the
+// integer products of each group summed exactly and times the group's scale, the groups' terms
+// summed, times x's scale.
+Status RefLinearI4(TensorView x, TensorView w, TensorView bias, Activation act, bool accumulate,
+                   TensorView out) {
+  const int64_t m_rows = x.rows(), k_dim = x.cols(), n_rows = w.rows();
+  const int64_t group = w.scale_group, groups = k_dim / group;
+  const auto* packed = static_cast<const uint8_t*>(w.data);
+  std::vector<int> q(static_cast<size_t>(k_dim));
+  float* o = out.as<float>();
+  for (int64_t m = 0; m < m_rows; ++m) {
+    const float* xm = x.as<float>() + m * k_dim;
+    float amax = 0.f;
+    for (int64_t k = 0; k < k_dim; ++k) amax = std::max(amax, std::fabs(xm[k]));
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    for (int64_t k = 0; k < k_dim; ++k) q[k] = static_cast<int>(std::nearbyint(xm[k] * inv));
+    const double x_scale = amax / 127.f;
+    for (int64_t n = 0; n < n_rows; ++n) {
+      double acc = 0;
+      for (int64_t g = 0; g < groups; ++g) {
+        int64_t dot = 0;
+        for (int64_t k = g * group; k < (g + 1) * group; ++k) {
+          dot += static_cast<int64_t>(q[k]) * Int4Value(packed, n, k, k_dim);
+        }
+        acc += static_cast<double>(dot) * w.scale[Int4ScaleIndex(n, g, groups)];
+      }
+      double v = acc * x_scale + (bias.data != nullptr ? At(bias, n) : 0.0);
+      if (act == Activation::kRelu) v = std::max(v, 0.0);
+      if (accumulate) v += o[m * n_rows + n];
+      o[m * n_rows + n] = static_cast<float>(v);
+    }
+  }
+  return Status::Ok();
+}
+
 Status RefLinear(Backend&, TensorView x, TensorView w, TensorView bias, Activation act,
                  bool accumulate, TensorView out) {
+  if (w.dtype == DType::kI4) return RefLinearI4(x, w, bias, act, accumulate, out);
   int64_t m_rows = x.rows(), k_dim = x.cols(), n_rows = w.rows();
   const float* xs = x.as<float>();
   float* o = out.as<float>();

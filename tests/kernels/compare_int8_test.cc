@@ -2,8 +2,8 @@
 // random inputs: Linear over row-major and kTiled16 int8 weights (decode sizes widened in
 // registers, longer x through the bf16 scratch, odd K and partial tiles), the Deja Vu gathers
 // (row scales for GatherLinear, column scales for GatherLinearT), the embedding lookup, the CPU's
-// portable path (AVX512-BF16 off) and each SIMD target. The CPU's prefill path over tiled int8
-// (x quantized per row, AVX512-VNNI; kernels/cpu/i8_vnni.h) against the reference that quantizes
+// portable path (AVX512-BF16 off) and each SIMD target. The CPU's path over tiled int8 (x
+// quantized per row at every M, AVX512-VNNI; kernels/cpu/i8_vnni.h) against the reference that quantizes
 // x alike (ref::LinearI8QuantizedX), and its error against the product with x unquantized within
 // the quantization's bound; the bf16-x path at the same sizes with it switched off. Also the
 // quantizer itself: the error bound per element, scales, zero rows, and refusal of non-finite
@@ -92,7 +92,7 @@ struct LinearCase {
 
 // Whether `b` quantizes x in this case: the CPU's prefill path over tiled int8 weights.
 bool QuantizesX(const Backend& b, const LinearCase& c) {
-  return b.kind() == BackendKind::kCpu && c.tiled && cpu::Bf16DotEnabled() && cpu::QuantizesX(c.m);
+  return b.kind() == BackendKind::kCpu && c.tiled && cpu::Bf16DotEnabled() && cpu::QuantizesX();
 }
 
 // Each element of the quantized-x product within the bound of x's quantization of the product
@@ -178,9 +178,10 @@ void CheckLinear(Backend& b, const LinearCase& c, uint32_t seed) {
 class CompareInt8 : public BackendTest {};
 
 TEST_P(CompareInt8, LinearGrid) {
-  // M: decode sizes (widened in registers on AVX512-BF16 CPUs), 16 (one full block of x), 17 and
-  // 40 (the bf16 scratch path; x quantized with AVX512-VNNI, CpuInt8.QuantizedXSwitchedOff keeps
-  // the scratch path), past the small-M switch; N: partial tiles; K: odd (a padded pair).
+  // M: decode sizes (row-major: widened in registers on AVX512-BF16 CPUs), 16 (one full block of
+  // x), 17 and 40 (the bf16 scratch path), past the small-M switch; tiled weights with
+  // AVX512-VNNI quantize x at every M (CpuInt8.QuantizedXSwitchedOff covers the bf16-x path);
+  // N: partial tiles; K: odd (a padded pair).
   const int64_t ms[] = {1, 2, 5, 9, 16, 17, cpu::kLinearSmallMMax + 1, 40};
   const std::pair<int64_t, int64_t> nks[] = {{1, 1}, {17, 3}, {130, 257}, {64, 1000}, {33, 2049}};
   uint32_t seed = BaseSeed();
@@ -213,11 +214,11 @@ TEST_P(CompareInt8, LinearModelSized) {
 }
 
 TEST_P(CompareInt8, LinearQuantizedX) {
-  // Prefill sizes over tiled weights, where the CPU quantizes x (with AVX512-VNNI; elsewhere the
-  // same cases check the bf16-x path): partial blocks of rows (kVnniRowBlock), partial groups of
-  // tiles and partial tiles, K not a multiple of 4 (odd: a padded pair; 2 mod 4: half a quad); a
-  // third of the cases with x >= 0 (quantized to 255 steps).
-  const int64_t ms[] = {cpu::kVnniMinM, cpu::kVnniMinM + 1, 37, 64, 131};
+  // Decode and prefill sizes over tiled weights, where the CPU quantizes x (with AVX512-VNNI;
+  // elsewhere the same cases check the bf16-x path): one row, partial and whole blocks of rows
+  // (kVnniRowBlock), partial groups of tiles and partial tiles, K not a multiple of 4 (odd: a
+  // padded pair; 2 mod 4: half a quad); a third of the cases with x >= 0 (255 steps).
+  const int64_t ms[] = {1, 2, 5, 6, 7, 16, 17, 37, 64, 131};
   const std::pair<int64_t, int64_t> nks[] = {{1, 1},     {17, 3},    {50, 6},    {130, 257},
                                              {64, 1000}, {33, 2049}, {96, 2050}, {200, 64}};
   uint32_t seed = BaseSeed() + 1500;
@@ -359,14 +360,14 @@ TEST(CpuInt8, PortablePathAndSimdTargets) {
 }
 
 TEST(CpuInt8, QuantizedXSwitchedOff) {
-  // With the VNNI path off (as DEJA_CPU_VNNI=0 does) prefill sizes keep x in bf16: the plain
+  // With the VNNI path off (as DEJA_CPU_VNNI=0 does) every size keeps x in bf16: the plain
   // reference. Then on again: rows of x that are all zero (scale 0), rows with one outlier,
   // rows without negative values.
   uint32_t seed = BaseSeed() + 6500;
   cpu::SetVnniEnabled(false);
   for (const auto& cpu : CpuBackends()) {
     SCOPED_TRACE(cpu.label);
-    for (int64_t m : {cpu::kVnniMinM, cpu::kLinearSmallMMax + 1, int64_t{70}})
+    for (int64_t m : {int64_t{1}, int64_t{17}, cpu::kLinearSmallMMax + 1, int64_t{70}})
       CheckLinear(*cpu.backend, {m, 45, 301, true, true, true, true}, seed++);
   }
   cpu::SetVnniEnabled(cpu::VnniAvailable());

@@ -81,6 +81,10 @@ struct LoadOptions {
   // Converts the matrices to this dtype at load (ConvertMatrices; only bf16: the `--dtype bf16`
   // of the CLI). Unset: they stay in the checkpoint's dtype, as views into the mmapped file.
   std::optional<DType> weight_dtype;
+  // Under weight_dtype int4 (`--dtype int4`, CPU only): the group size (`--int4-group`), and the
+  // relative error above which a matrix stays int8 (`--int4-max-error`).
+  int32_t int4_group = 128;
+  double int4_max_error = 0.15;
   // How every sequence's KV cache stores K and V: f32, or f16 (half the bytes per cached token,
   // so twice the sequences in the same memory; attention widens in registers). `--kv-dtype`.
   DType kv_dtype = DType::kF32;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/int4.h"
 #include "common/thread_pool.h"
 #include "kernels/ops.h"
 #include "predictors/retaining_heads.h"
@@ -22,9 +23,12 @@ constexpr int32_t kPositionOffset = 2;  // OPT's learned positions start at row 
 
 int64_t ViewBytes(const TensorView& v) { return v.data ? static_cast<int64_t>(v.bytes()) : 0; }
 
-// With an int8 matrix's scales.
+// With an int8 matrix's scales (one per row) or an int4 matrix's (one per group).
 int64_t LinearBytes(const LinearWeights& l) {
-  const int64_t scales = l.w.scale != nullptr ? l.w.rows() * int64_t{sizeof(float)} : 0;
+  int64_t scales = l.w.scale != nullptr ? l.w.rows() * int64_t{sizeof(float)} : 0;
+  if (l.w.dtype == DType::kI4) {
+    scales = Int4Scales(l.w.rows(), l.w.cols(), l.w.scale_group) * int64_t{sizeof(float)};
+  }
   return ViewBytes(l.w) + scales + ViewBytes(l.bias);
 }
 
@@ -61,7 +65,12 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
     DEJA_RETURN_IF_ERROR(m->LoadToDevice(options));
   } else {
     if (options.weight_dtype.has_value()) {
-      DEJA_RETURN_IF_ERROR(ConvertMatrices(&m->w_, *options.weight_dtype, backend->pool()));
+      DEJA_RETURN_IF_ERROR(ConvertMatrices(&m->w_, *options.weight_dtype, backend->pool(),
+                                           {options.int4_group, options.int4_max_error}));
+      if (*options.weight_dtype == DType::kI4) {
+        LOG(INFO) << "int4: " << m->w_.int4_matrices << " layer matrices int4 (groups of "
+                  << options.int4_group << "), " << m->w_.int4_fallbacks << " kept int8";
+      }
     }
     if (options.kv_paged) {
       if (options.kv_memory_bytes <= 0) {
@@ -70,8 +79,10 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
       DEJA_RETURN_IF_ERROR(m->CreateKvPool(options.kv_memory_bytes, options.kv_block_slots));
     }
   }
-  if (!m->on_device_ &&
-      backend->PrefersTiled(m->w_.layers.empty() ? DType::kF32 : m->w_.layers[0].fc1.w.dtype)) {
+  // int4 matrices are tiled already; the int8 ones beside them tile as int8 does.
+  DType matrices = m->w_.layers.empty() ? DType::kF32 : m->w_.layers[0].fc1.w.dtype;
+  if (matrices == DType::kI4) matrices = DType::kI8;
+  if (!m->on_device_ && backend->PrefersTiled(matrices)) {
     TileMatrices(&m->w_);
   }
 
@@ -113,7 +124,8 @@ Status OptModel::LoadToDevice(const LoadOptions& options) {
   if (options.weight_dtype.has_value() && *options.weight_dtype != DType::kBF16 &&
       *options.weight_dtype != DType::kI8 && *options.weight_dtype != DType::kF32) {
     return InvalidArgument(std::string("weights can be converted to bf16, int8 or f32 only on ") +
-                           be.device().ToString() + ", not " + DTypeName(*options.weight_dtype));
+                           be.device().ToString() + ", not " + DTypeName(*options.weight_dtype) +
+                           (*options.weight_dtype == DType::kI4 ? " (int4 runs on the CPU)" : ""));
   }
   UploadOptions up;
   up.matrix_dtype = options.weight_dtype;
@@ -159,6 +171,10 @@ Status OptModel::EnableSparsity(const SparsityOptions& options) {
   if (!sparsity_factory_) {
     return FailedPrecondition("this model was loaded without a sparsity runtime "
                               "(LoadOptions::sparsity; LoadModel plugs Deja Vu in)");
+  }
+  if (w_.int4_matrices > 0) {
+    return FailedPrecondition("Deja Vu gathers rows and columns of bf16, int8 or float matrices, "
+                              "not int4: load with --dtype int8 for sparsity");
   }
   if (!on_device_) UntileMatrices(&w_);
   StatusOr<std::unique_ptr<BlockSparsity>> rt =

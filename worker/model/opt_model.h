@@ -35,7 +35,10 @@ class OptModel final : public Model {
   const OptConfig& config() const override { return config_; }
   kv::KvGeometry kv_geometry() const override;
   int64_t weight_bytes() const override { return weight_bytes_; }
-  DType weight_dtype() const override { return w_.lm_head.w.dtype; }
+  // int4 when the layers' matrices are (the lm head and embeddings stay int8 then).
+  DType weight_dtype() const override {
+    return w_.int4_matrices > 0 ? DType::kI4 : w_.lm_head.w.dtype;
+  }
   comm::Communicator& comm() override { return *comm_; }
   uint64_t KvReserveBytes(int32_t capacity) const override {
     if (!kv_pool_) return Model::KvReserveBytes(capacity);

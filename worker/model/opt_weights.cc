@@ -5,6 +5,9 @@
 #include <cstring>
 #include <string>
 
+#include <glog/logging.h>
+
+#include "common/int4.h"
 #include "common/quantize.h"
 #include "common/vec_math.h"
 #include "worker/model/quantize_checkpoint.h"
@@ -206,12 +209,41 @@ TensorView Converted(const TensorView& v, DType dtype, std::vector<Tensor>* stor
 
 }  // namespace
 
-Status ConvertMatrices(OptWeights* w, DType dtype, ThreadPool* pool) {
-  if (dtype != DType::kBF16 && dtype != DType::kI8) {
-    return InvalidArgument(std::string("weights can be converted to bf16 or int8 only, not ") +
+Status ConvertMatrices(OptWeights* w, DType dtype, ThreadPool* pool, const Int4Options& int4) {
+  if (dtype != DType::kBF16 && dtype != DType::kI8 && dtype != DType::kI4) {
+    return InvalidArgument(std::string("weights can be converted to bf16, int8 or int4 only, not ") +
                            DTypeName(dtype));
   }
+  if (dtype == DType::kI4 && (int4.group <= 0 || int4.group % 8 != 0)) {
+    return InvalidArgument("the int4 group must be a positive multiple of 8, not " +
+                           std::to_string(int4.group));
+  }
   Status failed;
+  // A layer matrix under int4: int4 when its group fits and its error is low enough, else int8.
+  auto to_int4 = [&](TensorView* v, const std::string& what) {
+    if (v->data == nullptr || v->dtype == DType::kI8 || !failed.ok()) return false;
+    if (v->cols() % int4.group == 0) {
+      StatusOr<Int4Matrix> q = QuantizeInt4(*v, int4.group, what.c_str(), pool);
+      if (!q.ok()) {
+        failed = q.status();
+        return false;
+      }
+      if (q->relative_error <= int4.max_error) {
+        *v = q->view();
+        w->converted.push_back(std::move(q->packed));
+        w->converted.push_back(std::move(q->scale));
+        ++w->int4_matrices;
+        return true;
+      }
+      LOG(INFO) << what << ": int4 relative error " << q->relative_error << " > "
+                << int4.max_error << ", kept int8";
+    } else {
+      LOG(INFO) << what << ": " << v->cols() << " columns are not whole int4 groups of "
+                << int4.group << ", kept int8";
+    }
+    ++w->int4_fallbacks;
+    return false;  // int8 below
+  };
   auto convert = [&](TensorView* v, const std::string& what) {
     // An int8 checkpoint's matrices stay int8: bf16 would only double their bytes.
     if (v->data == nullptr || v->dtype == dtype || v->dtype == DType::kI8 || !failed.ok()) {
@@ -243,7 +275,7 @@ Status ConvertMatrices(OptWeights* w, DType dtype, ThreadPool* pool) {
   } else {
     convert(&w->lm_head.w, "lm_head");
   }
-  // Position embeddings are added, not multiplied: int8 leaves them in their dtype.
+  // Position embeddings are added, not multiplied: int8 and int4 leave them in their dtype.
   if (dtype == DType::kBF16) convert(&w->embed_positions, "embed_positions");
   convert(&w->project_in.w, "project_in");
   convert(&w->project_out.w, "project_out");
@@ -254,7 +286,10 @@ Status ConvertMatrices(OptWeights* w, DType dtype, ThreadPool* pool) {
                                                             {&l.fc1, "fc1"},  {&l.fc2, "fc2"}};
     for (auto [lw, name] : parts) {
       // A copied column slice, now converted, frees its copy.
-      if (convert(&lw->w, "layer " + std::to_string(i) + " " + name)) lw->owned = Tensor();
+      const std::string what = "layer " + std::to_string(i) + " " + name;
+      if ((dtype == DType::kI4 && to_int4(&lw->w, what)) || convert(&lw->w, what)) {
+        lw->owned = Tensor();
+      }
     }
   }
   return failed;
@@ -282,6 +317,53 @@ void TileOwned(LinearWeights* lw, std::vector<Tensor>* store) {
   Release(store, old);
 }
 
+// q, k and v's biases (when they have them) stacked into qkv's.
+void StackQkvBiases(OptLayerWeights* l, std::vector<Tensor>* store) {
+  if (l->q.bias.data == nullptr) return;
+  const LinearWeights* parts[3] = {&l->q, &l->k, &l->v};
+  const int64_t local = l->q.w.rows();
+  const size_t bias_bytes = static_cast<size_t>(local) * DTypeSize(l->q.bias.dtype);
+  Tensor bias = Tensor::Empty(l->q.bias.dtype, {3 * local});
+  for (int i = 0; i < 3; ++i) {
+    std::memcpy(static_cast<char*>(bias.data()) + i * bias_bytes, parts[i]->bias.data,
+                bias_bytes);
+  }
+  l->qkv.bias = bias.view();
+  store->push_back(std::move(bias));
+}
+
+// q, k and v's int4 matrices (whole tiles, one group size) and biases stacked: the packed values
+// and the tiled scales are each the three parts one after the other.
+bool StackQkvInt4(OptLayerWeights* l, std::vector<Tensor>* store) {
+  LinearWeights* parts[3] = {&l->q, &l->k, &l->v};
+  const int64_t local = l->q.w.rows(), d = l->q.w.cols();
+  const int32_t group = l->q.w.scale_group;
+  const int64_t part_bytes = Int4Bytes(local, d), part_scales = Int4Scales(local, d, group);
+  Tensor packed = Tensor::Empty(DType::kI8, {3 * part_bytes});
+  Tensor scale = Tensor::Empty(DType::kF32, {3 * part_scales});
+  for (int i = 0; i < 3; ++i) {
+    std::memcpy(packed.as<char>() + i * part_bytes, parts[i]->w.data, part_bytes);
+    std::memcpy(scale.as<float>() + i * part_scales, parts[i]->w.scale,
+                part_scales * sizeof(float));
+  }
+  TensorView view{packed.data(), DType::kI4, Shape{3 * local, d}, Layout::kTiled16};
+  view.scale = scale.as<float>();
+  view.scale_group = group;
+  for (int i = 0; i < 3; ++i) {
+    const void* old = parts[i]->w.data;
+    const float* old_scale = parts[i]->w.scale;
+    parts[i]->w = view.RowSlice(i * local, (i + 1) * local);
+    parts[i]->owned = Tensor();
+    Release(store, old);
+    Release(store, old_scale);
+  }
+  l->qkv.w = view;
+  l->qkv.owned = std::move(packed);
+  store->push_back(std::move(scale));
+  StackQkvBiases(l, store);
+  return true;
+}
+
 // Stacks a layer's bf16 q, k and v into one tiled matrix (and their biases into one vector) and
 // makes q, k and v its row slices; false (nothing changed) when their shapes, biases or row
 // counts do not allow it.
@@ -291,12 +373,15 @@ bool StackQkv(OptLayerWeights* l, std::vector<Tensor>* store) {
   if (shape.rank != 2 || shape[0] % kTileRows != 0) return false;
   const bool biased = l->q.bias.data != nullptr;
   const DType dtype = l->q.w.dtype;
+  const bool int4 = dtype == DType::kI4;
   for (const LinearWeights* p : parts) {
-    if (!Tileable(p->w) || p->w.dtype != dtype || !(p->w.shape == shape)) return false;
+    if (!(Tileable(p->w) || int4) || p->w.dtype != dtype || !(p->w.shape == shape)) return false;
+    if (int4 && p->w.scale_group != l->q.w.scale_group) return false;
     if ((p->bias.data != nullptr) != biased) return false;
     if (biased && (p->bias.dtype != l->q.bias.dtype || p->bias.numel() != shape[0])) return false;
   }
   const int64_t local = shape[0], d = shape[1];
+  if (int4) return StackQkvInt4(l, store);
   Tensor stacked = Tensor::Empty(dtype, {3 * local, TiledCols(d)});
   TensorView view{stacked.data(), dtype, Shape{3 * local, d}, Layout::kTiled16};
   const size_t part_bytes = static_cast<size_t>(local * TiledCols(d)) * DTypeSize(dtype);
@@ -319,16 +404,7 @@ bool StackQkv(OptLayerWeights* l, std::vector<Tensor>* store) {
   }
   l->qkv.w = view;
   l->qkv.owned = std::move(stacked);
-  if (biased) {
-    const size_t bias_bytes = static_cast<size_t>(local) * DTypeSize(l->q.bias.dtype);
-    Tensor bias = Tensor::Empty(l->q.bias.dtype, {3 * local});
-    for (int i = 0; i < 3; ++i) {
-      std::memcpy(static_cast<char*>(bias.data()) + i * bias_bytes, parts[i]->bias.data,
-                  bias_bytes);
-    }
-    l->qkv.bias = bias.view();
-    store->push_back(std::move(bias));
-  }
+  if (biased) StackQkvBiases(l, store);
   return true;
 }
 

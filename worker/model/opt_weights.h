@@ -66,6 +66,8 @@ struct OptWeights {
   LinearWeights lm_head;  // this rank's vocab rows [vocab_end - vocab_begin, proj]
   int64_t vocab_begin = 0, vocab_end = 0;
   int64_t local_heads = 0, local_ffn = 0;
+  // Layer matrices ConvertMatrices made int4, and those int4 left int8 (their error too high).
+  int32_t int4_matrices = 0, int4_fallbacks = 0;
   std::vector<Tensor> converted;  // backing storage of matrices converted at load
 };
 
@@ -84,7 +86,15 @@ StatusOr<OptWeights> LoadOptWeights(const Checkpoint& ckpt, const OptConfig& con
 // row (common/quantize.h, split over `pool` when given), the position embeddings kept as they
 // are; a NaN or infinite weight is InvalidArgument naming the matrix. Matrices of an int8
 // checkpoint (deja quantize; loaded with their scales) stay int8 under either.
-Status ConvertMatrices(OptWeights* w, DType dtype, ThreadPool* pool = nullptr);
+// int4: the layers' Linear matrices in groups of int4.group K (common/int4.h), each one whose
+// relative error exceeds int4.max_error (or whose K the group does not divide) int8 instead, and
+// the embedding table, lm head and projections int8.
+struct Int4Options {
+  int32_t group = 128;
+  double max_error = 0.15;
+};
+Status ConvertMatrices(OptWeights* w, DType dtype, ThreadPool* pool = nullptr,
+                       const Int4Options& int4 = {});
 
 // Lays the layers' bf16 or int8 matrices (q, k, v, out, fc1, fc2) out in Layout::kTiled16, for a
 // backend that reads them fastest so (Backend::PrefersTiled); each tiled copy replaces the

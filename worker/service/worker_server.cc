@@ -25,7 +25,7 @@
 namespace deja::worker::service {
 namespace {
 
-// The names ModelInfo uses ("float32", "float16", "bfloat16", "int8").
+// The names ModelInfo uses ("float32", "float16", "bfloat16", "int8", "int4").
 const char* TorchDTypeName(DType t) {
   switch (t) {
     case DType::kF16:
@@ -34,6 +34,8 @@ const char* TorchDTypeName(DType t) {
       return "bfloat16";
     case DType::kI8:
       return "int8";
+    case DType::kI4:
+      return "int4";
     default:
       return "float32";
   }

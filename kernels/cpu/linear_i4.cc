@@ -1,0 +1,219 @@
+// Linear over int4 weights (common/int4.h) on the CPU. Each row of x is quantized to int8,
+// symmetric (scale max |x| / 127, q = x * (127 / max |x|) rounded to nearest even, no zero point),
+// with the sum of its q over each group of the weights. On CPUs with AVX512-VNNI the kernel loads
+// one 64-byte line of a tile (two K quads of 16 rows), splits it into its low and high nibbles
+// (the weights + 8, unsigned: VPDPBUSD's unsigned operand) and multiplies each with the
+// broadcast quad of x (signed). The + 8 comes out as 8 * (the group's sum of q), subtracted from
+// each group's exact int32 sum before it is converted and multiplied by the group's 16 scales
+// into f32 accumulators. Elsewhere the portable loop does the same arithmetic: the same exact
+// integer sums, then the f32 steps in the same order.
+//
+// Micro-kernel: NB tiles x MB rows of x, an int32 and an f32 accumulator each (4 x 2 or 2 x 4),
+// the tiles' nibbles unpacked once per line for all MB rows; blocks of 4 rows of x over each
+// group of tiles, which stays in cache between the blocks.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/int4.h"
+#include "common/thread_pool.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/i8_vnni.h"
+#include "kernels/cpu/linear_tiled.h"
+
+namespace deja::kernels::cpu {
+namespace {
+
+#define DEJA_I4_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni")))
+
+constexpr int64_t kRowBlock = 4;
+
+// acc + the 4 products of u8 a and s8 b per lane (written out, as in linear_i8_vnni.cc, so GCC
+// keeps the accumulators in registers).
+DEJA_I4_TARGET inline __m512i Dpbusd(__m512i acc, __m512i a, __m512i b) {
+  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
+struct I4Args {
+  const uint8_t* w;       // the first tile of the call
+  int64_t tile_bytes;     // 16 * K / 2
+  const float* scales;    // the first tile's scales, [groups][16] per tile
+  int64_t groups;
+  int64_t lines;          // per group: group / 8
+  const int8_t* x;        // the first row of the block, K apart
+  int64_t k_dim;
+  const float* sx;        // the block's x scales
+  const int32_t* sums;    // the block's group sums of q, `groups` apart
+  int64_t n0, n_dim;
+  LinearEpilogue e;       // scale unset: the group scales are applied here
+  float* out;             // the block's first row
+  int64_t ldo;
+};
+
+template <int NB, int MB>
+DEJA_I4_TARGET void I4Tiles(const I4Args& a) {
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  __m512 f[NB][MB];
+  for (int b = 0; b < NB; ++b)
+    for (int m = 0; m < MB; ++m) f[b][m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < a.groups; ++g) {
+    __m512i acc[NB][MB];
+    for (int b = 0; b < NB; ++b)
+      for (int m = 0; m < MB; ++m) acc[b][m] = _mm512_setzero_si512();
+    for (int64_t j = g * a.lines; j < (g + 1) * a.lines; ++j) {
+      __m512i lo[NB], hi[NB];
+      for (int b = 0; b < NB; ++b) {
+        const __m512i v = _mm512_loadu_si512(a.w + b * a.tile_bytes + j * 64);
+        lo[b] = _mm512_and_si512(v, low);
+        hi[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      }
+      for (int m = 0; m < MB; ++m) {
+        int32_t q0, q1;
+        std::memcpy(&q0, a.x + m * a.k_dim + j * 8, 4);
+        std::memcpy(&q1, a.x + m * a.k_dim + j * 8 + 4, 4);
+        const __m512i x0 = _mm512_set1_epi32(q0), x1 = _mm512_set1_epi32(q1);
+        for (int b = 0; b < NB; ++b) {
+          acc[b][m] = Dpbusd(acc[b][m], lo[b], x0);
+          acc[b][m] = Dpbusd(acc[b][m], hi[b], x1);
+        }
+      }
+    }
+    for (int b = 0; b < NB; ++b) {
+      const __m512 s = _mm512_loadu_ps(a.scales + (b * a.groups + g) * kTileRows);
+      for (int m = 0; m < MB; ++m) {
+        const __m512i dot =
+            _mm512_sub_epi32(acc[b][m], _mm512_set1_epi32(8 * a.sums[m * a.groups + g]));
+        f[b][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, f[b][m]);
+      }
+    }
+  }
+  for (int m = 0; m < MB; ++m) {
+    const __m512 s = _mm512_set1_ps(a.sx[m]);
+    for (int b = 0; b < NB; ++b) f[b][m] = _mm512_mul_ps(f[b][m], s);
+  }
+  StoreTiles<NB, MB>(f, a.n0, a.n_dim, a.e, a.out, a.ldo);
+}
+
+// Tiles [t_begin, t_end) against rows [0, M) of quantized x, on AVX512-VNNI.
+DEJA_I4_TARGET void I4TilesAvx512(I4Args a, int64_t m_rows, int64_t t_begin, int64_t t_end) {
+  const uint8_t* w0 = a.w;
+  const float* s0 = a.scales;
+  const int8_t* x0 = a.x;
+  const float* sx0 = a.sx;
+  const int32_t* sums0 = a.sums;
+  float* out0 = a.out;
+  for (int64_t m0 = 0; m0 < m_rows; m0 += kRowBlock) {
+    const int64_t mb = std::min(kRowBlock, m_rows - m0);
+    a.x = x0 + m0 * a.k_dim;
+    a.sx = sx0 + m0;
+    a.sums = sums0 + m0 * a.groups;
+    a.out = out0 + m0 * a.ldo;
+    auto run = [&](auto nb_const, int64_t t) {
+      constexpr int NB = decltype(nb_const)::value;
+      I4Args b = a;
+      b.w = w0 + (t_begin + t) * a.tile_bytes;
+      b.scales = s0 + (t_begin + t) * a.groups * kTileRows;
+      b.n0 = (t_begin + t) * kTileRows;
+      switch (mb) {
+        case 1: return I4Tiles<NB, 1>(b);
+        case 2: return I4Tiles<NB, 2>(b);
+        case 3: return I4Tiles<(NB > 2 ? 2 : NB), 3>(b);
+        default: return I4Tiles<(NB > 2 ? 2 : NB), 4>(b);
+      }
+    };
+    // Rows 3 and 4 of a block hold 2 tiles at a time (registers), so they take pairs.
+    if (mb <= 2) {
+      ForTileBlocks<4>(t_end - t_begin, run);
+    } else {
+      ForTileBlocks<2>(t_end - t_begin, run);
+    }
+  }
+}
+
+// The same arithmetic without AVX512-VNNI, element by element.
+void I4TilesPortable(const I4Args& a, int64_t m_rows, int64_t t_begin, int64_t t_end) {
+  const int64_t group = a.lines * 8;
+  for (int64_t n = t_begin * kTileRows; n < std::min(a.n_dim, t_end * kTileRows); ++n) {
+    const int64_t t = n / kTileRows - t_begin, r = n % kTileRows;
+    const uint8_t* tile = a.w + (t_begin + t) * a.tile_bytes;
+    for (int64_t m = 0; m < m_rows; ++m) {
+      const int8_t* xm = a.x + m * a.k_dim;
+      float f = 0.f;
+      for (int64_t g = 0; g < a.groups; ++g) {
+        int32_t dot = 0;
+        for (int64_t k = g * group; k < (g + 1) * group; ++k) {
+          dot += Int4Value(tile, r, k, a.k_dim) * xm[k];
+        }
+        f = std::fma(static_cast<float>(dot),
+                     a.scales[Int4ScaleIndex(n, g, a.groups)], f);
+      }
+      float v = f * a.sx[m] + (a.e.bias != nullptr ? a.e.bias[n] : 0.f);
+      if (a.e.relu) v = std::max(v, 0.f);
+      float* o = a.out + m * a.ldo + n;
+      if (a.e.accumulate) v += *o;
+      *o = v;
+    }
+  }
+}
+
+// Row m of x [K] quantized: q, the sums of q per group, the scale.
+float QuantizeRowS8(const float* x, int64_t k_dim, int64_t group, int8_t* q, int32_t* sums) {
+  float amax = 0.f;
+  for (int64_t k = 0; k < k_dim; ++k) amax = std::max(amax, std::fabs(x[k]));
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  for (int64_t g = 0; g < k_dim / group; ++g) {
+    int32_t s = 0;
+    for (int64_t k = g * group; k < (g + 1) * group; ++k) {
+      q[k] = static_cast<int8_t>(std::nearbyint(x[k] * inv));
+      s += q[k];
+    }
+    sums[g] = s;
+  }
+  return amax / 127.f;
+}
+
+}  // namespace
+
+Status LinearI4(ThreadPool* pool, const TensorView& x, const TensorView& w,
+                const LinearEpilogue& epilogue, float* out) {
+  const int64_t m_rows = x.rows(), k_dim = x.cols(), n_dim = w.rows();
+  const int64_t group = w.scale_group, groups = k_dim / group;
+  thread_local std::vector<int8_t> q_storage;  // this thread's: the pool gets pointers
+  thread_local std::vector<float> scale_storage;
+  thread_local std::vector<int32_t> sum_storage;
+  q_storage.resize(static_cast<size_t>(m_rows * k_dim));
+  scale_storage.resize(static_cast<size_t>(m_rows));
+  sum_storage.resize(static_cast<size_t>(m_rows * groups));
+  int8_t* q = q_storage.data();
+  float* sx = scale_storage.data();
+  int32_t* sums = sum_storage.data();
+  pool->ParallelFor(m_rows, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      sx[m] = QuantizeRowS8(x.as<float>() + m * k_dim, k_dim, group, q + m * k_dim,
+                            sums + m * groups);
+    }
+  });
+  I4Args a{static_cast<const uint8_t*>(w.data), kTileRows * k_dim / 2, w.scale, groups,
+           group / 8, q, k_dim, sx, sums, 0, n_dim, epilogue, out, n_dim};
+  a.e.scale = nullptr;
+  const int64_t tiles = (n_dim + kTileRows - 1) / kTileRows;
+  const bool simd = VnniEnabled();
+  // At least ~64K multiply-adds per chunk, as the other Linear paths.
+  const int64_t min_chunk = std::max<int64_t>(1, (int64_t{1} << 16) / (kTileRows * k_dim * m_rows));
+  pool->ParallelFor(
+      tiles,
+      [&](int64_t t0, int64_t t1) {
+        if (simd) return I4TilesAvx512(a, m_rows, t0, t1);
+        I4TilesPortable(a, m_rows, t0, t1);
+      },
+      min_chunk);
+  return Status::Ok();
+}
+
+}  // namespace deja::kernels::cpu

@@ -1,0 +1,287 @@
+// int4 weights in groups (common/int4.h) on every backend against the reference, on fresh seeded
+// random inputs: Linear at decode and prefill sizes (partial row blocks, partial tiles and tile
+// groups, one to many groups per row, group sizes 8 to 256), every epilogue, x >= 0 and x = 0
+// rows; the CPU's AVX512-VNNI kernel and its portable loop against each other. The product
+// against the float weights stays within the bound that the two quantizations give. The
+// quantizer itself: layout, the error bound per element, zero groups and padding, refusal of
+// bad groups and non-finite weights; the op's refusal of malformed int4 views; CUDA's refusal.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/int4.h"
+#include "common/quantize.h"
+#include "kernels/cpu/i8_vnni.h"
+#include "kernels/ops.h"
+#include "kernels/reference/reference_ops.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace deja::kernels {
+namespace {
+
+using testing::BackendTest;
+using testing::Close;
+using testing::ComparedBackends;
+using testing::CpuBackends;
+using testing::RandomTensor;
+using testing::Runs;
+
+// The backends and the reference sum the same integers exactly; only the f32 steps differ.
+constexpr double kTol = testing::kRelTol;
+
+uint32_t BaseSeed() { return testing::BaseSeed("compare_int4_test"); }
+
+// A random f32 matrix with rows (and groups) of different magnitudes, quantized to int4.
+struct Int4Case {
+  Tensor w;
+  Int4Matrix q;
+};
+
+Int4Case MakeInt4(std::mt19937& rng, int64_t rows, int64_t cols, int32_t group) {
+  Int4Case c;
+  c.w = RandomTensor(rng, DType::kF32, {rows, cols});
+  std::uniform_real_distribution<float> mag(0.05f, 3.f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float s = mag(rng);
+    for (int64_t k = 0; k < cols; ++k) c.w.as<float>()[r * cols + k] *= s * (1 + (k / group) % 3);
+  }
+  StatusOr<Int4Matrix> q = QuantizeInt4(c.w.view(), group, "w");
+  CHECK(q.ok()) << q.status().ToString();
+  c.q = std::move(q).value();
+  return c;
+}
+
+struct LinearCase {
+  int64_t m, n, k;
+  int32_t group;
+  bool bias, relu, accumulate;
+  bool x_nonnegative = false;
+  std::string Label() const {
+    return "M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
+           " group=" + std::to_string(group) + (bias ? " bias" : "") + (relu ? " relu" : "") +
+           (accumulate ? " accumulate" : "") + (x_nonnegative ? " x>=0" : "");
+  }
+};
+
+// |got - x . w| within the two quantizations' bound: x's error is at most scale_x / 2 per
+// element and w's at most |scale_g| (common/int4.h), so per output
+// |err| <= sum_k (|x_k| |dw_k| + |dx_k| |w_k| + |dx_k| |dw_k|) with those bounds.
+::testing::AssertionResult WithinQuantizationBound(const float* got, const Tensor& x,
+                                                   const Int4Case& w, const Tensor& bias,
+                                                   const LinearCase& c, const float* init) {
+  const int64_t groups = c.k / c.group;
+  for (int64_t m = 0; m < c.m; ++m) {
+    const float* xm = x.as<float>() + m * c.k;
+    float amax = 0.f;
+    for (int64_t k = 0; k < c.k; ++k) amax = std::max(amax, std::fabs(xm[k]));
+    const double dx = amax / 127.0 / 2;
+    for (int64_t n = 0; n < c.n; ++n) {
+      double want = 0, bound = 0;
+      for (int64_t k = 0; k < c.k; ++k) {
+        const double wk = w.w.as<float>()[n * c.k + k];
+        const double dw = std::fabs(w.q.scale.as<float>()[Int4ScaleIndex(n, k / c.group, groups)]);
+        want += xm[k] * wk;
+        bound += std::fabs(xm[k]) * dw + dx * std::fabs(wk) + dx * dw;
+      }
+      want += c.bias ? bias.as<float>()[n] : 0.f;
+      if (c.relu) want = std::max(want, 0.0);
+      if (c.accumulate) want += init[m * c.n + n];
+      const double g = got[m * c.n + n];
+      if (!(std::fabs(g - want) <= bound * (1 + 1e-6) + 1e-5 * (std::fabs(want) + 1e-6))) {
+        return ::testing::AssertionFailure() << "row " << m << " col " << n << ": got " << g
+                                             << ", want " << want << ", bound " << bound;
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+void CheckLinear(Backend& b, const LinearCase& c, uint32_t seed) {
+  SCOPED_TRACE(c.Label() + " seed=" + std::to_string(seed));
+  if (!Runs(b, OpId::kLinear, DType::kI4, Layout::kTiled16)) return;
+  std::mt19937 rng(seed);
+  Tensor x = RandomTensor(rng, DType::kF32, {c.m, c.k}, c.x_nonnegative ? 0.f : -1.f);
+  if (c.m > 2) {  // a row of zeros (scale 0)
+    for (int64_t k = 0; k < c.k; ++k) x.as<float>()[2 * c.k + k] = 0.f;
+  }
+  Int4Case w = MakeInt4(rng, c.n, c.k, c.group);
+  Tensor bias = RandomTensor(rng, DType::kF32, {c.n});
+  Tensor init = RandomTensor(rng, DType::kF32, {c.m, c.n});
+  if (!c.accumulate) {
+    std::fill(init.as<float>(), init.as<float>() + init.numel(),
+              std::numeric_limits<float>::quiet_NaN());
+  }
+  const Activation act = c.relu ? Activation::kRelu : Activation::kNone;
+  auto ref = MakeReferenceBackend();
+  Tensor want = testing::CopyOf(init);
+  DEJA_ASSERT_OK(Linear(*ref, x.view(), w.q.view(), c.bias ? bias.view() : TensorView{}, act,
+                        c.accumulate, want.view()));
+  Tensor got = testing::CopyOf(init);
+  DEJA_ASSERT_OK(Linear(b, x.view(), w.q.view(), c.bias ? bias.view() : TensorView{}, act,
+                        c.accumulate, got.view()));
+  EXPECT_TRUE(Close(got.as<float>(), want.as<float>(), got.numel(), kTol));
+  EXPECT_TRUE(WithinQuantizationBound(got.as<float>(), x, w, bias, c, init.as<float>()));
+}
+
+class CompareInt4 : public BackendTest {};
+
+TEST_P(CompareInt4, LinearGrid) {
+  // M: one row, partial and whole blocks of 4, decode batches, prefill sizes; N: partial tiles
+  // and groups of tiles; K and the group: one group of 8, many small groups, one large.
+  const int64_t ms[] = {1, 2, 3, 4, 5, 16, 17, 37};
+  struct NKG {
+    int64_t n, k;
+    int32_t group;
+  };
+  const NKG nkgs[] = {{1, 8, 8},      {17, 16, 8},     {50, 64, 32},    {130, 256, 128},
+                      {64, 1024, 64}, {33, 2048, 128}, {96, 512, 256}, {200, 384, 128}};
+  uint32_t seed = BaseSeed();
+  int i = 0;
+  for (int64_t m : ms) {
+    for (const NKG& s : nkgs) {
+      const int v = i++ % 8;
+      CheckLinear(backend(), {m, s.n, s.k, s.group, (v & 1) != 0, (v & 2) != 0, (v & 4) != 0,
+                              i % 3 == 0},
+                  seed++);
+    }
+  }
+}
+
+TEST_P(CompareInt4, LinearModelSized) {
+  // An OPT-1.3B fc1-like matrix at decode, batch and prefill sizes.
+  uint32_t seed = BaseSeed() + 2000;
+  for (int64_t m : {1, 16, 64}) CheckLinear(backend(), {m, 1024, 2048, 128, true, true}, seed++);
+}
+
+TEST_P(CompareInt4, OtherOpsRefuseInt4) {
+  // Only Linear reads int4: the gathers refuse it, naming the argument.
+  if (!backend().device().is_host()) GTEST_SKIP() << "host inputs";
+  std::mt19937 rng(BaseSeed() + 3000);
+  Int4Case w = MakeInt4(rng, 32, 64, 32);
+  Tensor x = RandomTensor(rng, DType::kF32, {2, 64});
+  Tensor out = Tensor::Zeros(DType::kF32, {2, 4});
+  const int32_t rows[] = {0, 1, 2, 3};
+  Status s = GatherLinear(backend(), x.view(), w.q.view(), TensorView{}, rows, 4,
+                          Activation::kNone, false, out.view());
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.ToString().find("'w'"), std::string::npos) << s.ToString();
+}
+
+DEJA_INSTANTIATE_BACKEND_TEST(CompareInt4, ComparedBackends());
+
+TEST(CpuInt4, VnniKernelAndPortableLoopAgree) {
+  // The portable loop (VNNI switched off) against the reference, then against the VNNI kernel.
+  uint32_t seed = BaseSeed() + 4000;
+  for (const auto& cpu : CpuBackends()) {
+    SCOPED_TRACE(cpu.label);
+    std::mt19937 rng(seed++);
+    const int64_t m = 7, n = 70, k = 256;
+    Tensor x = RandomTensor(rng, DType::kF32, {m, k});
+    Int4Case w = MakeInt4(rng, n, k, 64);
+    Tensor simd = Tensor::Empty(DType::kF32, {m, n}), plain = Tensor::Empty(DType::kF32, {m, n});
+    DEJA_ASSERT_OK(Linear(*cpu.backend, x.view(), w.q.view(), TensorView{}, Activation::kNone,
+                          false, simd.view()));
+    cpu::SetVnniEnabled(false);
+    DEJA_ASSERT_OK(Linear(*cpu.backend, x.view(), w.q.view(), TensorView{}, Activation::kNone,
+                          false, plain.view()));
+    cpu::SetVnniEnabled(cpu::VnniAvailable());
+    auto ref = MakeReferenceBackend();
+    Tensor want = Tensor::Empty(DType::kF32, {m, n});
+    DEJA_ASSERT_OK(Linear(*ref, x.view(), w.q.view(), TensorView{}, Activation::kNone, false,
+                          want.view()));
+    EXPECT_TRUE(Close(plain.as<float>(), want.as<float>(), plain.numel(), kTol));
+    EXPECT_TRUE(Close(simd.as<float>(), plain.as<float>(), simd.numel(), kTol));
+  }
+}
+
+TEST(QuantizeInt4, LayoutErrorBoundZeroGroupsAndPadding) {
+  std::mt19937 rng(BaseSeed() + 5000);
+  const int64_t rows = 21, cols = 96;
+  const int32_t group = 32;
+  Tensor w = RandomTensor(rng, DType::kF32, {rows, cols});
+  for (int64_t k = 32; k < 64; ++k) w.as<float>()[5 * cols + k] = 0.f;  // row 5, group 1: zeros
+  w.as<float>()[7 * cols + 3] = -4.f;                                   // an extreme < 0
+  w.as<float>()[8 * cols + 70] = 4.f;                                   // an extreme > 0
+  StatusOr<Int4Matrix> q = QuantizeInt4(w.view(), group, "w");
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  const auto* packed = q->packed.as<uint8_t>();
+  const float* scale = q->scale.as<float>();
+  EXPECT_EQ(q->packed.numel(), Int4Bytes(rows, cols));
+  EXPECT_EQ(q->view().bytes(), static_cast<size_t>(Int4Bytes(rows, cols)));
+  const int64_t groups = cols / group;
+  double e2 = 0, n2 = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < cols; ++k) {
+      const float s = scale[Int4ScaleIndex(r, k / group, groups)];
+      const int v = Int4Value(packed, r, k, cols);
+      ASSERT_GE(v, -8);
+      ASSERT_LE(v, 7);
+      const double wk = w.as<float>()[r * cols + k];
+      EXPECT_LE(std::fabs(v * s - wk), std::fabs(s) * (1 + 1e-6)) << r << " " << k;
+      e2 += (v * s - wk) * (v * s - wk);
+      n2 += wk * wk;
+    }
+  }
+  EXPECT_NEAR(q->relative_error, std::sqrt(e2 / n2), 1e-6);
+  EXPECT_GT(q->relative_error, 0.0);
+  EXPECT_LT(q->relative_error, 0.2);
+  EXPECT_EQ(scale[Int4ScaleIndex(5, 1, groups)], 0.f);
+  EXPECT_EQ(Int4Value(packed, 5, 40, cols), 0);
+  EXPECT_EQ(scale[Int4ScaleIndex(7, 0, groups)], 0.5f);  // -4 / -8: the extreme is -8 steps
+  EXPECT_EQ(Int4Value(packed, 7, 3, cols), -8);
+  EXPECT_EQ(scale[Int4ScaleIndex(8, 2, groups)], -0.5f);  // 4 / -8
+  EXPECT_EQ(Int4Value(packed, 8, 70, cols), -8);
+  for (int64_t r = rows; r < TiledRows(rows); ++r) {  // the last tile's padding reads 0
+    for (int64_t k = 0; k < cols; ++k) EXPECT_EQ(Int4Value(packed, r, k, cols), 0);
+    for (int64_t g = 0; g < groups; ++g) EXPECT_EQ(scale[Int4ScaleIndex(r, g, groups)], 0.f);
+  }
+  // A row slice at a tile boundary reads the same elements.
+  TensorView slice = q->view().RowSlice(16, rows);
+  EXPECT_EQ(Int4Value(static_cast<const uint8_t*>(slice.data), 2, 50, cols),
+            Int4Value(packed, 18, 50, cols));
+  EXPECT_EQ(slice.scale[Int4ScaleIndex(2, 1, groups)], scale[Int4ScaleIndex(18, 1, groups)]);
+}
+
+TEST(QuantizeInt4, RefusesBadGroupsAndNonFiniteWeightsByName) {
+  Tensor w = Tensor::Zeros(DType::kF32, {4, 48});
+  for (int32_t group : {0, -8, 12, 32, 96}) {
+    auto q = QuantizeInt4(w.view(), group, "layers.0.fc1");
+    EXPECT_FALSE(q.ok()) << group;
+    EXPECT_NE(q.status().ToString().find("layers.0.fc1"), std::string::npos);
+    EXPECT_NE(q.status().ToString().find("group"), std::string::npos);
+  }
+  w.as<float>()[2 * 48 + 5] = std::numeric_limits<float>::infinity();
+  auto q = QuantizeInt4(w.view(), 16, "layers.0.fc1");
+  ASSERT_FALSE(q.ok());
+  EXPECT_NE(q.status().ToString().find("row 2"), std::string::npos) << q.status().ToString();
+}
+
+TEST(QuantizeInt4, LinearRefusesMalformedViewsByField) {
+  std::mt19937 rng(BaseSeed() + 6000);
+  Int4Case w = MakeInt4(rng, 16, 64, 32);
+  Tensor x = RandomTensor(rng, DType::kF32, {1, 64});
+  Tensor out = Tensor::Zeros(DType::kF32, {1, 16});
+  auto cpu = MakeCpuBackend(1);
+  auto expect_bad = [&](TensorView v, const char* what) {
+    Status s = Linear(*cpu, x.view(), v, TensorView{}, Activation::kNone, false, out.view());
+    EXPECT_FALSE(s.ok()) << what;
+    EXPECT_NE(s.ToString().find("'w'"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.ToString().find(what), std::string::npos) << s.ToString();
+  };
+  TensorView v = w.q.view();
+  v.scale = nullptr;
+  expect_bad(v, "scales");
+  v = w.q.view();
+  v.scale_group = 24;
+  expect_bad(v, "group");
+  v = w.q.view();
+  v.layout = Layout::kRowMajor;
+  expect_bad(v, "tiled");
+}
+
+}  // namespace
+}  // namespace deja::kernels
