@@ -207,15 +207,16 @@ int RunBenchDecode(int argc, char** argv, int first) {
       j["compute_peak"] = "fma_f32";
     }
     const DType wd = m.model->weight_dtype();
-    if (!on_device && (wd == DType::kBF16 || wd == DType::kI8) && kernels::cpu::Bf16DotEnabled()) {
+    if (!on_device && (wd == DType::kBF16 || wd == DType::kI8 || wd == DType::kI4) &&
+        kernels::cpu::Bf16DotEnabled()) {
       peak_flops = kernels::MeasurePeakBf16DotFlopsPerSec(m.backend->pool());
       j["peak_bf16_dot_gflop_per_s"] = peak_flops / 1e9;
       j["compute_peak"] = "bf16_dot";
     }
-    // int8 quantizes x and multiplies with VPDPBUSD where the CPU has AVX512-VNNI
+    // int8 and int4 quantize x and multiply with VPDPBUSD where the CPU has AVX512-VNNI
     // (kernels/cpu/i8_vnni.h): its roofline is that instruction's, twice VDPBF16PS's.
     double prefill_peak = peak_flops;
-    if (!on_device && wd == DType::kI8 && kernels::cpu::Bf16DotEnabled() &&
+    if (!on_device && (wd == DType::kI4 || (wd == DType::kI8 && kernels::cpu::Bf16DotEnabled())) &&
         kernels::cpu::QuantizesX()) {
       prefill_peak = kernels::MeasurePeakVnniOpsPerSec(m.backend->pool());
       j["peak_vnni_gop_per_s"] = prefill_peak / 1e9;

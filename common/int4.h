@@ -1,9 +1,10 @@
 // int4 weights (DType::kI4): a Linear matrix [N, K] quantized in groups of `group` consecutive K
 // of each row (group a multiple of 8 that divides K), one f32 scale per group, values -8..7
-// stored as nibbles q + 8. A group's scale is m / -8 for m its element of largest magnitude
-// (signed, so that element is exactly -8 steps and the others lie in [-8, 7]), which uses all 16
-// levels; an all-zero group has scale 0. |q * scale - w| <= |scale| / 2 elementwise, except an
-// element near -m that rounds to +8 and is clamped to 7 (then <= |scale|).
+// stored as nibbles q + 8, q = clamp(round(w / scale), -8, 7). A group's scale is m / -8 times
+// a factor f of kInt4ScaleSearch, for m its element of largest magnitude (signed, so at f = 1
+// that element is exactly -8 steps and all 16 levels are used), f the one with the least squared
+// error over the group (a smaller scale clips the extremes but resolves the rest finer). An
+// all-zero group has scale 0. Elementwise |q * scale - w| <= max(|scale| / 2, |m| - 7 |scale|).
 //
 // The layout is tiled for the CPU kernel (kernels/cpu/linear_i4.cc): rows in tiles of 16 (padded
 // with zero scales), and within a tile K in quads, 16 rows x 4 values of a quad being the 64 bytes
@@ -20,6 +21,9 @@
 #include "common/tensor.h"
 
 namespace deja {
+
+// The factors of m / -8 the quantizer tries for each group's scale.
+inline constexpr float kInt4ScaleSearch[] = {1.0f, 0.95f, 0.9f, 0.85f, 0.8f};
 
 // Bytes of the packed values of a [rows, cols] int4 matrix.
 inline int64_t Int4Bytes(int64_t rows, int64_t cols) { return TiledRows(rows) * cols / 2; }

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,33 @@ TensorView Int4Matrix::view() const {
   return v;
 }
 
+namespace {
+
+// The q of v under scale's inverse inv.
+inline int Int4Round(float v, float inv) {
+  return static_cast<int>(std::fmax(-8.f, std::fmin(7.f, std::round(v * inv))));
+}
+
+// The scale of one group of n values whose element of largest magnitude is m: m / -8 times the
+// factor in kInt4ScaleSearch with the least squared error (ties to the larger scale).
+float BestInt4Scale(const float* v, int32_t n, float m) {
+  float best = m / -8.f;
+  if (best == 0.f) return best;
+  double best_err = std::numeric_limits<double>::infinity();
+  for (float factor : kInt4ScaleSearch) {
+    const float scale = m / -8.f * factor, inv = 1.f / scale;
+    double err = 0;
+    for (int32_t i = 0; i < n; ++i) {
+      const double d = static_cast<double>(Int4Round(v[i], inv)) * scale - v[i];
+      err += d * d;
+    }
+    if (err < best_err) best_err = err, best = scale;
+  }
+  return best;
+}
+
+}  // namespace
+
 StatusOr<Int4Matrix> QuantizeInt4(const TensorView& w, int32_t group, const char* what,
                                   ThreadPool* pool) {
   if (w.shape.rank != 2 || w.layout != Layout::kRowMajor || !w.device.is_host()) {
@@ -132,12 +160,12 @@ StatusOr<Int4Matrix> QuantizeInt4(const TensorView& w, int32_t group, const char
           bad_row.store(r);
           break;
         }
-        const float scale = m / -8.f;
+        const float scale = BestInt4Scale(v, group, m);
         scales[Int4ScaleIndex(r, g, groups)] = scale;
         const float inv = scale != 0.f ? 1.f / scale : 0.f;
         for (int32_t i = 0; i < group; ++i) {
           const int64_t k = g * group + i;
-          const int q = static_cast<int>(std::fmax(-8.f, std::fmin(7.f, std::round(v[i] * inv))));
+          const int q = Int4Round(v[i], inv);
           uint8_t& byte = packed[Int4Byte(r, k, cols)];
           const int shift = Int4Shift(k);
           byte = static_cast<uint8_t>((byte & ~(15 << shift)) | ((q + 8) << shift));

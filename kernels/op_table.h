@@ -118,6 +118,11 @@ struct AttentionArgs {
   // H2O scores are updated only for those). nullptr: heads == the cache's heads, in order.
   const int32_t* head_ids = nullptr;
   int32_t cache_heads = 0;     // heads in kv (required when head_ids is set)
+  // Each query's output computed as if it were the call's only query, bit for bit: no blocking
+  // across the call's queries (the CPU backend's GEMM path for prefill-sized calls sums in an
+  // order that depends on the call's shape). A model whose Linears quantize activations sets it:
+  // there a last-bit difference in one token's attention can move a quantization step.
+  bool per_query = false;
 };
 
 // out[i, :] = table[ids[i], :] (accumulate: out += table[ids[i]]).

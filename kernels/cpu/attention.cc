@@ -172,7 +172,7 @@ Status CpuAttention(Backend& backend, const AttentionArgs& a) {
   // Below ~16K multiply-adds per chunk the hand-off to another thread costs more than it saves.
   const int64_t per_item = std::max<int64_t>(1, int64_t{2} * a.kv.used * a.head_dim);
   const int64_t min_items = std::max<int64_t>(1, (int64_t{1} << 14) / per_item);
-  if (tokens >= kGemmMinTokens) {
+  if (tokens >= kGemmMinTokens && !a.per_query) {
     backend.pool()->ParallelFor(
         heads,
         [&](int64_t h0, int64_t h1) {

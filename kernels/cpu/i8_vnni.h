@@ -44,6 +44,10 @@ void QuantizePackX(const float* x, int64_t m_rows, int64_t k_dim, int64_t m_begi
 // required) for x packed by QuantizePackX (all M rows); callers split the tiles in multiples of
 // kVnniTileGroup. Only when VnniAvailable().
 constexpr int64_t kVnniTileGroup = 4;
+// Up to this many rows of x the tiles are read directly, each pair line permuted into its quad in
+// registers (decode steps); from there on each group of tiles is repacked once per call into an
+// L2 scratch that every block of rows reads.
+constexpr int64_t kVnniDirectMaxM = 8;
 void LinearI8Vnni(const uint8_t* packed, const float* x_scales, const int32_t* x_zeros,
                   int64_t m_rows, int64_t k_dim, const int8_t* w, int64_t n_dim, int64_t t_begin,
                   int64_t t_end, const LinearEpilogue& epilogue, float* out, int64_t ldo);

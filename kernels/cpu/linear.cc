@@ -121,8 +121,12 @@ bool BlasOutrunsStreaming() {
 // 166.6 through the bf16 kernel; f16 70.4 against 98.2 through the f16 kernel (2048-token
 // prefill: 47.0 against 47.3, attention-bound). Unforced, OpenBLAS picks its Cooperlake kernels
 // here and f16 sgemm prefill reached 112-115 tokens/s, so AVX-512 sgemm keeps f16 prefill.
+//
+// Row-major int8 always streams: its sums then run in the same order at every M, so a token's
+// output does not depend on the rows beside it (an int8 model's activations are quantized
+// downstream, where a last-bit difference can move a quantization step).
 bool UseStreamingKernel(int64_t m_rows, DType w_dtype) {
-  if (m_rows <= kLinearSmallMMax) return true;
+  if (m_rows <= kLinearSmallMMax || w_dtype == DType::kI8) return true;
   if (w_dtype == DType::kBF16 && Bf16DotEnabled()) return true;
   return w_dtype != DType::kF32 && !BlasOutrunsStreaming();
 }

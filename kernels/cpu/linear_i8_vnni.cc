@@ -116,6 +116,59 @@ DEJA_VNNI_TARGET void VnniTile(const int8_t* w, const int32_t* sums, const uint8
   StoreTiles<NB, MB>(f, n0, n_dim, e, out, ldo);
 }
 
+// Decode-sized x (up to kVnniDirectMaxM rows) straight from the tiles, without the repack: each
+// pair line is permuted into its K quad in a register and used for every row, its row sums
+// counted on the way (one more VPDPBUSD against ones). x rows are read where QuantizePackX put
+// them: row m at xrow[m], its quads xstride[m] bytes apart.
+template <int NB, int MB>
+DEJA_VNNI_TARGET void VnniDirect(const int8_t* tiles, int64_t tile_stride, int64_t pairs,
+                                 const uint8_t* const* xrow, const int64_t* xstride,
+                                 const float* sx, const int32_t* zx, int64_t n0, int64_t n_dim,
+                                 const LinearEpilogue& e, float* out, int64_t ldo) {
+  const __m512i idx = _mm512_load_si512(kQuadIndex.w);
+  const __m512i ones = _mm512_set1_epi8(1);
+  __m512i acc[NB][MB], sum[NB];
+  for (int b = 0; b < NB; ++b) {
+    sum[b] = _mm512_setzero_si512();
+    for (int m = 0; m < MB; ++m) acc[b][m] = _mm512_setzero_si512();
+  }
+  auto step = [&](int64_t q, const __m512i (&wv)[NB]) DEJA_VNNI_TARGET {
+    for (int b = 0; b < NB; ++b) sum[b] = Dpbusd(sum[b], ones, wv[b]);
+    for (int m = 0; m < MB; ++m) {
+      int32_t xq;
+      std::memcpy(&xq, xrow[m] + q * xstride[m], 4);
+      const __m512i xv = _mm512_set1_epi32(xq);
+      for (int b = 0; b < NB; ++b) acc[b][m] = Dpbusd(acc[b][m], xv, wv[b]);
+    }
+  };
+  const int64_t full = pairs / 2;
+  for (int64_t q = 0; q < full; ++q) {
+    __m512i wv[NB];
+    for (int b = 0; b < NB; ++b) {
+      wv[b] = _mm512_permutexvar_epi16(idx, _mm512_loadu_si512(tiles + b * tile_stride + q * 64));
+    }
+    step(q, wv);
+  }
+  if (full * 2 < pairs) {  // an odd number of pairs: the last quad's second pair is zeros
+    __m512i wv[NB];
+    for (int b = 0; b < NB; ++b) {
+      wv[b] = _mm512_permutexvar_epi16(
+          idx, _mm512_maskz_loadu_epi8(0xffffffffull, tiles + b * tile_stride + full * 64));
+    }
+    step(full, wv);
+  }
+  __m512 f[NB][MB];
+  for (int m = 0; m < MB; ++m) {
+    const __m512 s = _mm512_set1_ps(sx[m]);
+    const __m512i z = _mm512_set1_epi32(-zx[m]);
+    for (int b = 0; b < NB; ++b) {
+      const __m512i v = _mm512_add_epi32(acc[b][m], _mm512_mullo_epi32(sum[b], z));
+      f[b][m] = _mm512_mul_ps(_mm512_cvtepi32_ps(v), s);
+    }
+  }
+  StoreTiles<NB, MB>(f, n0, n_dim, e, out, ldo);
+}
+
 using VnniTileFn = void (*)(const int8_t*, const int32_t*, const uint8_t*, const float*,
                             const int32_t*, int64_t, int64_t, int64_t, const LinearEpilogue&,
                             float*, int64_t);
@@ -246,6 +299,42 @@ void LinearI8Vnni(const uint8_t* packed, const float* x_scales, const int32_t* x
                   int64_t t_end, const LinearEpilogue& e, float* out, int64_t ldo) {
   const int64_t kp = TiledCols(k_dim), pairs = kp / 2, tile_stride = kp * kTileRows;
   const int64_t quads = Quads(k_dim);
+  if (m_rows <= kVnniDirectMaxM) {
+    const uint8_t* xrow[kVnniDirectMaxM];
+    int64_t xstride[kVnniDirectMaxM];
+    for (int64_t m = 0; m < m_rows; ++m) {
+      const int64_t m0 = m / kVnniRowBlock * kVnniRowBlock;
+      const int64_t mb = std::min(kVnniRowBlock, m_rows - m0);
+      xrow[m] = packed + m0 * quads * 4 + (m - m0) * 4;
+      xstride[m] = mb * 4;
+    }
+    auto run = [&](auto nb_const, int64_t t) {
+      constexpr int NB = decltype(nb_const)::value;
+      const int8_t* tiles = w + (t_begin + t) * tile_stride;
+      const int64_t n0 = (t_begin + t) * kTileRows;
+      switch (m_rows) {
+#define DEJA_VNNI_DIRECT(M)                                                                   \
+  case M:                                                                                     \
+    return VnniDirect<(M > 4 && NB > 2 ? 2 : NB), M>(tiles, tile_stride, pairs, xrow, xstride, \
+                                                     x_scales, x_zeros, n0, n_dim, e, out, ldo);
+        DEJA_VNNI_DIRECT(1)
+        DEJA_VNNI_DIRECT(2)
+        DEJA_VNNI_DIRECT(3)
+        DEJA_VNNI_DIRECT(4)
+        DEJA_VNNI_DIRECT(5)
+        DEJA_VNNI_DIRECT(6)
+        DEJA_VNNI_DIRECT(7)
+        DEJA_VNNI_DIRECT(8)
+#undef DEJA_VNNI_DIRECT
+      }
+    };
+    if (m_rows <= 4) {
+      ForTileBlocks<4>(t_end - t_begin, run);
+    } else {
+      ForTileBlocks<2>(t_end - t_begin, run);
+    }
+    return;
+  }
   thread_local std::vector<int8_t> storage;
   storage.resize(static_cast<size_t>(kVnniTileGroup * quads * 64 + 64));
   int8_t* scratch = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;

@@ -143,7 +143,7 @@ TEST(CliTest, BadFlagsNameTheFlag) {
   ExpectCleanFailure(RunDeja("generate --prompt hi"), "--model");
   ExpectCleanFailure(RunDeja("frobnicate"), "unknown command");
   ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi --dtype f8"),
-                     "--dtype must be auto, checkpoint, bf16 or int8, got 'f8'");
+                     "--dtype must be auto, checkpoint, bf16, int8 or int4, got 'f8'");
   ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --dtype half"), "--dtype");
   // The logging flags every command takes (cli/log_setup.h).
   ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi -v x"),

@@ -195,7 +195,7 @@ TEST(TiledWeightsTest, OtherOpsRejectThemByName) {
   Tensor out32 = Tensor::Empty(DType::kF32, {2, 32});
   auto ref = MakeReferenceBackend();
   Status s = Linear(*ref, x.view(), tiled16, TensorView{}, Activation::kNone, false, out32.view());
-  EXPECT_NE(s.message().find("needs a 2-D bf16 or int8 matrix"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("needs a 2-D bf16, int8 or int4 matrix"), std::string::npos) << s.message();
 }
 
 // Embedding over a tiled table (the tied lm head's table) gives the rows of the row-major one

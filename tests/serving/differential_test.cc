@@ -7,7 +7,8 @@
 // places that depend on what else runs). Each is compared with the same request sent alone, with
 // the prefix cache off, to a second server of the same flags and a prefill budget of 8192: the
 // same status, tokens and text, log-probabilities within 1e-5. A cancelled request's tokens are a
-// prefix of its reference's; no other request fails.
+// prefix of its reference's; no other request fails. Then one round each with int8 and int4
+// weights (DifferentialDtypeTest).
 //   DEJA_TEST_SEED=N replays one seed; DEJA_DIFFERENTIAL_REQUESTS=N (default 48) sets how many
 //   requests a round sends; DEJA_DIFFERENTIAL_SECONDS=S runs rounds (seeds N, N+1, ...) until S
 //   seconds have passed and then holds the loaded server's resident memory (coordinator and
@@ -64,14 +65,21 @@ int RequestsPerRound() {
   return 48;
 }
 
-std::vector<std::string> DifferentialArgs(const std::string& max_prefill) {
+// The servers' flags; `dtype` (int8, int4) sets --dtype, else the default (bf16 here).
+std::vector<std::string> DifferentialArgs(const std::string& max_prefill,
+                                          const std::string& dtype = "") {
   // A small host tier: what the cache may hold is reached early, so resident memory stays flat.
   std::vector<std::string> extra = {"--kv-memory-mb", "64", "--prefix-cache-host-mb", "4",
                                     "--max-prefill-tokens", max_prefill,
                                     "--max-batch-sequences", "32", "--locret-chunk", "16",
                                     "--sparsity-default", "off", "--retaining-heads", "auto"};
+  if (!dtype.empty()) {
+    extra.push_back("--dtype");
+    extra.push_back(dtype);
+  }
   const std::string predictors = ModelDir() + "/predictors.safetensors";
-  if (std::filesystem::exists(predictors)) {
+  // Deja Vu's gathers read no int4: an int4 server runs without predictors.
+  if (std::filesystem::exists(predictors) && dtype != "int4") {
     extra.push_back("--predictors");
     extra.push_back(predictors);
   }
@@ -349,6 +357,28 @@ TEST_F(DifferentialTest, AnswersDoNotDependOnWhatElseRuns) {
   // The loaded server is still serving.
   EXPECT_EQ(Health(loaded_->channel(), ""), kServing);
 }
+
+// The same over reduced-precision weights, one round of 24 requests each: int8 (on AVX512-VNNI
+// each token's activations quantized to int8 in every step) and int4 (always quantized). A
+// kernel that chose its arithmetic by the step's row count would fail here.
+class DifferentialDtypeTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DifferentialDtypeTest, AnswersDoNotDependOnWhatElseRuns) {
+  const std::string dtype = GetParam();
+  Server loaded("differential_loaded_" + dtype, DifferentialArgs("16", dtype));
+  Server alone("differential_alone_" + dtype, DifferentialArgs("8192", dtype));
+  for (Server* s : {&loaded, &alone}) {
+    ASSERT_TRUE(s->WaitListening()) << s->Log();
+    ASSERT_TRUE(WaitHealth(s->channel(), kServing)) << s->Log();
+  }
+  const v1::ModelInfo info = ModelInfoOf(alone.stub());
+  EXPECT_EQ(info.dtype(), dtype);
+  EXPECT_GT(RunRound(loaded, alone, info, Seed(), 24), 0);
+  EXPECT_EQ(Health(loaded.channel(), ""), kServing);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, DifferentialDtypeTest, ::testing::Values("int8", "int4"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 }  // namespace
 }  // namespace deja::serving_test

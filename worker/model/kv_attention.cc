@@ -136,6 +136,7 @@ Status KvAttention::Run(int32_t l, const std::vector<SequenceStep>& batch, const
     DEJA_RETURN_IF_ERROR(s.kv->WriteLayer(l, s.n, qkv.k + row * qkv.kv_stride,
                                           qkv.v + row * qkv.kv_stride, scores));
     kernels::AttentionArgs args;
+    args.per_query = per_query_;
     args.q = TensorView{const_cast<float*>(qkv.q) + row * qkv.q_stride, DType::kF32,
                         Shape{s.n, width}};
     args.q.device = ctx.device;

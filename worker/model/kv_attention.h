@@ -50,6 +50,8 @@ class KvAttention {
   // Device decode steps as one DecodeAttention call per layer over every sequence (the
   // default), or one KvWrite and Attention per sequence (off: the path it is compared with).
   void set_batched_decode(bool on) { batched_decode_ = on; }
+  // AttentionArgs::per_query for every call (set when the model's Linears quantize activations).
+  void set_per_query(bool on) { per_query_ = on; }
   // Decode steps that took the batched path since the model was loaded (one per Forward).
   int64_t batched_decode_steps() const { return batched_steps_; }
 
@@ -109,6 +111,7 @@ class KvAttention {
   // per layer used [S] and slots [S, heads]) in a pinned host buffer and its device copy, both
   // grown to the largest step; the step's sizes; whether this step took the path.
   bool batched_decode_ = true;
+  bool per_query_ = false;
   Tensor decode_host_, decode_dev_;
   int64_t decode_capacity_ = 0;  // int32s each buffer holds
   int32_t decode_seqs_ = 0, decode_max_blocks_ = 0, decode_max_used_ = 0;

@@ -440,6 +440,11 @@ void TileMatrices(OptWeights* w) {
 
 void UntileMatrices(OptWeights* w) {
   for (OptLayerWeights& l : w->layers) {
+    // q leaves the stack, so decode steps no longer run the stacked Linear: a row-major q and the
+    // tiled stack need not compute the same function (int8 on AVX512-VNNI quantizes x only over
+    // tiles), and a token's q must not depend on whether its step also held a prefill chunk. k
+    // and v stay slices of the stack's storage.
+    if (l.qkv.w.data != nullptr && l.q.w.layout == Layout::kTiled16) l.qkv.w = TensorView{};
     for (LinearWeights* lw : {&l.q, &l.out, &l.fc1, &l.fc2}) {  // k and v stay dense
       if (lw->w.layout != Layout::kTiled16) continue;
       Tensor rows = Untile16(lw->w);

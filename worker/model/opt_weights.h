@@ -103,7 +103,8 @@ Status ConvertMatrices(OptWeights* w, DType dtype, ThreadPool* pool = nullptr,
 // tile). Other dtypes stay row-major.
 void TileMatrices(OptWeights* w);
 // q, out, fc1 and fc2 back to row-major: the sparse runtime gathers rows of q and fc1 and
-// transposes out and fc2 (k and v, always computed whole, stay tiled).
+// transposes out and fc2 (k and v, always computed whole, stay tiled); q, k and v are no longer
+// run as one stacked Linear then.
 void UntileMatrices(OptWeights* w);
 
 }  // namespace deja::worker::model
