@@ -4,7 +4,7 @@
 weights, f32 activations, f32 KV cache) on prompts cut from the held-out text, for `--dtype bf16`,
 `--dtype int8`, `--dtype int4`, `--kv-dtype f16` and their pairs. Prints JSON lines and a Markdown table.
 
-    python3 bench/precision_quality.py --deja build/release/cli/deja"""
+    python3 bench/precision_quality.py --deja build/release/cli/deja --deja-lab build/release/lab/deja-lab"""
 import argparse
 import json
 import pathlib
@@ -27,17 +27,24 @@ MODES = [("checkpoint", ["--dtype", "checkpoint", "--kv-dtype", "f32"]),
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--deja", default=str(ROOT / "build/release/cli/deja"))
+    ap.add_argument("--deja-lab", default=str(ROOT / "build/release/lab/deja-lab"))
     ap.add_argument("--model", default=str(ROOT / "models/opt-mini"))
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--only", default="",
+                    help="comma-separated mode-name prefixes to run (the checkpoint row, the "
+                         "baseline, always runs), e.g. int8,int4")
     a = ap.parse_args()
+    prefixes = [p for p in a.only.split(",") if p]
+    modes = [m for i, m in enumerate(MODES)
+             if i == 0 or not prefixes or any(m[0].startswith(p) for p in prefixes)]
     texts = [ROOT / "tests/data/heldout/tinyshakespeare.txt", ROOT / "tests/data/heldout/kjv.txt"]
     prompts = [p for t in texts for p in prompts_from(t, a.prompts // len(texts), 300)]
     outputs, rows = {}, []
-    for name, flags in MODES:
+    for name, flags in modes:
         row = {"mode": name, "flags": " ".join(flags)}
         for t in texts:
-            row["ppl_" + t.stem] = run_json([a.deja, "ppl", "--model", a.model, "--text", str(t),
+            row["ppl_" + t.stem] = run_json([a.deja_lab, "ppl", "--model", a.model, "--text", str(t),
                                              "--context", "1024", "--json"] + flags)["perplexity"]
         outputs[name] = [run_json([a.deja, "generate", "--model", a.model, "--prompt", p,
                                    "--max-new-tokens", str(a.new_tokens), "--ignore-eos",

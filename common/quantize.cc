@@ -12,6 +12,27 @@
 
 namespace deja {
 
+namespace {
+
+// run(r0, r1) over rows [0, rows), split over `pool` when given; then InvalidArgument naming
+// `what` and the row when a row was found non-finite (*bad_row >= 0 after the run).
+template <typename Run>
+Status RunRows(ThreadPool* pool, int64_t rows, Run& run, const std::atomic<int64_t>& bad_row,
+               const char* what) {
+  if (pool != nullptr) {
+    pool->ParallelFor(rows, run, 16);
+  } else {
+    run(0, rows);
+  }
+  if (bad_row.load() >= 0) {
+    return InvalidArgument(std::string(what) + ": row " + std::to_string(bad_row.load()) +
+                           " holds a NaN or an infinity; it cannot be quantized");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 TensorView QuantizedMatrix::view() const {
   TensorView v = q.view();
   v.scale = scale.as<float>();
@@ -63,15 +84,7 @@ StatusOr<QuantizedMatrix> QuantizeRowsInt8(const TensorView& w, const char* what
       }
     }
   };
-  if (pool != nullptr) {
-    pool->ParallelFor(rows, run, 16);
-  } else {
-    run(0, rows);
-  }
-  if (bad_row.load() >= 0) {
-    return InvalidArgument(std::string(what) + ": row " + std::to_string(bad_row.load()) +
-                           " holds a NaN or an infinity; it cannot be quantized");
-  }
+  DEJA_RETURN_IF_ERROR(RunRows(pool, rows, run, bad_row, what));
   return out;
 }
 
@@ -178,15 +191,7 @@ StatusOr<Int4Matrix> QuantizeInt4(const TensorView& w, int32_t group, const char
       norm2[r] = n2;
     }
   };
-  if (pool != nullptr) {
-    pool->ParallelFor(rows, run, 16);
-  } else {
-    run(0, rows);
-  }
-  if (bad_row.load() >= 0) {
-    return InvalidArgument(std::string(what) + ": row " + std::to_string(bad_row.load()) +
-                           " holds a NaN or an infinity; it cannot be quantized");
-  }
+  DEJA_RETURN_IF_ERROR(RunRows(pool, rows, run, bad_row, what));
   double e2 = 0, n2 = 0;
   for (int64_t r = 0; r < rows; ++r) e2 += err2[r], n2 += norm2[r];
   out.relative_error = n2 > 0 ? std::sqrt(e2 / n2) : 0.0;

@@ -16,26 +16,16 @@
 #include "kernels/backend.h"
 #include "tests/common/sim_device.h"
 #include "tests/worker/golden_util.h"
+#include "tests/worker/heldout_util.h"
 #include "worker/model/generation.h"
 #include "worker/model/model.h"
 
 namespace deja::worker {
 namespace {
 
+using test_util::Greedy;
+using test_util::HeldOut;
 using test_util::ModelDir;
-
-std::vector<int32_t> HeldOut(const std::string& file, int64_t max_tokens) {
-  auto tok = Tokenizer::Load(ModelDir("opt-mini"));
-  EXPECT_TRUE(tok.ok());
-  std::ifstream in(test_util::SourceDir() + "/tests/data/heldout/" + file);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto ids = (*tok)->Encode(ss.str(), false);
-  EXPECT_TRUE(ids.ok());
-  std::vector<int32_t> v = *ids;
-  if (static_cast<int64_t>(v.size()) > max_tokens) v.resize(static_cast<size_t>(max_tokens));
-  return v;
-}
 
 StatusOr<std::unique_ptr<model::Model>> Load(kernels::Backend* be, std::optional<DType> dtype,
                                              int32_t group = 128, double max_error = 0.15) {
@@ -46,17 +36,6 @@ StatusOr<std::unique_ptr<model::Model>> Load(kernels::Backend* be, std::optional
   return model::LoadModel(ModelDir("opt-mini"), be, nullptr, o);
 }
 
-std::vector<int32_t> Greedy(model::Model& m, const std::vector<int32_t>& prompt, int n) {
-  model::GenerationOptions g;
-  g.max_new_tokens = n;
-  g.stop_at_eos = false;
-  auto r = model::Generate(m, prompt, g);
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  std::vector<int32_t> ids;
-  if (r.ok())
-    for (const auto& t : r->tokens) ids.push_back(t.id);
-  return ids;
-}
 
 class Int4ModelTest : public ::testing::Test {
  protected:

@@ -22,6 +22,7 @@
 #include "tests/common/sim_device.h"
 #include "tests/common/temp_dir.h"
 #include "tests/worker/golden_util.h"
+#include "tests/worker/heldout_util.h"
 #include "worker/model/generation.h"
 #include "worker/model/model.h"
 #include "worker/model/quantize_checkpoint.h"
@@ -30,21 +31,10 @@ namespace deja::worker {
 namespace {
 
 namespace fs = std::filesystem;
+using test_util::Greedy;
+using test_util::HeldOut;
 using test_util::ModelDir;
 using test_util::TempDir;
-
-std::vector<int32_t> HeldOut(const std::string& file, int64_t max_tokens) {
-  auto tok = Tokenizer::Load(ModelDir("opt-mini"));
-  EXPECT_TRUE(tok.ok());
-  std::ifstream in(test_util::SourceDir() + "/tests/data/heldout/" + file);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto ids = (*tok)->Encode(ss.str(), false);
-  EXPECT_TRUE(ids.ok());
-  std::vector<int32_t> v = *ids;
-  if (static_cast<int64_t>(v.size()) > max_tokens) v.resize(static_cast<size_t>(max_tokens));
-  return v;
-}
 
 std::unique_ptr<model::Model> Load(kernels::Backend* be, const std::string& dir,
                                    std::optional<DType> dtype) {
@@ -55,18 +45,6 @@ std::unique_ptr<model::Model> Load(kernels::Backend* be, const std::string& dir,
   return m.ok() ? std::move(*m) : nullptr;
 }
 
-// Greedy continuation of `prompt` (BOS included) for `n` tokens.
-std::vector<int32_t> Greedy(model::Model& m, const std::vector<int32_t>& prompt, int n) {
-  model::GenerationOptions g;
-  g.max_new_tokens = n;
-  g.stop_at_eos = false;
-  auto r = model::Generate(m, prompt, g);
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  std::vector<int32_t> ids;
-  if (r.ok())
-    for (const auto& t : r->tokens) ids.push_back(t.id);
-  return ids;
-}
 
 std::vector<float> PrefillLogits(model::Model& m, const std::vector<int32_t>& ids) {
   auto kv = m.NewSequence(static_cast<int32_t>(ids.size()));

@@ -1,0 +1,46 @@
+// Held-out text and greedy continuations for the reduced-precision model tests (int8, int4).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/tokenizer.h"
+#include "tests/worker/golden_util.h"
+#include "worker/model/generation.h"
+#include "worker/model/model.h"
+
+namespace deja::test_util {
+
+// The first max_tokens tokens of tests/data/heldout/<file> under opt-mini's tokenizer.
+inline std::vector<int32_t> HeldOut(const std::string& file, int64_t max_tokens) {
+  auto tok = Tokenizer::Load(ModelDir("opt-mini"));
+  EXPECT_TRUE(tok.ok());
+  std::ifstream in(SourceDir() + "/tests/data/heldout/" + file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto ids = (*tok)->Encode(ss.str(), false);
+  EXPECT_TRUE(ids.ok());
+  std::vector<int32_t> v = *ids;
+  if (static_cast<int64_t>(v.size()) > max_tokens) v.resize(static_cast<size_t>(max_tokens));
+  return v;
+}
+
+// Greedy continuation of `prompt` (BOS included) for `n` tokens, EOS ignored.
+inline std::vector<int32_t> Greedy(worker::model::Model& m, const std::vector<int32_t>& prompt,
+                                   int n) {
+  worker::model::GenerationOptions g;
+  g.max_new_tokens = n;
+  g.stop_at_eos = false;
+  auto r = worker::model::Generate(m, prompt, g);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  std::vector<int32_t> ids;
+  if (r.ok())
+    for (const auto& t : r->tokens) ids.push_back(t.id);
+  return ids;
+}
+
+}  // namespace deja::test_util
