@@ -1,5 +1,6 @@
 #include "common/quantize.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -14,11 +15,38 @@ namespace deja {
 
 namespace {
 
-// run(r0, r1) over rows [0, rows), split over `pool` when given; then InvalidArgument naming
-// `what` and the row when a row was found non-finite (*bad_row >= 0 after the run).
-template <typename Run>
-Status RunRows(ThreadPool* pool, int64_t rows, Run& run, const std::atomic<int64_t>& bad_row,
-               const char* what) {
+// The shared part of the quantizers: checks that w is a 2-D row-major host float matrix, then
+// calls quantize_row(r, row) with each row r converted to f32 (split over `pool` when given).
+// InvalidArgument naming `what` (and `to`, the target type) for another view, or for a row with
+// a NaN or an infinity, which quantize_row never sees.
+template <typename Fn>
+Status QuantizeRows(const TensorView& w, const char* what, const char* to, ThreadPool* pool,
+                    Fn&& quantize_row) {
+  if (w.shape.rank != 2 || w.layout != Layout::kRowMajor || !w.device.is_host()) {
+    return InvalidArgument(std::string(what) + ": " + to +
+                           " quantization takes a 2-D row-major host matrix");
+  }
+  if (w.dtype != DType::kF32 && w.dtype != DType::kF16 && w.dtype != DType::kBF16) {
+    return InvalidArgument(std::string(what) + ": cannot quantize " + DTypeName(w.dtype) +
+                           " to " + to);
+  }
+  const int64_t rows = w.rows(), cols = w.cols();
+  std::atomic<int64_t> bad_row{-1};
+  auto run = [&](int64_t r0, int64_t r1) {
+    std::vector<float> row(static_cast<size_t>(cols));
+    const size_t row_bytes = static_cast<size_t>(cols) * DTypeSize(w.dtype);
+    for (int64_t r = r0; r < r1; ++r) {
+      ConvertToF32(static_cast<const char*>(w.data) + r * row_bytes, w.dtype, cols, row.data(),
+                   false);
+      bool finite = true;
+      for (float v : row) finite = finite && std::isfinite(v);
+      if (!finite) {
+        bad_row.store(r);
+        continue;
+      }
+      quantize_row(r, row.data());
+    }
+  };
   if (pool != nullptr) {
     pool->ParallelFor(rows, run, 16);
   } else {
@@ -30,76 +58,6 @@ Status RunRows(ThreadPool* pool, int64_t rows, Run& run, const std::atomic<int64
   }
   return Status::Ok();
 }
-
-}  // namespace
-
-TensorView QuantizedMatrix::view() const {
-  TensorView v = q.view();
-  v.scale = scale.as<float>();
-  return v;
-}
-
-StatusOr<QuantizedMatrix> QuantizeRowsInt8(const TensorView& w, const char* what,
-                                           ThreadPool* pool) {
-  if (w.shape.rank != 2 || w.layout != Layout::kRowMajor || !w.device.is_host()) {
-    return InvalidArgument(std::string(what) +
-                           ": int8 quantization takes a 2-D row-major host "
-                           "matrix");
-  }
-  if (w.dtype != DType::kF32 && w.dtype != DType::kF16 && w.dtype != DType::kBF16) {
-    return InvalidArgument(std::string(what) + ": cannot quantize " + DTypeName(w.dtype) +
-                           " to int8");
-  }
-  const int64_t rows = w.rows(), cols = w.cols();
-  QuantizedMatrix out{Tensor::Empty(DType::kI8, {rows, cols}), Tensor::Empty(DType::kF32, {rows})};
-  std::atomic<int64_t> bad_row{-1};
-  auto run = [&](int64_t r0, int64_t r1) {
-    std::vector<float> row(static_cast<size_t>(cols));
-    const size_t row_bytes = static_cast<size_t>(cols) * DTypeSize(w.dtype);
-    for (int64_t r = r0; r < r1; ++r) {
-      ConvertToF32(static_cast<const char*>(w.data) + r * row_bytes, w.dtype, cols, row.data(),
-                   false);
-      float amax = 0.f;
-      bool finite = true;
-      for (float v : row) {
-        finite = finite && std::isfinite(v);
-        amax = std::max(amax, std::fabs(v));
-      }
-      if (!finite) {
-        bad_row.store(r);
-        continue;
-      }
-      const float scale = amax / 127.f;
-      out.scale.as<float>()[r] = scale;
-      int8_t* q = out.q.as<int8_t>() + r * cols;
-      if (scale == 0.f) {
-        std::fill(q, q + cols, int8_t{0});
-        continue;
-      }
-      const float inv = 1.f / scale;
-      for (int64_t k = 0; k < cols; ++k) {
-        // |row[k] * inv| <= 127 up to rounding of inv; the clamp keeps -128 out.
-        const float v = std::round(row[k] * inv);
-        q[k] = static_cast<int8_t>(std::fmax(-127.f, std::fmin(127.f, v)));
-      }
-    }
-  };
-  DEJA_RETURN_IF_ERROR(RunRows(pool, rows, run, bad_row, what));
-  return out;
-}
-
-}  // namespace deja
-
-namespace deja {
-
-TensorView Int4Matrix::view() const {
-  TensorView v{packed.data(), DType::kI4, shape, Layout::kTiled16};
-  v.scale = scale.as<float>();
-  v.scale_group = group;
-  return v;
-}
-
-namespace {
 
 // The q of v under scale's inverse inv.
 inline int Int4Round(float v, float inv) {
@@ -126,16 +84,45 @@ float BestInt4Scale(const float* v, int32_t n, float m) {
 
 }  // namespace
 
+TensorView QuantizedMatrix::view() const {
+  TensorView v = q.view();
+  v.scale = scale.as<float>();
+  return v;
+}
+
+StatusOr<QuantizedMatrix> QuantizeRowsInt8(const TensorView& w, const char* what,
+                                           ThreadPool* pool) {
+  const int64_t rows = w.rows(), cols = w.cols();
+  QuantizedMatrix out{Tensor::Empty(DType::kI8, {rows, cols}), Tensor::Empty(DType::kF32, {rows})};
+  DEJA_RETURN_IF_ERROR(QuantizeRows(w, what, "int8", pool, [&](int64_t r, const float* row) {
+    float amax = 0.f;
+    for (int64_t k = 0; k < cols; ++k) amax = std::max(amax, std::fabs(row[k]));
+    const float scale = amax / 127.f;
+    out.scale.as<float>()[r] = scale;
+    int8_t* q = out.q.as<int8_t>() + r * cols;
+    if (scale == 0.f) {
+      std::fill(q, q + cols, int8_t{0});
+      return;
+    }
+    const float inv = 1.f / scale;
+    for (int64_t k = 0; k < cols; ++k) {
+      // |row[k] * inv| <= 127 up to rounding of inv; the clamp keeps -128 out.
+      const float v = std::round(row[k] * inv);
+      q[k] = static_cast<int8_t>(std::fmax(-127.f, std::fmin(127.f, v)));
+    }
+  }));
+  return out;
+}
+
+TensorView Int4Matrix::view() const {
+  TensorView v{packed.data(), DType::kI4, shape, Layout::kTiled16};
+  v.scale = scale.as<float>();
+  v.scale_group = group;
+  return v;
+}
+
 StatusOr<Int4Matrix> QuantizeInt4(const TensorView& w, int32_t group, const char* what,
                                   ThreadPool* pool) {
-  if (w.shape.rank != 2 || w.layout != Layout::kRowMajor || !w.device.is_host()) {
-    return InvalidArgument(std::string(what) +
-                           ": int4 quantization takes a 2-D row-major host matrix");
-  }
-  if (w.dtype != DType::kF32 && w.dtype != DType::kF16 && w.dtype != DType::kBF16) {
-    return InvalidArgument(std::string(what) + ": cannot quantize " + DTypeName(w.dtype) +
-                           " to int4");
-  }
   const int64_t rows = w.rows(), cols = w.cols();
   if (group <= 0 || group % 8 != 0 || cols % group != 0) {
     return InvalidArgument(std::string(what) + ": int4 group " + std::to_string(group) +
@@ -143,7 +130,7 @@ StatusOr<Int4Matrix> QuantizeInt4(const TensorView& w, int32_t group, const char
                            std::to_string(cols) + " columns");
   }
   const int64_t groups = cols / group;
-  Int4Matrix out{Tensor::Zeros(DType::kI8, {Int4Bytes(rows, cols)}),
+  Int4Matrix out{Tensor::Empty(DType::kI8, {Int4Bytes(rows, cols)}),
                  Tensor::Zeros(DType::kF32, {Int4Scales(rows, cols, group)}),
                  Shape{rows, cols},
                  group,
@@ -152,46 +139,32 @@ StatusOr<Int4Matrix> QuantizeInt4(const TensorView& w, int32_t group, const char
   float* scales = out.scale.as<float>();
   // Padding rows of the last tile read as value 0 (nibble 8) with scale 0.
   std::fill(packed, packed + out.packed.numel(), uint8_t{0x88});
-  std::atomic<int64_t> bad_row{-1};
   std::vector<double> err2(static_cast<size_t>(rows)), norm2(static_cast<size_t>(rows));
-  auto run = [&](int64_t r0, int64_t r1) {
-    std::vector<float> row(static_cast<size_t>(cols));
-    const size_t row_bytes = static_cast<size_t>(cols) * DTypeSize(w.dtype);
-    for (int64_t r = r0; r < r1; ++r) {
-      ConvertToF32(static_cast<const char*>(w.data) + r * row_bytes, w.dtype, cols, row.data(),
-                   false);
-      double e2 = 0, n2 = 0;
-      for (int64_t g = 0; g < groups; ++g) {
-        const float* v = row.data() + g * group;
-        float m = 0.f;
-        bool finite = true;
-        for (int32_t i = 0; i < group; ++i) {
-          finite = finite && std::isfinite(v[i]);
-          if (std::fabs(v[i]) > std::fabs(m)) m = v[i];
-        }
-        if (!finite) {
-          bad_row.store(r);
-          break;
-        }
-        const float scale = BestInt4Scale(v, group, m);
-        scales[Int4ScaleIndex(r, g, groups)] = scale;
-        const float inv = scale != 0.f ? 1.f / scale : 0.f;
-        for (int32_t i = 0; i < group; ++i) {
-          const int64_t k = g * group + i;
-          const int q = Int4Round(v[i], inv);
-          uint8_t& byte = packed[Int4Byte(r, k, cols)];
-          const int shift = Int4Shift(k);
-          byte = static_cast<uint8_t>((byte & ~(15 << shift)) | ((q + 8) << shift));
-          const double d = static_cast<double>(q) * scale - v[i];
-          e2 += d * d;
-          n2 += static_cast<double>(v[i]) * v[i];
-        }
+  DEJA_RETURN_IF_ERROR(QuantizeRows(w, what, "int4", pool, [&](int64_t r, const float* row) {
+    double e2 = 0, n2 = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* v = row + g * group;
+      float m = 0.f;
+      for (int32_t i = 0; i < group; ++i) {
+        if (std::fabs(v[i]) > std::fabs(m)) m = v[i];
       }
-      err2[r] = e2;
-      norm2[r] = n2;
+      const float scale = BestInt4Scale(v, group, m);
+      scales[Int4ScaleIndex(r, g, groups)] = scale;
+      const float inv = scale != 0.f ? 1.f / scale : 0.f;
+      for (int32_t i = 0; i < group; ++i) {
+        const int64_t k = g * group + i;
+        const int q = Int4Round(v[i], inv);
+        uint8_t& byte = packed[Int4Byte(r, k, cols)];
+        const int shift = Int4Shift(k);
+        byte = static_cast<uint8_t>((byte & ~(15 << shift)) | ((q + 8) << shift));
+        const double d = static_cast<double>(q) * scale - v[i];
+        e2 += d * d;
+        n2 += static_cast<double>(v[i]) * v[i];
+      }
     }
-  };
-  DEJA_RETURN_IF_ERROR(RunRows(pool, rows, run, bad_row, what));
+    err2[r] = e2;
+    norm2[r] = n2;
+  }));
   double e2 = 0, n2 = 0;
   for (int64_t r = 0; r < rows; ++r) e2 += err2[r], n2 += norm2[r];
   out.relative_error = n2 > 0 ? std::sqrt(e2 / n2) : 0.0;
