@@ -2,7 +2,7 @@
 """Quality of the reduced-precision modes on the fixture, one run: held-out perplexity at
 1024-token windows and the 32-token greedy agreement with the default mode (checkpoint-dtype
 weights, f32 activations, f32 KV cache) on prompts cut from the held-out text, for `--dtype bf16`,
-`--dtype int8`, `--dtype int4`, `--kv-dtype f16` and their pairs. Prints JSON lines and a Markdown table.
+`--dtype int8`, `--dtype int4`, `--kv-dtype f16`, `--kv-dtype int8` and their pairs. Prints JSON lines and a Markdown table.
 
     python3 bench/precision_quality.py --deja build/release/cli/deja --deja-lab build/release/lab/deja-lab"""
 import argparse
@@ -21,7 +21,10 @@ MODES = [("checkpoint", ["--dtype", "checkpoint", "--kv-dtype", "f32"]),
          ("int8 weights", ["--dtype", "int8", "--kv-dtype", "f32"]),
          ("int8 + f16 KV", ["--dtype", "int8", "--kv-dtype", "f16"]),
          ("int4 weights", ["--dtype", "int4", "--kv-dtype", "f32"]),
-         ("int4 + f16 KV", ["--dtype", "int4", "--kv-dtype", "f16"])]
+         ("int4 + f16 KV", ["--dtype", "int4", "--kv-dtype", "f16"]),
+         ("int8 KV cache", ["--dtype", "checkpoint", "--kv-dtype", "int8"]),
+         ("int8 + int8 KV", ["--dtype", "int8", "--kv-dtype", "int8"]),
+         ("int4 + int8 KV", ["--dtype", "int4", "--kv-dtype", "int8"])]
 
 
 def main():

@@ -47,7 +47,7 @@ const WeightDTypeRow kWeightDTypes[] = {
      DType::kI4},
 };
 
-// --kv-dtype: how K and V are stored (the attention kernels read f32 and f16).
+// --kv-dtype: how K and V are stored (the attention kernels read f32, f16 and, on the CPU, int8).
 struct KvDTypeRow {
   const char* name;
   const char* help;
@@ -59,6 +59,10 @@ const KvDTypeRow kKvDTypes[] = {
      DType::kF16, true},
     {DTypeName(DType::kF32), "", DType::kF32},
     {DTypeName(DType::kF16), "half the bytes per cached token", DType::kF16},
+    {DTypeName(DType::kI8),
+     "CPU only: int8 with a scale per token and head, a quarter of f32's bytes and just over "
+     "half of f16's",
+     DType::kI8},
 };
 
 }  // namespace

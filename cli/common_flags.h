@@ -17,7 +17,7 @@ namespace deja::cli {
 
 // --model, --threads and --dtype.
 void AddModelFlags(Args& args);
-// --dtype checkpoint|bf16, --kv-dtype f32|f16, --device cpu|cuda[:N] and --kv-memory-fraction
+// --dtype checkpoint|bf16, --kv-dtype f32|f16|int8, --device cpu|cuda[:N] and --kv-memory-fraction
 // (also the worker's and serve's flags), and their parse; InvalidArgument naming the flag.
 void AddDtypeFlag(Args& args);
 StatusOr<worker::model::LoadOptions> LoadOptionsFromFlags(const Args& args);

@@ -84,11 +84,23 @@ class Backend {
   // host backends.
   virtual void SetProfiling(bool on) { (void)on; }
 
+  // Batch-invariant Linear: each output row computed as if it were the call's only row (no
+  // kernel or summation order chosen by the call's row count; the CPU's f16 and f32 row-major
+  // weights then always take the streaming kernel, costing prefill its BLAS path). The other
+  // kernels are batch-invariant already, but attention over many queries (AttentionArgs::
+  // per_query). A model whose KV cache is int8 sets it at load: there a last-bit difference in a
+  // key moves a quantization step. Every later call on this backend sees it.
+  void set_batch_invariant(bool on) { batch_invariant_ = on; }
+  bool batch_invariant() const { return batch_invariant_; }
+
   // A copy on device() of the row-major host view `host` (of the tensor).
   StatusOr<Tensor> ToBackend(const TensorView& host);
   StatusOr<Tensor> ToBackend(const Tensor& host) { return ToBackend(host.view()); }
   // A host copy of the row-major view `v`, in device() or host memory.
   StatusOr<Tensor> ToHost(const TensorView& v);
+
+ private:
+  bool batch_invariant_ = false;
 };
 
 // The plain, single-threaded reference implementations: the ground truth in tests.

@@ -24,7 +24,7 @@ class Backend;
 // the OpTable slots, SupportedByFullBackend and the simulated device's trampolines
 // (tests/common/sim_device.cc). Dtype sets: the weight dtypes (f32, f16, bf16, int8), and int4
 // too for Linear (common/int4.h: reference, CPU and simulated device; not CUDA); the float
-// dtypes (f32, f16, bf16); the KV cache's (f32, f16); f32 alone. Attention, KvWrite, KvEvict and
+// dtypes (f32, f16, bf16); the KV cache's (f32, f16, int8: common/kv_row.h; not CUDA); f32 alone. Attention, KvWrite, KvEvict and
 // DecodeAttention are keyed by the KV cache's dtype, Convert by the destination's.
 #define DEJA_KERNEL_OPS(X)                                                  \
   X(kEmbedding, embedding, EmbeddingFn, kWeightDTypes)                      \
@@ -59,8 +59,8 @@ enum class Activation { kNone, kRelu };
 
 // One sequence's cache of one layer, for the heads this rank holds. Slot-mapped: slot s of head
 // h holds the key/value of position slot_pos[h * capacity + s] (-1 = empty). Keys and values are
-// `dtype` (f32, or f16 where the backend supports it: half the bytes), laid out
-// [head][slot][head_dim]. Policies (full, window, h2o) decide which slots hold what; attention
+// rows of `dtype` (f32; f16, half the bytes; int8 with a scale per row, a quarter: common/kv_row.h
+// KvRowBytes), laid out [head][slot][row]. Policies (full, window, h2o) decide which slots hold what; attention
 // only reads slots whose position is <= the query's position (and >= 0).
 struct KvView {
   void* k = nullptr;
@@ -75,7 +75,7 @@ struct KvView {
   // Where k, v, slot_pos and score are (last, so existing aggregate initialisations stay host).
   Device device = Device::Host();
   // Paged caches (a device's KV pool, worker/kv/kv_pool.h): when non-null, slot s of head h is
-  // element KvSlotIndex(view, h, s) of slot_pos and score (times head_dim for k and v), in block
+  // element KvSlotIndex(view, h, s) of slot_pos and score (and that row of k and v), in block
   // blocks[s / block_slots] of block_slots slots per head; k, v, slot_pos and score point at the
   // pool's first block, offset to this layer. `blocks` is in the view's device memory and covers
   // slots [0, used). nullptr: one contiguous [head][capacity] region as above.
@@ -84,7 +84,7 @@ struct KvView {
   int64_t block_stride = 0;  // slots from one block to the next (all heads of all layers)
 };
 
-// Where slot s of head h is, in slots (elements of slot_pos and score; rows of head_dim of k, v).
+// Where slot s of head h is, in slots (elements of slot_pos and score; KV rows of k, v).
 inline int64_t KvSlotIndex(const KvView& kv, int64_t h, int64_t s) {
   if (kv.blocks == nullptr) return h * kv.capacity + s;
   return kv.blocks[s / kv.block_slots] * kv.block_stride + h * kv.block_slots + s % kv.block_slots;
@@ -215,7 +215,7 @@ using RetainScoresFn = Status (*)(Backend&, const RetainArgs& args);
 // Logical slot s of sequence i, head h is element
 //   blocks[i * max_blocks + s / kv.block_slots] * kv.block_stride + h * kv.block_slots
 //   + s % kv.block_slots
-// of kv.slot_pos and kv.score (times head_dim for kv.k and kv.v): KvSlotIndex with sequence i's
+// of kv.slot_pos and kv.score (the row of that index for kv.k and kv.v): KvSlotIndex with sequence i's
 // row of the block table. kv gives the pool's layer base pointers, dtype, block_slots and
 // block_stride; its blocks, capacity and used are not read (kv.score: the pool's score base, or
 // null when no sequence keeps scores). The metadata arrays are in device memory and not read by

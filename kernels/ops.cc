@@ -1,6 +1,8 @@
 #include "kernels/ops.h"
 #include "kernels/ops_check.h"
 
+#include "common/kv_row.h"
+
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
@@ -22,7 +24,7 @@ bool InSet(DTypeSet set, DType d) {
     case kFloatDTypes:
       return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16;
     case kKvDTypes:
-      return d == DType::kF32 || d == DType::kF16;
+      return IsKvDType(d);
     case kF32Only:
       return d == DType::kF32;
   }

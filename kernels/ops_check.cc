@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include "common/kv_row.h"
+
 namespace deja::kernels::check {
 
 Status Bad(const char* op, const char* arg, const std::string& why) {
@@ -151,7 +153,7 @@ Status CheckKvLayout(const Backend& backend, const char* op, const KvView& kv, i
     return Status::Ok();
   }
   if (out != nullptr) {
-    TensorView cache{nullptr, kv.dtype, Shape{heads * kv.capacity, head_dim}};
+    TensorView cache{nullptr, kv.dtype, Shape{heads * kv.capacity, KvRowElems(kv.dtype, head_dim)}};
     cache.data = kv.k;
     DEJA_RETURN_IF_ERROR(CheckNoOverlap(op, "out", *out, "kv.k", cache));
     cache.data = kv.v;

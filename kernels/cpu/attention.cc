@@ -14,6 +14,7 @@
 #include <numeric>
 #include <vector>
 
+#include "common/kv_row.h"
 #include "common/thread_pool.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -104,12 +105,12 @@ void AttendHeadGemm(const AttentionArgs& a, int64_t h, GemmScratch& g) {
   for (int64_t j = 0; j < n; ++j) g.pos[j] = slot_pos[g.slots[j]];
   g.k.resize(n * d);
   g.v.resize(n * d);
-  const size_t es = DTypeSize(kv.dtype);
+  const size_t row_bytes = KvRowBytes(kv.dtype, d);
   const char* k_head = static_cast<const char*>(kv.k);
   const char* v_head = static_cast<const char*>(kv.v);
   for (int64_t j = 0; j < n; ++j) {
-    ConvertToF32(k_head + g.slots[j] * d * es, kv.dtype, d, g.k.data() + j * d, false);
-    ConvertToF32(v_head + g.slots[j] * d * es, kv.dtype, d, g.v.data() + j * d, false);
+    KvRowToF32(k_head + g.slots[j] * row_bytes, kv.dtype, d, g.k.data() + j * d);
+    KvRowToF32(v_head + g.slots[j] * row_bytes, kv.dtype, d, g.v.data() + j * d);
   }
 
   const float* q = a.q.as<float>() + h * d;

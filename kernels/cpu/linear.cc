@@ -263,7 +263,7 @@ Status CpuLinear(Backend& backend, TensorView x, TensorView w, TensorView bias, 
   float* o = out.as<float>();
   if (w.dtype == DType::kI4) return LinearI4(pool, x, w, e, o);
   if (w.layout == Layout::kTiled16) return TiledLinear(pool, x, w, e, o);
-  const bool small = UseStreamingKernel(m_rows, w.dtype);
+  const bool small = backend.batch_invariant() || UseStreamingKernel(m_rows, w.dtype);
   const KernelInput xb = InputFor(w.dtype, x.as<float>(), m_rows * k_dim, small);
   const float* xs = xb.f32;
 
@@ -319,7 +319,7 @@ Status CpuGatherLinear(Backend& backend, TensorView x, TensorView w, TensorView 
   LinearEpilogue e{bias_f32.empty() ? nullptr : bias_f32.data(), act == Activation::kRelu,
                    accumulate, scale.empty() ? nullptr : scale.data()};
   float* o = out.as<float>();
-  const bool small = UseStreamingKernel(m_rows, w.dtype);
+  const bool small = backend.batch_invariant() || UseStreamingKernel(m_rows, w.dtype);
   const KernelInput xb = InputFor(w.dtype, x.as<float>(), m_rows * k_dim, small);
   const float* xs = xb.f32;
   if (small) {

@@ -2,6 +2,9 @@
 // x86 target by Highway's foreach_target and dispatched at run time.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
+
+#include "common/kv_row.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/simd.cc"
@@ -40,29 +43,46 @@ HWY_INLINE float DotTyped(const float* a, const KT* b, int64_t n) {
 
 float DotImpl(const float* a, const float* b, int64_t n) { return DotTyped(a, b, n); }
 
-// DotImpl's arithmetic per row, so each score is bit-identical to Dot's (f32 rows).
+// DotImpl's arithmetic per row, so each score is bit-identical to Dot's (f32 rows). Rows are
+// `stride` elements apart; int8 rows (common/kv_row.h) carry their scale after the values.
 template <typename KT>
-void DotRowsTyped(const float* q, const KT* k, const int32_t* rows, int64_t count, int64_t d,
-                  float scale, float* scores) {
+void DotRowsTyped(const float* q, const KT* k, int64_t stride, const int32_t* rows, int64_t count,
+                  int64_t d, float scale, float* scores) {
   for (int64_t j = 0; j < count; ++j) {
-    scores[j] = scale * DotTyped(q, k + static_cast<int64_t>(rows[j]) * d, d);
+    const KT* row = k + static_cast<int64_t>(rows[j]) * stride;
+    float s = scale;
+    if constexpr (std::is_same_v<KT, int8_t>) s *= KvRowScale(row, d);
+    scores[j] = s * DotTyped(q, row, d);
   }
 }
 
 void DotRowsImpl(const float* q, const void* k, DType k_dtype, const int32_t* rows, int64_t count,
                  int64_t d, float scale, float* scores) {
+  const int64_t stride = KvRowElems(k_dtype, d);
   if (k_dtype == DType::kF16) {
-    return DotRowsTyped(q, static_cast<const hwy::float16_t*>(k), rows, count, d, scale, scores);
+    return DotRowsTyped(q, static_cast<const hwy::float16_t*>(k), stride, rows, count, d, scale,
+                        scores);
   }
-  DotRowsTyped(q, static_cast<const float*>(k), rows, count, d, scale, scores);
+  if (k_dtype == DType::kI8) {
+    return DotRowsTyped(q, static_cast<const int8_t*>(k), stride, rows, count, d, scale, scores);
+  }
+  DotRowsTyped(q, static_cast<const float*>(k), stride, rows, count, d, scale, scores);
 }
 
 // Accumulates sum_j p[j] * v_row(j) in registers, kChunk vectors of out at a time, adding the
 // rows in order with the same fused multiply-add as AxpyImpl: bit-identical to zeroing out and
 // calling Axpy per row (f32 rows), without a load and store of out per row.
 template <typename VT>
-void WeightedSumRowsTyped(const float* p, const VT* v, const int32_t* rows, int64_t count,
-                          int64_t d, float* out) {
+void WeightedSumRowsTyped(const float* p, const VT* v, int64_t stride, const int32_t* rows,
+                          int64_t count, int64_t d, float* out) {
+  // An int8 row's weight is its probability times its scale.
+  auto weight = [&](int64_t j) {
+    if constexpr (std::is_same_v<VT, int8_t>) {
+      return p[j] * KvRowScale(v + static_cast<int64_t>(rows[j]) * stride, d);
+    } else {
+      return p[j];
+    }
+  };
   const DF df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   constexpr int64_t kChunk = 8;
@@ -72,8 +92,8 @@ void WeightedSumRowsTyped(const float* p, const VT* v, const int32_t* rows, int6
     hn::Vec<DF> acc[kChunk];
     for (int64_t i = 0; i < kChunk; ++i) acc[i] = hn::Zero(df);
     for (int64_t j = 0; j < count; ++j) {
-      const auto pj = hn::Set(df, p[j]);
-      const VT* row = v + static_cast<int64_t>(rows[j]) * d + c0;
+      const auto pj = hn::Set(df, weight(j));
+      const VT* row = v + static_cast<int64_t>(rows[j]) * stride + c0;
       for (int64_t i = 0; i < nv; ++i)
         acc[i] = hn::MulAdd(pj, LoadWidened(df, row + i * lanes), acc[i]);
     }
@@ -81,17 +101,23 @@ void WeightedSumRowsTyped(const float* p, const VT* v, const int32_t* rows, int6
   }
   for (int64_t e = full; e < d; ++e) out[e] = 0.f;
   for (int64_t j = 0; j < count && full < d; ++j) {
-    const VT* row = v + static_cast<int64_t>(rows[j]) * d;
-    for (int64_t e = full; e < d; ++e) out[e] += p[j] * ScalarToFloat(row[e]);
+    const VT* row = v + static_cast<int64_t>(rows[j]) * stride;
+    const float w = weight(j);
+    for (int64_t e = full; e < d; ++e) out[e] += w * ScalarToFloat(row[e]);
   }
 }
 
 void WeightedSumRowsImpl(const float* p, const void* v, DType v_dtype, const int32_t* rows,
                          int64_t count, int64_t d, float* out) {
+  const int64_t stride = KvRowElems(v_dtype, d);
   if (v_dtype == DType::kF16) {
-    return WeightedSumRowsTyped(p, static_cast<const hwy::float16_t*>(v), rows, count, d, out);
+    return WeightedSumRowsTyped(p, static_cast<const hwy::float16_t*>(v), stride, rows, count, d,
+                                out);
   }
-  WeightedSumRowsTyped(p, static_cast<const float*>(v), rows, count, d, out);
+  if (v_dtype == DType::kI8) {
+    return WeightedSumRowsTyped(p, static_cast<const int8_t*>(v), stride, rows, count, d, out);
+  }
+  WeightedSumRowsTyped(p, static_cast<const float*>(v), stride, rows, count, d, out);
 }
 
 void AxpyImpl(float a, const float* x, float* y, int64_t n) {

@@ -13,8 +13,8 @@ namespace deja::kernels::cpu {
 float Dot(const float* a, const float* b, int64_t n);
 // y += a * x
 void Axpy(float a, const float* x, float* y, int64_t n);
-// The attention inner loops in one dispatched call each (rows index d-element rows of k / v,
-// stored f32 or f16 and widened in registers): scores[j] = scale * Dot(q, k + rows[j] * d, d),
+// The attention inner loops in one dispatched call each (rows index the KV rows of k / v,
+// common/kv_row.h: f32, f16 or int8 with its scale, widened in registers): scores[j] = scale * Dot(q, k + rows[j] * d, d),
 // and out[0, d) = sum_j p[j] * v[rows[j] * d ..]; for f32 rows each bit-identical to the per-row
 // Dot / Axpy loop it replaces.
 void DotRows(const float* q, const void* k, DType k_dtype, const int32_t* rows, int64_t count,

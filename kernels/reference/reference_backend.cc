@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/int4.h"
+#include "common/kv_row.h"
 #include "common/vec_math.h"
 #include "kernels/backend.h"
 #include "kernels/op_table.h"
@@ -129,6 +130,13 @@ Status RefAttention(Backend&, const AttentionArgs& a) {
   const KvView& kv = a.kv;
   int64_t d = a.head_dim, width = static_cast<int64_t>(a.heads) * d;
   std::vector<double> p(kv.used);
+  std::vector<float> row(static_cast<size_t>(d));
+  const size_t row_bytes = KvRowBytes(kv.dtype, d);
+  // Slot `at`'s key or value row as f32 (int8 rows times their scale).
+  auto load = [&](const void* base, int64_t at) {
+    KvRowToF32(static_cast<const char*>(base) + at * row_bytes, kv.dtype, d, row.data());
+    return row.data();
+  };
   for (int64_t t = 0; t < a.q.rows(); ++t) {
     for (int64_t h = 0; h < a.heads; ++h) {
       const float* q = a.q.as<float>() + t * width + h * d;
@@ -142,8 +150,8 @@ Status RefAttention(Backend&, const AttentionArgs& a) {
         if (pos < 0 || pos > a.q_pos[t]) continue;
         visible[s] = true;
         double dot = 0;
-        for (int64_t i = 0; i < d; ++i)
-          dot += static_cast<double>(q[i]) * LoadAsFloat(kv.k, kv.dtype, at * d + i);
+        const float* key = load(kv.k, at);
+        for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * key[i];
         dot *= a.scale;
         p[s] = dot;
         max_score = std::max(max_score, dot);
@@ -159,7 +167,8 @@ Status RefAttention(Backend&, const AttentionArgs& a) {
         if (!visible[s]) continue;
         double prob = p[s] / sum;
         const int64_t at = KvSlotIndex(kv, cache_head, s);
-        for (int64_t i = 0; i < d; ++i) acc[i] += prob * LoadAsFloat(kv.v, kv.dtype, at * d + i);
+        const float* value = load(kv.v, at);
+        for (int64_t i = 0; i < d; ++i) acc[i] += prob * value[i];
         if (kv.score != nullptr) kv.score[at] += static_cast<float>(prob);
       }
       for (int64_t i = 0; i < d; ++i) out[i] = static_cast<float>(acc[i]);
@@ -261,15 +270,15 @@ Status KvWrite(Backend&, const KvView& kv, int32_t heads, int32_t head_dim, cons
                const int32_t* positions, int32_t n, TensorView k, TensorView v,
                const float* scores) {
   const int64_t width = static_cast<int64_t>(heads) * head_dim;
-  const size_t es = DTypeSize(kv.dtype);
+  const size_t row_bytes = KvRowBytes(kv.dtype, head_dim);
   for (int32_t h = 0; h < heads; ++h) {
     for (int32_t i = 0; i < n; ++i) {
       const int64_t at = KvSlotIndex(kv, h, slots[static_cast<int64_t>(h) * n + i]);
       const int64_t src = i * width + static_cast<int64_t>(h) * head_dim;
-      ConvertFromF32(k.as<float>() + src, head_dim, kv.dtype,
-                     static_cast<char*>(kv.k) + at * head_dim * es);
-      ConvertFromF32(v.as<float>() + src, head_dim, kv.dtype,
-                     static_cast<char*>(kv.v) + at * head_dim * es);
+      KvRowFromF32(k.as<float>() + src, head_dim, kv.dtype,
+                   static_cast<char*>(kv.k) + at * row_bytes);
+      KvRowFromF32(v.as<float>() + src, head_dim, kv.dtype,
+                   static_cast<char*>(kv.v) + at * row_bytes);
       const_cast<int32_t*>(kv.slot_pos)[at] = positions[i];
       if (kv.score != nullptr) {
         kv.score[at] = scores != nullptr ? scores[static_cast<int64_t>(i) * heads + h] : 0.f;

@@ -151,7 +151,7 @@ TEST(CliTest, BadFlagsNameTheFlag) {
   ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi --log-dir="),
                      "--log-dir needs a directory");
   ExpectCleanFailure(RunDeja("generate --model " + Mini() + " --prompt hi --kv-dtype bf16"),
-                     "--kv-dtype must be auto, f32 or f16, got 'bf16'");
+                     "--kv-dtype must be auto, f32, f16 or int8, got 'bf16'");
   // Enumerated flags list the accepted values from their tables.
   ExpectCleanFailure(RunDeja("serve --model " + Mini() + " --kv-policy lru"),
                      "--kv-policy must be full, window, h2o or locret, got 'lru'");

@@ -30,6 +30,8 @@ using testing::AllBackends;
 using testing::BackendTest;
 using testing::Close;
 using testing::CopyOf;
+using testing::KvDTypes;
+using testing::RandomKvRows;
 using testing::RandomTensor;
 using testing::Runs;
 
@@ -70,8 +72,8 @@ Step MakeStep(std::mt19937& rng, const DecodeCase& c, DType kv_dtype) {
   int32_t total_blocks = 3;  // spare blocks: garbage no sequence owns
   for (int32_t u : c.used) total_blocks += (u + bs - 1) / bs;
   st.pool_slots = total_blocks * st.block_stride;
-  st.k = RandomTensor(rng, kv_dtype, {st.pool_slots, c.head_dim}, -2.f, 2.f);
-  st.v = RandomTensor(rng, kv_dtype, {st.pool_slots, c.head_dim}, -1.f, 1.f);
+  st.k = RandomKvRows(rng, kv_dtype, st.pool_slots, c.head_dim, -2.f, 2.f);
+  st.v = RandomKvRows(rng, kv_dtype, st.pool_slots, c.head_dim, -1.f, 1.f);
   st.score = RandomTensor(rng, DType::kF32, {st.pool_slots}, 0.f, 3.f);
   st.slot_pos = Tensor::Empty(DType::kI32, {st.pool_slots});
   // Garbage positions everywhere (0: a slot every query would see if it were read).
@@ -243,7 +245,7 @@ class CompareDecodeAttention : public BackendTest {};
 
 TEST_P(CompareDecodeAttention, MixedSequencesEqualPerSequenceOps) {
   uint32_t seed = BaseSeed() + 9100;
-  for (DType kv_dtype : {DType::kF32, DType::kF16}) {
+  for (DType kv_dtype : KvDTypes()) {
     if (!Runs(backend(), OpId::kDecodeAttention, kv_dtype)) continue;
     for (const DecodeCase& c : kCases) CheckDecode(backend(), c, kv_dtype, seed++);
   }

@@ -30,6 +30,8 @@ using testing::KvOnBackend;
 using testing::KvToBackend;
 using testing::PagedLayout;
 using testing::RandomPagedLayout;
+using testing::KvDTypes;
+using testing::RandomKvRows;
 using testing::RandomTensor;
 using testing::Runs;
 using testing::Scatter;
@@ -91,8 +93,8 @@ std::string CheckKvWrite(Backend& b, const KvWriteCase& c, DType dtype, int32_t 
   const int64_t cache = static_cast<int64_t>(c.heads) * c.capacity;
   const int64_t width = static_cast<int64_t>(c.heads) * c.head_dim;
   // The old contents: garbage keys and values, positions and scores.
-  Tensor k0 = RandomTensor(rng, dtype, {cache, c.head_dim}, 40.f, 50.f);
-  Tensor v0 = RandomTensor(rng, dtype, {cache, c.head_dim}, 40.f, 50.f);
+  Tensor k0 = RandomKvRows(rng, dtype, cache, c.head_dim, 40.f, 50.f);
+  Tensor v0 = RandomKvRows(rng, dtype, cache, c.head_dim, 40.f, 50.f);
   Tensor pos0 = Tensor::Empty(DType::kI32, {cache});
   for (int64_t i = 0; i < cache; ++i) pos0.as<int32_t>()[i] = static_cast<int32_t>(rng() % 50) - 1;
   Tensor score0 = c.score ? RandomTensor(rng, DType::kF32, {cache}, 0.f, 3.f) : Tensor();
@@ -171,7 +173,7 @@ class CompareKvWrite : public BackendTest {};
 
 TEST_P(CompareKvWrite, Contiguous) {
   uint32_t seed = BaseSeed() + 7000;
-  for (DType dt : {DType::kF32, DType::kF16}) {
+  for (DType dt : KvDTypes()) {
     for (const auto& c : kKvWriteCases) {
       if (!Runs(backend(), OpId::kKvWrite, dt)) continue;
       CheckKvWrite(backend(), c, dt, 0, seed++);
@@ -182,7 +184,7 @@ TEST_P(CompareKvWrite, Contiguous) {
 TEST_P(CompareKvWrite, Paged) {
   uint32_t seed = BaseSeed() + 7100;
   std::string skipped;
-  for (DType dt : {DType::kF32, DType::kF16}) {
+  for (DType dt : KvDTypes()) {
     for (size_t i = 0; i < std::size(kKvWriteCases); ++i) {
       if (!Runs(backend(), OpId::kKvWrite, dt)) continue;
       skipped = CheckKvWrite(backend(), kKvWriteCases[i], dt, kBlockSlots[1 + i % 2], seed++);

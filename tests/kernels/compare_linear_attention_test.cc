@@ -1,7 +1,7 @@
 // Linear and attention of every backend under test against the reference, on fresh seeded random
 // inputs over a grid of shapes (tiny, odd and model-sized; every epilogue; both CPU Linear code
 // paths; slot-mapped caches with holes, unread slots beyond `used` and H2O score accumulation,
-// in f32 and f16). Also the CPU's SIMD targets one by one. Paged caches and long contexts:
+// in f32, f16 and int8). Also the CPU's SIMD targets one by one. Paged caches and long contexts:
 // compare_paged_attention_test.cc.
 #include <gtest/gtest.h>
 
@@ -30,6 +30,8 @@ using testing::ComparedBackends;
 using testing::CopyOf;
 using testing::CpuBackends;
 using testing::LinearTolerance;
+using testing::KvDTypes;
+using testing::RandomKvRows;
 using testing::RandomTensor;
 using testing::Runs;
 using testing::Unsupported;
@@ -232,8 +234,8 @@ void CheckAttention(Backend& b, const AttentionCase& c, uint32_t seed, DType kv)
   const int64_t width = static_cast<int64_t>(c.heads) * c.head_dim;
   const int64_t cache = static_cast<int64_t>(c.heads) * c.capacity;
   Tensor q = RandomTensor(rng, DType::kF32, {c.tokens, width}, -2.f, 2.f);
-  Tensor k = RandomTensor(rng, kv, {cache, c.head_dim}, -2.f, 2.f);
-  Tensor v = RandomTensor(rng, kv, {cache, c.head_dim});
+  Tensor k = RandomKvRows(rng, kv, cache, c.head_dim, -2.f, 2.f);
+  Tensor v = RandomKvRows(rng, kv, cache, c.head_dim);
   Tensor score0 = RandomTensor(rng, DType::kF32, {cache}, 0.f, 3.f);
   // Slots hold a shuffled set of positions with holes (-1), like a cache after evictions; the
   // queries sit at increasing positions, so later tokens see more slots and the first may see
@@ -310,6 +312,12 @@ TEST_P(CompareAttention, F16Cache) {
   DEJA_SKIP_UNLESS_SUPPORTED(backend(), OpId::kAttention, DType::kF16);
   uint32_t seed = 3100;
   for (const auto& c : kAttentionCases) CheckAttention(backend(), c, seed++, DType::kF16);
+}
+
+TEST_P(CompareAttention, I8Cache) {
+  DEJA_SKIP_UNLESS_SUPPORTED(backend(), OpId::kAttention, DType::kI8);
+  uint32_t seed = 3200;
+  for (const auto& c : kAttentionCases) CheckAttention(backend(), c, seed++, DType::kI8);
 }
 
 DEJA_INSTANTIATE_BACKEND_TEST(CompareAttention, ComparedBackends());

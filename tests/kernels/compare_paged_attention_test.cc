@@ -30,6 +30,8 @@ using testing::CopyOf;
 using testing::KvToBackend;
 using testing::PagedLayout;
 using testing::RandomPagedLayout;
+using testing::KvDTypes;
+using testing::RandomKvRows;
 using testing::RandomTensor;
 using testing::Runs;
 using testing::Scatter;
@@ -63,8 +65,8 @@ std::string CheckPagedAttention(Backend& b, const PagedAttentionCase& c, DType k
   const int64_t width = static_cast<int64_t>(c.heads) * c.head_dim;
   const int64_t cache = static_cast<int64_t>(cache_heads) * c.capacity;
   Tensor q = RandomTensor(rng, DType::kF32, {c.tokens, width}, -2.f, 2.f);
-  Tensor k = RandomTensor(rng, kv_dtype, {cache, c.head_dim}, -2.f, 2.f);
-  Tensor v = RandomTensor(rng, kv_dtype, {cache, c.head_dim}, positive_values ? 0.f : -1.f, 1.f);
+  Tensor k = RandomKvRows(rng, kv_dtype, cache, c.head_dim, -2.f, 2.f);
+  Tensor v = RandomKvRows(rng, kv_dtype, cache, c.head_dim, positive_values ? 0.f : -1.f, 1.f);
   Tensor score0 = c.score ? RandomTensor(rng, DType::kF32, {cache}, 0.f, 3.f) : Tensor();
   // Positions 1..used in shuffled slots, a fifth of them holes; slots past `used` hold position
   // 0, which every query would see if they were read.
@@ -172,7 +174,7 @@ class ComparePagedAttention : public BackendTest {};
 TEST_P(ComparePagedAttention, Grid) {
   uint32_t seed = BaseSeed() + 8000;
   int i = 0;
-  for (DType dt : {DType::kF32, DType::kF16}) {
+  for (DType dt : KvDTypes()) {
     if (!Runs(backend(), OpId::kAttention, dt)) continue;
     for (const auto& c : kCases) {
       const std::string skipped =
@@ -187,7 +189,7 @@ TEST_P(ComparePagedAttention, Grid) {
 void CheckLongContext(Backend& b, int32_t block_slots, uint32_t seed) {
   const PagedAttentionCase cases[] = {{2, 64, 70003, 70000, 1, 0, true},
                                       {2, 64, 70003, 70000, 3, 3, true}};
-  for (DType dt : {DType::kF32, DType::kF16}) {
+  for (DType dt : KvDTypes()) {
     if (!Runs(b, OpId::kAttention, dt)) continue;
     for (const auto& c : cases) {
       const std::string skipped =

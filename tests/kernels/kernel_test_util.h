@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/kv_row.h"
 #include "common/tensor.h"
 #include "kernels/backend.h"
 
@@ -175,6 +176,27 @@ inline Tensor RandomTensor(std::mt19937& rng, DType dtype, Shape shape, float lo
   std::uniform_real_distribution<float> dist(lo, hi);
   for (int64_t i = 0; i < t.numel(); ++i) StoreFromFloat(t.data(), dtype, i, dist(rng));
   return t;
+}
+
+// A KV cache of `rows` rows of head_dim (common/kv_row.h) holding uniform values in [lo, hi)
+// rounded to `dtype`: [rows, head_dim] for f32 and f16, int8 rows with their scales
+// [rows, head_dim + 4] for int8.
+inline Tensor RandomKvRows(std::mt19937& rng, DType dtype, int64_t rows, int64_t head_dim,
+                           float lo = -1.f, float hi = 1.f) {
+  if (dtype != DType::kI8) return RandomTensor(rng, dtype, {rows, head_dim}, lo, hi);
+  Tensor x = RandomTensor(rng, DType::kF32, {rows, head_dim}, lo, hi);
+  Tensor t = Tensor::Empty(DType::kI8, {rows, KvRowElems(DType::kI8, head_dim)});
+  for (int64_t r = 0; r < rows; ++r) {
+    KvRowFromF32(x.as<float>() + r * head_dim, head_dim, DType::kI8,
+                 t.as<int8_t>() + r * KvRowElems(DType::kI8, head_dim));
+  }
+  return t;
+}
+
+// The KV cache dtypes the comparison tests cover.
+inline const std::vector<DType>& KvDTypes() {
+  static const std::vector<DType> kTypes = {DType::kF32, DType::kF16, DType::kI8};
+  return kTypes;
 }
 
 inline Tensor CopyOf(const Tensor& t) {

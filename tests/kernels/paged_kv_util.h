@@ -115,8 +115,8 @@ inline KvView ViewOf(const KvOnBackend& t, int32_t capacity, int32_t used, DType
     return static_cast<char*>(x.data()) +
            offset * per_slot * static_cast<int64_t>(DTypeSize(x.dtype()));
   };
-  kv.k = at(t.k, head_dim);
-  kv.v = at(t.v, head_dim);
+  kv.k = at(t.k, KvRowElems(dtype, head_dim));
+  kv.v = at(t.v, KvRowElems(dtype, head_dim));
   kv.slot_pos = static_cast<const int32_t*>(at(t.slot_pos, 1));
   kv.score = static_cast<float*>(at(t.score, 1));
   if (paged != nullptr) {

@@ -8,7 +8,7 @@
 // the prefix cache off, to a second server of the same flags and a prefill budget of 8192: the
 // same status, tokens and text, log-probabilities within 1e-5. A cancelled request's tokens are a
 // prefix of its reference's; no other request fails. Then one round each with int8 and int4
-// weights (DifferentialDtypeTest).
+// weights and with an int8 KV cache (DifferentialDtypeTest).
 //   DEJA_TEST_SEED=N replays one seed; DEJA_DIFFERENTIAL_REQUESTS=N (default 48) sets how many
 //   requests a round sends; DEJA_DIFFERENTIAL_SECONDS=S runs rounds (seeds N, N+1, ...) until S
 //   seconds have passed and then holds the loaded server's resident memory (coordinator and
@@ -67,7 +67,8 @@ int RequestsPerRound() {
 
 // The servers' flags; `dtype` (int8, int4) sets --dtype, else the default (bf16 here).
 std::vector<std::string> DifferentialArgs(const std::string& max_prefill,
-                                          const std::string& dtype = "") {
+                                          const std::string& dtype = "",
+                                          const std::string& kv_dtype = "") {
   // A small host tier: what the cache may hold is reached early, so resident memory stays flat.
   std::vector<std::string> extra = {"--kv-memory-mb", "64", "--prefix-cache-host-mb", "4",
                                     "--max-prefill-tokens", max_prefill,
@@ -76,6 +77,10 @@ std::vector<std::string> DifferentialArgs(const std::string& max_prefill,
   if (!dtype.empty()) {
     extra.push_back("--dtype");
     extra.push_back(dtype);
+  }
+  if (!kv_dtype.empty()) {
+    extra.push_back("--kv-dtype");
+    extra.push_back(kv_dtype);
   }
   const std::string predictors = ModelDir() + "/predictors.safetensors";
   // Deja Vu's gathers read no int4: an int4 server runs without predictors.
@@ -358,27 +363,45 @@ TEST_F(DifferentialTest, AnswersDoNotDependOnWhatElseRuns) {
   EXPECT_EQ(Health(loaded_->channel(), ""), kServing);
 }
 
-// The same over reduced-precision weights, one round of 24 requests each: int8 (on AVX512-VNNI
-// each token's activations quantized to int8 in every step) and int4 (always quantized). A
-// kernel that chose its arithmetic by the step's row count would fail here.
-class DifferentialDtypeTest : public ::testing::TestWithParam<std::string> {};
+// The same over reduced precision, one round of 24 requests each: int8 weights (on AVX512-VNNI
+// each token's activations quantized to int8 in every step), int4 weights (always quantized),
+// and an int8 KV cache over f16 and over bf16 weights (rows quantized per token and head as they
+// are written, so a key's f32 value must not depend on which step or chunk computed it: the
+// model makes its Linears and attention batch-invariant; cached prefixes, evictions and
+// compactions move rows with their scales). A kernel that chose its arithmetic by the step's row
+// count would fail here.
+struct DtypeRound {
+  const char* name;
+  const char* dtype;     // --dtype, or "" for the checkpoint's
+  const char* kv_dtype;  // --kv-dtype, or "" for f32
+};
+class DifferentialDtypeTest : public ::testing::TestWithParam<DtypeRound> {};
 
 TEST_P(DifferentialDtypeTest, AnswersDoNotDependOnWhatElseRuns) {
-  const std::string dtype = GetParam();
-  Server loaded("differential_loaded_" + dtype, DifferentialArgs("16", dtype));
-  Server alone("differential_alone_" + dtype, DifferentialArgs("8192", dtype));
+  const DtypeRound& r = GetParam();
+  Server loaded(std::string("differential_loaded_") + r.name,
+                DifferentialArgs("16", r.dtype, r.kv_dtype));
+  Server alone(std::string("differential_alone_") + r.name,
+               DifferentialArgs("8192", r.dtype, r.kv_dtype));
   for (Server* s : {&loaded, &alone}) {
     ASSERT_TRUE(s->WaitListening()) << s->Log();
     ASSERT_TRUE(WaitHealth(s->channel(), kServing)) << s->Log();
   }
   const v1::ModelInfo info = ModelInfoOf(alone.stub());
-  EXPECT_EQ(info.dtype(), dtype);
+  if (*r.dtype != '\0' && std::string(r.dtype) != "bf16") EXPECT_EQ(info.dtype(), r.dtype);
+  if (*r.kv_dtype != '\0') EXPECT_EQ(info.kv_dtype(), r.kv_dtype);
   EXPECT_GT(RunRound(loaded, alone, info, Seed(), 24), 0);
   EXPECT_EQ(Health(loaded.channel(), ""), kServing);
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, DifferentialDtypeTest, ::testing::Values("int8", "int4"),
-                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+INSTANTIATE_TEST_SUITE_P(Dtypes, DifferentialDtypeTest,
+                         ::testing::Values(DtypeRound{"int8", "int8", ""},
+                                           DtypeRound{"int4", "int4", ""},
+                                           DtypeRound{"kv_int8", "", "int8"},
+                                           DtypeRound{"kv_int8_bf16", "bf16", "int8"}),
+                         [](const ::testing::TestParamInfo<DtypeRound>& p) {
+                           return std::string(p.param.name);
+                         });
 
 }  // namespace
 }  // namespace deja::serving_test

@@ -107,7 +107,7 @@ StatusOr<std::unique_ptr<SequenceKv>> SequenceKv::Create(const KvGeometry& g, in
   if (g.layers <= 0 || g.heads <= 0 || g.head_dim <= 0 || capacity <= 0) {
     return InvalidArgument("kv cache geometry and capacity must be positive");
   }
-  if (g.kv_dtype != DType::kF32 && g.kv_dtype != DType::kF16) {
+  if (!IsKvDType(g.kv_dtype)) {
     return InvalidArgument(std::string("kv cache dtype must be f32 or f16, not ") +
                            DTypeName(g.kv_dtype));
   }
@@ -143,8 +143,9 @@ Status SequenceKv::Allocate() {
     KvTensorPool& pool = KvTensorPool::Get();
     for (int32_t l = 0; l < g.layers; ++l) {
       // Slots are read only once written (slot_pos), so recycled K and V need no clearing.
-      k_.push_back(pool.Take(g.kv_dtype, {g.heads, capacity_, g.head_dim}));
-      v_.push_back(pool.Take(g.kv_dtype, {g.heads, capacity_, g.head_dim}));
+      const int64_t row = KvRowElems(g.kv_dtype, g.head_dim);
+      k_.push_back(pool.Take(g.kv_dtype, {g.heads, capacity_, row}));
+      v_.push_back(pool.Take(g.kv_dtype, {g.heads, capacity_, row}));
       score_.push_back(pool.Take(DType::kF32, {g.heads, capacity_}));
       std::memset(score_.back().data(), 0, score_.back().bytes());
     }
@@ -363,15 +364,15 @@ Status SequenceKv::WriteLayer(int32_t layer, int32_t n, const float* k, const fl
   const int32_t hd = geometry_.head_dim;
   const int64_t row = static_cast<int64_t>(geometry_.heads) * hd;
   const DType dt = geometry_.kv_dtype;
-  const size_t es = DTypeSize(dt);
+  const size_t row_bytes = geometry_.RowBytes();
   char* kc = static_cast<char*>(k_[layer].data());
   char* vc = static_cast<char*>(v_[layer].data());
   for (int32_t h = 0; h < geometry_.heads; ++h) {
     const int32_t* slots = new_slots_.data() + HeadIndex(layer, h) * last_n_;
     for (int32_t i = 0; i < n; ++i) {
-      const int64_t dst = (static_cast<int64_t>(h) * capacity_ + slots[i]) * hd;
-      ConvertFromF32(k + i * row + h * hd, hd, dt, kc + dst * es);
-      ConvertFromF32(v + i * row + h * hd, hd, dt, vc + dst * es);
+      const int64_t dst = static_cast<int64_t>(h) * capacity_ + slots[i];
+      KvRowFromF32(k + i * row + h * hd, hd, dt, kc + dst * row_bytes);
+      KvRowFromF32(v + i * row + h * hd, hd, dt, vc + dst * row_bytes);
     }
   }
   if (scores != nullptr && policy_->needs_scores()) {
@@ -492,7 +493,7 @@ Status SequenceKv::Resize(int32_t capacity) {
   capacity_ = capacity;
   DEJA_RETURN_IF_ERROR(Allocate());
   slot_pos_.assign(static_cast<size_t>(g.layers) * g.heads * capacity, -1);
-  const size_t row = g.head_dim * DTypeSize(g.kv_dtype);
+  const size_t row = g.RowBytes();
   for (int32_t l = 0; l < g.layers; ++l) {
     int32_t used = 0;
     for (int32_t h = 0; h < g.heads; ++h) {
@@ -527,7 +528,7 @@ Status SequenceKv::Resize(int32_t capacity) {
 Status SequenceKv::CompactPooled(int32_t capacity) {
   DEJA_RETURN_IF_ERROR(FetchVictims());
   const KvGeometry& g = geometry_;
-  const size_t row = static_cast<size_t>(g.head_dim) * DTypeSize(g.kv_dtype);
+  const size_t row = g.RowBytes();
   std::vector<int32_t> table(static_cast<size_t>(g.layers) * g.heads * capacity, -1);
   int32_t most = 0;
   for (int32_t l = 0; l < g.layers; ++l) {

@@ -1,5 +1,5 @@
 // Per-sequence KV cache storage (docs/architecture.md#kv-cache): for each layer and each local
-// head, `capacity` slots of key and value (f32, or f16 for half the bytes), a slot -> position
+// head, `capacity` slots of key and value (rows of f32, f16 or int8: common/kv_row.h), a slot -> position
 // table and an accumulated attention score per slot. Slots are reused in place (a free list per
 // head), never compacted during a step. The eviction policy plans which slots go; this class
 // applies the plan. With the full policy, slot == position.
@@ -18,6 +18,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/kv_row.h"
 #include "common/status.h"
 #include "common/tensor.h"
 #include "kernels/backend.h"
@@ -31,12 +32,13 @@ struct KvGeometry {
   int32_t layers = 0;
   int32_t heads = 0;  // heads held by this rank
   int32_t head_dim = 0;
-  DType kv_dtype = DType::kF32;  // how K and V are stored: f32 or f16
+  DType kv_dtype = DType::kF32;  // how K and V are stored: f32, f16 or int8 (common/kv_row.h)
 
+  // Bytes of one K (or V) row of one head.
+  size_t RowBytes() const { return KvRowBytes(kv_dtype, head_dim); }
   // Bytes one slot of one head costs across all layers (K, V, score, position).
   size_t SlotBytes() const {
-    return static_cast<size_t>(layers) * heads *
-           (2 * head_dim * DTypeSize(kv_dtype) + sizeof(float) + 4);
+    return static_cast<size_t>(layers) * heads * (2 * RowBytes() + sizeof(float) + 4);
   }
 };
 
@@ -189,7 +191,7 @@ class SequenceKv {
   int32_t important_prefix_ = 0;
   std::unique_ptr<PrefixLoader> loader_;
   std::vector<bool> important_pending_;
-  std::vector<Tensor> k_, v_;               // per layer: [heads, capacity, head_dim]
+  std::vector<Tensor> k_, v_;               // per layer: [heads, capacity, row elements]
   std::vector<Tensor> score_;               // per layer: [heads, capacity]
   std::vector<int32_t> slot_pos_;           // [layers, heads, capacity]
   std::vector<int32_t> used_;               // per layer: slots [0, used) may be occupied

@@ -10,7 +10,7 @@ namespace deja::worker::kv {
 
 int64_t KvBlockPool::BlockBytes(const KvGeometry& g, int32_t block_slots) {
   return static_cast<int64_t>(g.layers) * g.heads * block_slots *
-         (2 * g.head_dim * static_cast<int64_t>(DTypeSize(g.kv_dtype)) + 8);
+         (2 * static_cast<int64_t>(g.RowBytes()) + 8);
 }
 
 StatusOr<std::shared_ptr<KvBlockPool>> KvBlockPool::Create(kernels::Backend* backend,
@@ -46,8 +46,9 @@ StatusOr<std::shared_ptr<KvBlockPool>> KvBlockPool::Create(kernels::Backend* bac
                              " blocks (" + std::to_string(p->block_bytes_ * blocks >> 20) +
                              " MiB) on " + backend->device().ToString() + ": " + st.ToString());
   };
-  for (auto [t, dtype, cols] : {std::tuple{&p->k_, g.kv_dtype, int64_t{g.head_dim}},
-                                std::tuple{&p->v_, g.kv_dtype, int64_t{g.head_dim}},
+  const int64_t row = KvRowElems(g.kv_dtype, g.head_dim);
+  for (auto [t, dtype, cols] : {std::tuple{&p->k_, g.kv_dtype, row},
+                                std::tuple{&p->v_, g.kv_dtype, row},
                                 std::tuple{&p->score_, DType::kF32, int64_t{1}},
                                 std::tuple{&p->pos_, DType::kI32, int64_t{1}}}) {
     StatusOr<Tensor> a = backend->Allocate(dtype, Shape{slots, cols});
@@ -113,7 +114,7 @@ int32_t KvBlockPool::holders(int32_t block) const {
 }
 
 std::vector<std::pair<char*, int64_t>> KvBlockPool::Parts(int32_t block) const {
-  const int64_t kv_row = static_cast<int64_t>(head_dim_) * DTypeSize(kv_dtype_);
+  const int64_t kv_row = SlotBytes(0);
   const int64_t b = block;
   return {{static_cast<char*>(k_.data()) + b * block_stride_ * kv_row, block_stride_ * kv_row},
           {static_cast<char*>(v_.data()) + b * block_stride_ * kv_row, block_stride_ * kv_row},
@@ -149,7 +150,7 @@ Status KvBlockPool::CopyBlock(int32_t from, int32_t to) {
 }
 
 int64_t KvBlockPool::SlotBytes(int32_t part) const {
-  return part < 2 ? static_cast<int64_t>(head_dim_) * DTypeSize(kv_dtype_) : 4;
+  return part < 2 ? static_cast<int64_t>(KvRowBytes(kv_dtype_, head_dim_)) : 4;
 }
 
 int64_t KvBlockPool::PartOffset(int32_t part, int32_t layer, int32_t head, int32_t slot) const {
@@ -191,10 +192,10 @@ Status KvBlockPool::WriteRanges(int32_t block, const std::vector<std::pair<size_
 
 kernels::KvView KvBlockPool::LayerView(int32_t layer) const {
   const int64_t offset = static_cast<int64_t>(layer) * heads_ * block_slots_;  // slots
-  const size_t es = DTypeSize(kv_dtype_);
+  const int64_t row_bytes = SlotBytes(0);
   kernels::KvView v;
-  v.k = static_cast<char*>(k_.data()) + offset * head_dim_ * es;
-  v.v = static_cast<char*>(v_.data()) + offset * head_dim_ * es;
+  v.k = static_cast<char*>(k_.data()) + offset * row_bytes;
+  v.v = static_cast<char*>(v_.data()) + offset * row_bytes;
   v.slot_pos = pos_.as<int32_t>() + offset;
   v.score = score_.as<float>() + offset;
   v.dtype = kv_dtype_;

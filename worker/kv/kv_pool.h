@@ -3,7 +3,7 @@
 // slots for every (layer, head). A sequence takes blocks as its slots grow and gives them back
 // when it ends, so it holds the memory it has used rather than its maximum length. Blocks are
 // laid out
-//   k, v:            [block][layer][head][block_slots][head_dim]  (kv_dtype)
+//   k, v:            [block][layer][head][block_slots][row]  (kv_dtype rows: common/kv_row.h)
 //   score, slot_pos: [block][layer][head][block_slots]            (f32, int32)
 // so one block table per sequence serves every layer and head (kernels/op_table.h KvSlotIndex).
 // The host keeps only the free list; the parts are touched by the backend's ops alone.

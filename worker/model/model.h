@@ -85,8 +85,9 @@ struct LoadOptions {
   // relative error above which a matrix stays int8 (`--int4-max-error`).
   int32_t int4_group = 128;
   double int4_max_error = 0.15;
-  // How every sequence's KV cache stores K and V: f32, or f16 (half the bytes per cached token,
-  // so twice the sequences in the same memory; attention widens in registers). `--kv-dtype`.
+  // How every sequence's KV cache stores K and V: f32; f16 (half the bytes per cached token, so
+  // twice the sequences in the same memory; attention widens in registers); or, on the CPU,
+  // int8 with a scale per token and head (common/kv_row.h). `--kv-dtype`.
   DType kv_dtype = DType::kF32;
   // Device backends: the KV pool's size, `--kv-memory-mb` when > 0, else this fraction of the
   // device memory free after the weights (`--kv-memory-fraction`), in blocks of kv_block_slots

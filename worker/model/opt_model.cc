@@ -82,11 +82,15 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
   // int4 matrices are tiled already; the int8 ones beside them tile as int8 does.
   DType matrices = m->w_.layers.empty() ? DType::kF32 : m->w_.layers[0].fc1.w.dtype;
   if (matrices == DType::kI4) matrices = DType::kI8;
-  // int4 and int8 Linears quantize activations (int8 on CPUs with AVX512-VNNI; every backend
-  // keeps the attention per query then, which costs the CPU's prefill its GEMM path): a token's
-  // attention must be the same bits whatever else its step holds.
+  // int4 and int8 Linears quantize activations (int8 on CPUs with AVX512-VNNI), and an int8 KV
+  // cache quantizes K and V: every backend keeps the attention per query then (which costs the
+  // CPU's prefill its GEMM path), as a token's attention must be the same bits whatever else its
+  // step holds, or a last-bit difference moves a quantization step.
   m->kv_attention_.set_per_query(m->weight_dtype() == DType::kI4 ||
-                                 m->weight_dtype() == DType::kI8);
+                                 m->weight_dtype() == DType::kI8 || m->kv_dtype_ == DType::kI8);
+  // And the Linears that produce K and V (f16 and f32 row-major weights choose their kernel by
+  // the row count; every other weight's kernel is invariant already).
+  if (m->kv_dtype_ == DType::kI8) backend->set_batch_invariant(true);
   if (!m->on_device_ && backend->PrefersTiled(matrices)) {
     TileMatrices(&m->w_);
   }

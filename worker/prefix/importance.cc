@@ -6,6 +6,7 @@
 #include <numeric>
 #include <string>
 
+#include "common/kv_row.h"
 #include "common/vec_math.h"
 
 namespace deja::worker::prefix {
@@ -51,7 +52,7 @@ StatusOr<LayerChoice> ChooseImportant(const kernels::KvView& kv, int32_t prefix,
   if (prefix <= 0) return out;
   const int32_t k = std::clamp(
       static_cast<int32_t>(std::lround(o.kept_fraction * static_cast<double>(prefix))), 1, prefix);
-  const size_t es = DTypeSize(kv.dtype);
+  const size_t row_bytes = KvRowBytes(kv.dtype, head_dim);
   // Keys transposed ([head_dim][prefix]) so that a query's logits are axpy's over the prefix,
   // which vectorize; exps through vec_math.
   std::vector<float> row(static_cast<size_t>(head_dim));
@@ -62,8 +63,7 @@ StatusOr<LayerChoice> ChooseImportant(const kernels::KvView& kv, int32_t prefix,
   for (int32_t h : o.probe_heads) {
     for (int32_t s = 0; s < prefix; ++s) {
       const int64_t at = kernels::KvSlotIndex(kv, h, s);
-      ConvertToF32(static_cast<const char*>(kv.k) + at * head_dim * es, kv.dtype, head_dim,
-                   row.data(), false);
+      KvRowToF32(static_cast<const char*>(kv.k) + at * row_bytes, kv.dtype, head_dim, row.data());
       for (int32_t d = 0; d < head_dim; ++d) key_t[static_cast<size_t>(d) * prefix + s] = row[d];
     }
     std::fill(importance.begin(), importance.end(), 0.f);

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The int8 KV cache against f16 on the OPT-1.3B shape: decode after a long prompt (768 tokens by
+# default) at batch 1 and 16, the two caches alternating run by run so both see the same host
+# state. Prints each run's figures and the medians of f16 / int8 step times from adjacent pairs
+# (> 1: int8 faster). Quality: `python3 bench/precision_quality.py --only "f16 KV,int8 KV"`
+# (held-out perplexity and greedy agreement on the trained fixture).
+#   bash bench/kv_int8.sh [pairs (3)] [--dtype D (int8)] [extra bench decode flags...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PAIRS=${1:-3}
+shift $(($# < 1 ? $# : 1))
+DTYPE=int8
+if [ "${1:-}" = --dtype ]; then DTYPE=$2; shift 2; fi
+DEJA=build/release/cli/deja
+BIG=build/models/opt-1.3b-random
+[ -f $BIG/config.json ] || python3 tools/checkpoints/make_random_opt.py --shape 1.3b --out $BIG
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+echo "host: $(nproc) threads, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "weights --dtype $DTYPE; bench decode --prompt-tokens 768 --batches 1,16 $*"
+for i in $(seq "$PAIRS"); do
+  for kv in f16 int8; do
+    "$DEJA" bench decode --model $BIG --dtype "$DTYPE" --kv-dtype $kv --prompt-tokens 768 \
+      --decode-steps 16 --batches 1,16 --prefill-tokens 64 --json "$@" 2>/dev/null |
+      tail -1 >"$OUT/$kv-$i.json"
+  done
+done
+python3 - "$OUT" "$PAIRS" <<'PY'
+import json, statistics, sys
+out, pairs = sys.argv[1], int(sys.argv[2])
+def figures(path):
+    j = json.load(open(path))
+    return {"batch%d_ms_per_step" % d["batch"]: d["ms_per_step"] for d in j["decode"]}
+ratios = {}
+for i in range(1, pairs + 1):
+    f16, i8 = figures(f"{out}/f16-{i}.json"), figures(f"{out}/int8-{i}.json")
+    print(json.dumps({"pair": i, "f16": {k: round(v, 2) for k, v in f16.items()},
+                      "int8": {k: round(v, 2) for k, v in i8.items()}}))
+    for k in f16:
+        ratios.setdefault(k, []).append(f16[k] / i8[k])
+print(json.dumps({"median_f16_over_int8": {k: round(statistics.median(v), 3)
+                                           for k, v in ratios.items()},
+                  "range": {k: [round(min(v), 3), round(max(v), 3)] for k, v in ratios.items()}}))
+PY
