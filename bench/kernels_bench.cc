@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/kv_row.h"
 #include "common/quantize.h"
 #include "common/tensor.h"
 #include "common/thread_pool.h"
@@ -44,6 +45,18 @@ Tensor Random(DType dtype, Shape shape, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
   for (int64_t i = 0; i < t.numel(); ++i) StoreFromFloat(t.data(), dtype, i, dist(rng));
+  return t;
+}
+
+// `rows` KV rows of head_dim (common/kv_row.h) holding random values of [-1, 1).
+Tensor RandomKv(DType dtype, int64_t rows, int64_t head_dim, uint32_t seed) {
+  if (dtype != DType::kI8) return Random(dtype, {rows, head_dim}, seed);
+  Tensor x = Random(DType::kF32, {rows, head_dim}, seed);
+  const int64_t row = KvRowElems(dtype, head_dim);
+  Tensor t = Tensor::Empty(dtype, {rows, row});
+  for (int64_t r = 0; r < rows; ++r) {
+    KvRowFromF32(x.as<float>() + r * head_dim, head_dim, dtype, t.as<int8_t>() + r * row);
+  }
   return t;
 }
 
@@ -267,7 +280,7 @@ void BM_AttentionDecode(benchmark::State& state) {
   const bool h2o = state.range(3) != 0;
   constexpr int64_t kHeads = 8, kBatch = 32;
   Backend& cpu = Cpu();
-  const int64_t seq_bytes = 2 * kHeads * slots * hd * static_cast<int64_t>(DTypeSize(kv_dtype));
+  const int64_t seq_bytes = 2 * kHeads * slots * static_cast<int64_t>(KvRowBytes(kv_dtype, hd));
   const int64_t seqs =
       kBatch * std::max<int64_t>(1, ((int64_t{128} << 20) / seq_bytes + kBatch - 1) / kBatch);
   struct Seq {
@@ -275,8 +288,8 @@ void BM_AttentionDecode(benchmark::State& state) {
   };
   std::vector<Seq> cache;
   for (int64_t i = 0; i < seqs; ++i) {
-    cache.push_back({Random(kv_dtype, {kHeads * slots, hd}, 200 + 2 * i),
-                     Random(kv_dtype, {kHeads * slots, hd}, 201 + 2 * i),
+    cache.push_back({RandomKv(kv_dtype, kHeads * slots, hd, 200 + 2 * i),
+                     RandomKv(kv_dtype, kHeads * slots, hd, 201 + 2 * i),
                      Tensor::Zeros(DType::kF32, {kHeads, slots})});
   }
   // Slots in a shuffled position order, as an H2O cache holds them after evictions.
@@ -330,11 +343,12 @@ void BM_AttentionDecode(benchmark::State& state) {
 }
 
 // opt-mini's heads (32) at the h2o 20% budget (205 slots) and a full 1024-token cache; OPT-1.3B's
-// (64) and OPT-6.7B's and larger (128).
+// (64) and OPT-6.7B's and larger (128). Then the full policy's decode after a 768-token prompt
+// at OPT-1.3B's head size, each KV dtype.
 BENCHMARK(BM_AttentionDecode)
     ->ArgNames({"head_dim", "slots", "kv_dtype", "h2o"})
-    ->ArgsProduct({{32, 64, 128}, {205, 1024}, {kF16, kF32}, {1}})
-    ->Args({64, 1024, kF16, 0})
+    ->ArgsProduct({{32, 64, 128}, {205, 1024}, {kF16, kF32, kI8}, {1}})
+    ->ArgsProduct({{64}, {768}, {kF32, kF16, kI8}, {0}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

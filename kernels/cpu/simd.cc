@@ -11,6 +11,7 @@
 // foreach_target must precede highway.h and the -inl headers.
 // clang-format off
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "kernels/cpu/simd.h"
@@ -43,12 +44,37 @@ HWY_INLINE float DotTyped(const float* a, const KT* b, int64_t n) {
 
 float DotImpl(const float* a, const float* b, int64_t n) { return DotTyped(a, b, n); }
 
+// Rows about this many bytes ahead of the one being read are prefetched: a row costs few
+// instructions (fewer bytes still for f16 and int8), so the out-of-order window alone keeps too
+// few misses in flight to reach the memory's bandwidth (decode at 768 slots, head size 64: int8
+// 0.57 of the bandwidth floor without, 0.79 with; f16 0.72 and 0.86).
+constexpr int64_t kPrefetchBytes = 6144;
+
+HWY_INLINE int64_t RowsAhead(int64_t row_bytes) {
+  return std::clamp<int64_t>(kPrefetchBytes / std::max<int64_t>(1, row_bytes), 8, 128);
+}
+
+template <typename T>
+HWY_INLINE void PrefetchRow(const T* base, int64_t stride, const int32_t* rows, int64_t j,
+                            int64_t count, int64_t row_bytes, int64_t ahead) {
+  if (j + ahead >= count) return;
+  // Each cache line the row touches, once.
+  const uintptr_t first = reinterpret_cast<uintptr_t>(
+      base + static_cast<int64_t>(rows[j + ahead]) * stride);
+  for (uintptr_t line = first & ~uintptr_t{63}; line < first + row_bytes; line += 64) {
+    hwy::Prefetch(reinterpret_cast<const char*>(line));
+  }
+}
+
 // DotImpl's arithmetic per row, so each score is bit-identical to Dot's (f32 rows). Rows are
 // `stride` elements apart; int8 rows (common/kv_row.h) carry their scale after the values.
 template <typename KT>
 void DotRowsTyped(const float* q, const KT* k, int64_t stride, const int32_t* rows, int64_t count,
                   int64_t d, float scale, float* scores) {
+  const int64_t row_bytes = stride * static_cast<int64_t>(sizeof(KT));
+  const int64_t ahead = RowsAhead(row_bytes);
   for (int64_t j = 0; j < count; ++j) {
+    PrefetchRow(k, stride, rows, j, count, row_bytes, ahead);
     const KT* row = k + static_cast<int64_t>(rows[j]) * stride;
     float s = scale;
     if constexpr (std::is_same_v<KT, int8_t>) s *= KvRowScale(row, d);
@@ -87,11 +113,14 @@ void WeightedSumRowsTyped(const float* p, const VT* v, int64_t stride, const int
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   constexpr int64_t kChunk = 8;
   const int64_t full = d / lanes * lanes;
+  const int64_t row_bytes = stride * static_cast<int64_t>(sizeof(VT));
+  const int64_t ahead = RowsAhead(row_bytes);
   for (int64_t c0 = 0; c0 < full; c0 += kChunk * lanes) {
     const int64_t nv = std::min<int64_t>(kChunk, (full - c0) / lanes);
     hn::Vec<DF> acc[kChunk];
     for (int64_t i = 0; i < kChunk; ++i) acc[i] = hn::Zero(df);
     for (int64_t j = 0; j < count; ++j) {
+      if (c0 == 0) PrefetchRow(v, stride, rows, j, count, row_bytes, ahead);
       const auto pj = hn::Set(df, weight(j));
       const VT* row = v + static_cast<int64_t>(rows[j]) * stride + c0;
       for (int64_t i = 0; i < nv; ++i)
