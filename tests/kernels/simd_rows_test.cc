@@ -1,8 +1,8 @@
 // The attention inner loops of the CPU backend (kernels/cpu/simd.h): DotRows and WeightedSumRows
 // against a plain double-precision reference (relative error <= 1e-5) and bit for bit against the
 // per-row Dot / Axpy loops they replace, on fresh seeded random inputs over head sizes that hit
-// every vector-chunk and tail case and over row counts including 0 and 1; and the H2O eviction's
-// lowest-score search against a plain loop.
+// every vector-chunk and tail case and over row counts including 0 and 1; f16 and int8 rows; and
+// the H2O eviction's lowest-score search against a plain loop.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "common/kv_row.h"
 #include "kernels/cpu/simd.h"
 
 namespace deja::kernels::cpu {
@@ -107,6 +108,52 @@ TEST(SimdRows, F16RowsMatchWidenedF32Rows) {
     }
     for (int64_t e = 0; e < d; ++e) {
       EXPECT_NEAR(o16[e], o32[e], 1e-6 * std::max(1.f, std::fabs(o32[e]))) << "d=" << d;
+    }
+  }
+}
+
+// int8 rows (the int8 KV cache, common/kv_row.h: head_dim values, then the row's scale; rows
+// d + 4 bytes apart) against a double-precision loop over the dequantized rows, over head sizes
+// that hit every chunk and tail and row counts past the prefetch distance.
+TEST(SimdRows, Int8RowsMatchTheirDequantizedValues) {
+  std::mt19937 rng(12);
+  for (int64_t d : {1, 15, 16, 17, 64, 80, 130}) {
+    for (int64_t count : {0, 1, 23, 300}) {
+      SCOPED_TRACE("d " + std::to_string(d) + " count " + std::to_string(count));
+      Rows r = MakeRows(d, count + 5, count, rng);
+      const int64_t pool = count + 5;
+      const size_t row = KvRowBytes(DType::kI8, d);
+      std::vector<char> k8(pool * row), v8(pool * row);
+      std::vector<float> kd(pool * d), vd(pool * d);
+      for (int64_t i = 0; i < pool; ++i) {
+        // Rows of different magnitudes, so each scale matters.
+        for (int64_t e = 0; e < d; ++e) r.v[i * d + e] *= 1.f + static_cast<float>(i % 7);
+        KvRowFromF32(r.k.data() + i * d, d, DType::kI8, k8.data() + i * row);
+        KvRowFromF32(r.v.data() + i * d, d, DType::kI8, v8.data() + i * row);
+        KvRowToF32(k8.data() + i * row, DType::kI8, d, kd.data() + i * d);
+        KvRowToF32(v8.data() + i * row, DType::kI8, d, vd.data() + i * d);
+      }
+      std::vector<float> scores(count + 1, -1.f), out(d + 1, 7.f);
+      DotRows(r.q.data(), k8.data(), DType::kI8, r.rows.data(), count, d, 0.5f, scores.data());
+      WeightedSumRows(r.p.data(), v8.data(), DType::kI8, r.rows.data(), count, d, out.data());
+      EXPECT_EQ(scores[count], -1.f) << "wrote past count";
+      EXPECT_EQ(out[d], 7.f) << "wrote past d";
+      for (int64_t j = 0; j < count; ++j) {
+        double ref = 0, mag = 0;
+        for (int64_t e = 0; e < d; ++e) {
+          ref += double(r.q[e]) * kd[r.rows[j] * d + e];
+          mag += std::fabs(double(r.q[e]) * kd[r.rows[j] * d + e]);
+        }
+        EXPECT_NEAR(scores[j], 0.5 * ref, 1e-5 * std::max(1.0, mag)) << "row " << j;
+      }
+      for (int64_t e = 0; e < d; ++e) {
+        double ref = 0, mag = 0;
+        for (int64_t j = 0; j < count; ++j) {
+          ref += double(r.p[j]) * vd[r.rows[j] * d + e];
+          mag += std::fabs(double(r.p[j]) * vd[r.rows[j] * d + e]);
+        }
+        EXPECT_NEAR(out[e], ref, 1e-5 * std::max(1.0, mag)) << "element " << e;
+      }
     }
   }
 }
