@@ -123,6 +123,11 @@ struct AttentionArgs {
   // order that depends on the call's shape). A model whose Linears quantize activations sets it:
   // there a last-bit difference in one token's attention can move a quantization step.
   bool per_query = false;
+  // Deja Vu at batch > 1: when non-null, a host array [tokens, heads]; where
+  // keep[t * heads + h] == 0, (token t, head h) is not attended: its out is zero, and its
+  // slots are neither read nor scored (a batch's rows attend only their own heads, not the
+  // union's). Device backends may attend and then zero it (the same result).
+  const uint8_t* keep = nullptr;
 };
 
 // out[i, :] = table[ids[i], :] (accumulate: out += table[ids[i]]).

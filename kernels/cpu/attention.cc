@@ -50,6 +50,10 @@ void AttendOne(const AttentionArgs& a, int64_t t, int64_t h, std::vector<float>&
   const float* q = a.q.as<float>() + t * width + h * d;
   float* out = a.out.as<float>() + t * width + h * d;
   const int32_t q_pos = a.q_pos[t];
+  if (a.keep != nullptr && a.keep[t * a.heads + h] == 0) {
+    std::memset(out, 0, static_cast<size_t>(d) * sizeof(float));
+    return;
+  }
 
   int64_t count = 0;
   ForEachSlot(kv, ch, [&](int64_t at) {
@@ -135,6 +139,9 @@ void AttendHeadGemm(const AttentionArgs& a, int64_t h, GemmScratch& g) {
                 static_cast<int>(d), 0.f, p, static_cast<int>(nb));
     for (int64_t i = 0; i < tb; ++i) {
       float* row = p + i * nb;
+      // A skipped (token, head) (AttentionArgs::keep): a zero row of probabilities, so a zero
+      // output and no score.
+      if (a.keep != nullptr && a.keep[(t0 + i) * a.heads + h] == 0) visible[i] = 0;
       const int64_t count = visible[i];
       if (count > 0) {
         const float inv_sum = 1.f / ExpShiftInPlace(row, count, MaxOf(row, count));

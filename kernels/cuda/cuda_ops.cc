@@ -105,7 +105,11 @@ Status CudaAttention(Backend& b, const AttentionArgs& args) {
   const AttentionPlan plan = PlanAttention(a, ctx.sm_count);
   DEJA_ASSIGN_OR_RETURN(void* scratch,
                         ctx.attention.Get(AttentionScratchBytes(a, plan), ctx.stream.get()));
-  return CudaStatus(LaunchAttention(a, plan, scratch, ctx.stream.get()), "attention kernels");
+  DEJA_RETURN_IF_ERROR(
+      CudaStatus(LaunchAttention(a, plan, scratch, ctx.stream.get()), "attention kernels"));
+  // The skipped (token, head) pairs were attended too: zero them (AttentionArgs::keep).
+  if (args.keep != nullptr) return CudaMaskUnits(b, args.out, args.keep, args.head_dim);
+  return Status::Ok();
 }
 
 // No staging: every index array is already on the device, so the launches' arguments are the

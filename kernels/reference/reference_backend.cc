@@ -142,6 +142,10 @@ Status RefAttention(Backend&, const AttentionArgs& a) {
       const float* q = a.q.as<float>() + t * width + h * d;
       float* out = a.out.as<float>() + t * width + h * d;
       const int64_t cache_head = a.head_ids != nullptr ? a.head_ids[h] : h;
+      if (a.keep != nullptr && a.keep[t * a.heads + h] == 0) {
+        std::fill(out, out + d, 0.f);
+        continue;
+      }
       double max_score = -std::numeric_limits<double>::infinity();
       std::vector<bool> visible(kv.used, false);
       for (int64_t s = 0; s < kv.used; ++s) {

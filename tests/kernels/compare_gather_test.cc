@@ -444,7 +444,89 @@ void CheckHeadSubset(Backend& b, int32_t cache_heads, const std::vector<int32_t>
   }
 }
 
+// Deja Vu at batch > 1 (AttentionArgs::keep): each row attends only the heads it keeps. The
+// kept (token, head) pairs equal the call without keep; the others are zero, garbage in out
+// notwithstanding. With and without head_ids, at decode and prefill sizes (the CPU's GEMM path).
+void CheckKeep(Backend& b, int32_t heads, bool with_ids, int32_t head_dim, int32_t used,
+               int32_t tokens, uint32_t seed) {
+  SCOPED_TRACE("heads=" + std::to_string(heads) + (with_ids ? " head_ids" : "") +
+               " head_dim=" + std::to_string(head_dim) + " used=" + std::to_string(used) +
+               " tokens=" + std::to_string(tokens) + " seed=" + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const int32_t cache_heads = with_ids ? heads + 3 : heads;
+  const int32_t capacity = used + 2;
+  const int64_t d = head_dim, width = static_cast<int64_t>(heads) * d;
+  const int64_t cache = static_cast<int64_t>(cache_heads) * capacity;
+  std::vector<int32_t> ids(cache_heads);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  ids.resize(heads);
+  Tensor q = RandomTensor(rng, DType::kF32, {tokens, width}, -2.f, 2.f);
+  Tensor k = RandomTensor(rng, DType::kF32, {cache, d}, -2.f, 2.f);
+  Tensor v = RandomTensor(rng, DType::kF32, {cache, d});
+  Tensor slot_pos = Tensor::Empty(DType::kI32, {cache});
+  for (int64_t i = 0; i < cache; ++i) {
+    const int32_t s = static_cast<int32_t>(i % capacity);
+    slot_pos.as<int32_t>()[i] = s >= used ? 0 : s + 1;
+  }
+  std::vector<int32_t> q_pos(tokens);
+  for (int32_t t = 0; t < tokens; ++t) q_pos[t] = used - tokens + 1 + t;
+  // About half the pairs kept; the first row keeps none, the last all.
+  std::vector<uint8_t> keep(static_cast<size_t>(tokens) * heads);
+  for (auto& x : keep) x = static_cast<uint8_t>(rng() % 2);
+  std::fill_n(keep.begin(), heads, 0);
+  std::fill_n(keep.end() - heads, heads, 1);
+  Tensor garbage = RandomTensor(rng, DType::kF32, {tokens, width}, 50.f, 60.f);
+  Tensor none;
+  auto args = [&](const AttentionTensors& t, const uint8_t* keep_rows) {
+    AttentionArgs a;
+    a.q = t.q.view();
+    a.scale = 1.f / std::sqrt(static_cast<float>(d));
+    a.q_pos = q_pos.data();
+    a.kv = {t.k.data(), t.v.data(), t.slot_pos.as<int32_t>(), capacity, used, nullptr};
+    a.kv.device = t.k.device();
+    a.heads = heads;
+    a.head_dim = head_dim;
+    a.out = t.out.view();
+    if (with_ids) {
+      a.head_ids = ids.data();
+      a.cache_heads = cache_heads;
+    }
+    a.keep = keep_rows;
+    return a;
+  };
+  Tensor score0 = Tensor::Zeros(DType::kF32, {cache});
+  auto ref = MakeReferenceBackend();
+  DEJA_ASSERT_OK_AND_ASSIGN(AttentionTensors on_ref,
+                            AttentionOn(*ref, q, k, v, slot_pos, score0, garbage));
+  ASSERT_TRUE(Attention(*ref, args(on_ref, nullptr)).ok());
+  std::vector<float> want(on_ref.out.as<float>(), on_ref.out.as<float>() + tokens * width);
+  for (int64_t i = 0; i < tokens * heads; ++i) {
+    if (keep[i] == 0) std::fill_n(want.begin() + i * d, d, 0.f);
+  }
+  DEJA_ASSERT_OK_AND_ASSIGN(AttentionTensors on_b,
+                            AttentionOn(b, q, k, v, slot_pos, score0, garbage));
+  DEJA_ASSERT_OK(Attention(b, args(on_b, keep.data())));
+  DEJA_ASSERT_OK_AND_ASSIGN(Tensor got, b.ToHost(on_b.out.view()));
+  EXPECT_TRUE(Close(got.as<float>(), want.data(), got.numel(), kTol));
+  for (int64_t i = 0; i < tokens * heads; ++i) {
+    if (keep[i] != 0) continue;
+    for (int64_t e = 0; e < d; ++e) ASSERT_EQ(got.as<float>()[i * d + e], 0.f) << "pair " << i;
+  }
+}
+
 class CompareHeadSparseAttention : public BackendTest {};
+
+TEST_P(CompareHeadSparseAttention, RowsAttendOnlyTheHeadsTheyKeep) {
+  Backend& b = backend();
+  DEJA_SKIP_UNLESS_SUPPORTED(b, OpId::kAttention, DType::kF32);
+  uint32_t seed = BaseSeed() + 61000;
+  CheckKeep(b, 4, false, 16, 9, 2, seed++);
+  CheckKeep(b, 8, true, 64, 50, 3, seed++);
+  CheckKeep(b, 5, true, 33, 30, 1, seed++);
+  CheckKeep(b, 6, false, 24, 40, 12, seed++);  // the CPU's GEMM path
+  CheckKeep(b, 3, true, 64, 90, 70, seed++);
+}
 
 TEST_P(CompareHeadSparseAttention, SubsetEqualsDenseHeads) {
   Backend& b = backend();

@@ -150,6 +150,7 @@ Status KvAttention::Run(int32_t l, const std::vector<SequenceStep>& batch, const
       args.head_ids = qkv.head_ids;
       args.cache_heads = heads;
     }
+    if (qkv.keep != nullptr) args.keep = qkv.keep + row * n_heads;
     DEJA_RETURN_IF_ERROR(kernels::Attention(be, args));
     return s.kv->EvictLayer(l);
   };

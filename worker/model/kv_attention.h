@@ -44,6 +44,8 @@ class KvAttention {
     // A Deja Vu gather step: q and the context hold only these cache heads (ascending).
     const int32_t* head_ids = nullptr;
     int32_t n_heads = 0;  // with head_ids; otherwise every head
+    // Deja Vu's per-row selection, [rows, n_heads] (AttentionArgs::keep), or null.
+    const uint8_t* keep = nullptr;
   };
 
   void Init(const Geometry& g, kernels::Backend* backend, bool on_device);

@@ -474,6 +474,9 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
     qkv.head_ids = plan->units.data();
     qkv.n_heads = n_heads;
   }
+  // Gather and masked plans of several rows: each row attends only its own heads (it reads no
+  // K and V of the union's others); MaskUnits below still zeroes them for device backends.
+  if (mode != BlockPlan::Mode::kDense && !plan->keep.empty()) qkv.keep = plan->keep.data();
   DEJA_RETURN_IF_ERROR(
       kv_attention_.Run(l, batch, seq_row_.data(), tok_pos_.data(), rows, qkv, ctx));
   if (gather) {
