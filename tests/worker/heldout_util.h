@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -41,6 +42,24 @@ inline std::vector<int32_t> Greedy(worker::model::Model& m, const std::vector<in
   if (r.ok())
     for (const auto& t : r->tokens) ids.push_back(t.id);
   return ids;
+}
+
+// The share of positions where `b` picks `a`'s token in 32-token greedy continuations of
+// `prompts` prompts of 48 held-out tokens, `stride` tokens apart (positions after a divergence
+// compare continuations of different prefixes, so they are compared too but rarely agree).
+inline double GreedyAgreement(worker::model::Model& a, worker::model::Model& b,
+                              const std::vector<int32_t>& text, int prompts, int stride) {
+  int agree = 0, total = 0;
+  for (int p = 0; p < prompts; ++p) {
+    std::vector<int32_t> prompt = {2};
+    prompt.insert(prompt.end(), text.begin() + p * stride, text.begin() + p * stride + 48);
+    const std::vector<int32_t> x = Greedy(a, prompt, 32), y = Greedy(b, prompt, 32);
+    EXPECT_EQ(x.size(), 32u);
+    EXPECT_EQ(y.size(), 32u);
+    for (size_t i = 0; i < std::min(x.size(), y.size()); ++i) agree += x[i] == y[i];
+    total += 32;
+  }
+  return static_cast<double>(agree) / total;
 }
 
 }  // namespace deja::test_util

@@ -22,6 +22,7 @@ namespace deja::worker {
 namespace {
 
 using test_util::Greedy;
+using test_util::GreedyAgreement;
 using test_util::HeldOut;
 using test_util::ModelDir;
 
@@ -73,17 +74,7 @@ TEST_F(Int8KvModelTest, PerplexityWithinHalfAPercentOfF16Kv) {
 
 TEST_F(Int8KvModelTest, GreedyAgreementWithF16Kv) {
   const std::vector<int32_t> text = HeldOut("tinyshakespeare.txt", 4096);
-  int agree = 0, total = 0;
-  for (int p = 0; p < 16; ++p) {
-    std::vector<int32_t> prompt = {2};
-    prompt.insert(prompt.end(), text.begin() + p * 200, text.begin() + p * 200 + 48);
-    const std::vector<int32_t> a = Greedy(*f16_, prompt, 32), b = Greedy(*int8_, prompt, 32);
-    ASSERT_EQ(a.size(), 32u);
-    ASSERT_EQ(b.size(), 32u);
-    for (size_t i = 0; i < a.size(); ++i) agree += a[i] == b[i];
-    total += 32;
-  }
-  const double agreement = static_cast<double>(agree) / total;
+  const double agreement = GreedyAgreement(*f16_, *int8_, text, 16, 200);
   std::printf("greedy agreement int8 KV vs f16 KV over 16 x 32 tokens: %.3f\n", agreement);
   EXPECT_GE(agreement, 0.85);
 }

@@ -32,6 +32,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using test_util::Greedy;
+using test_util::GreedyAgreement;
 using test_util::HeldOut;
 using test_util::ModelDir;
 using test_util::TempDir;
@@ -97,24 +98,6 @@ TEST_F(Int8ModelTest, PerplexityWithinOnePercentOfF16) {
   }
 }
 
-// The share of positions where int8 picks f16's token in 32-token greedy continuations of
-// `prompts` prompts of 48 held-out tokens, `stride` tokens apart, up to the first divergence
-// counting as it goes on (positions after a divergence compare continuations of different
-// prefixes, so they are compared too but rarely agree).
-double GreedyAgreement(model::Model& f16, model::Model& int8, const std::vector<int32_t>& text,
-                       int prompts, int stride) {
-  int agree = 0, total = 0;
-  for (int p = 0; p < prompts; ++p) {
-    std::vector<int32_t> prompt = {2};
-    prompt.insert(prompt.end(), text.begin() + p * stride, text.begin() + p * stride + 48);
-    const std::vector<int32_t> a = Greedy(f16, prompt, 32), b = Greedy(int8, prompt, 32);
-    EXPECT_EQ(a.size(), 32u);
-    EXPECT_EQ(b.size(), 32u);
-    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) agree += a[i] == b[i];
-    total += 32;
-  }
-  return static_cast<double>(agree) / total;
-}
 
 TEST_F(Int8ModelTest, GreedyAgreementWithF16) {
   // Weight-only int8 (the prompts' prefill too, with bf16 activations): 8 prompts.
