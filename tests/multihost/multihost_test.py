@@ -302,9 +302,14 @@ def main():
 
         # link_down: an in-flight stream fails within the timeouts; health NOT_SERVING; then back.
         stream = net.popen("c", [a.deja, "client", "stream", "--target", f"{net.addr('c')}:50051",
-                                 "--prompt", PROMPT, "--max-new-tokens", "900", "--ignore-eos"],
+                                 "--prompt", PROMPT, "--max-new-tokens", "1000", "--ignore-eos"],
                            open(f"{d}/stream.log", "w"))
-        time.sleep(1.0)
+        # The link goes down once the first tokens are out: the whole stream takes about a second
+        # on a fast host (opt-mini's 1,024 positions bound its length), so a fixed wait can miss it.
+        deadline = time.time() + 30
+        while time.time() < deadline and stream.poll() is None and \
+                os.path.getsize(f"{d}/stream.log") == 0:
+            time.sleep(0.01)
         t_down = time.time()
         net.link("w1", "down")
         try:
