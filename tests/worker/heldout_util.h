@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -42,6 +43,22 @@ inline std::vector<int32_t> Greedy(worker::model::Model& m, const std::vector<in
   if (r.ok())
     for (const auto& t : r->tokens) ids.push_back(t.id);
   return ids;
+}
+
+// Perplexity of `b` relative to `a`, (b - a) / a, on the first 8,192 tokens of held-out `file`
+// in 512-token windows; prints both as "<file>: <name_a> ppl <name_b> ppl (rel)".
+inline double RelativePerplexity(worker::model::Model& a, worker::model::Model& b,
+                                 const std::string& file, const char* name_a,
+                                 const char* name_b) {
+  const std::vector<int32_t> ids = HeldOut(file, 8192);
+  auto want = worker::model::Perplexity(a, ids, 512);
+  auto got = worker::model::Perplexity(b, ids, 512);
+  EXPECT_TRUE(want.ok() && got.ok());
+  if (!want.ok() || !got.ok()) return 1.0;
+  const double rel = (got->perplexity - want->perplexity) / want->perplexity;
+  std::printf("%s: %s %.4f %s %.4f (%+.3f%%)\n", file.c_str(), name_a, want->perplexity, name_b,
+              got->perplexity, 100.0 * rel);
+  return rel;
 }
 
 // The share of positions where `b` picks `a`'s token in 32-token greedy continuations of

@@ -70,13 +70,7 @@ TEST_F(Int4ModelTest, LayerMatricesInInt4) {
 
 TEST_F(Int4ModelTest, PerplexityWithinThreePercentOfF16) {
   for (const char* file : {"kjv.txt", "tinyshakespeare.txt"}) {
-    const std::vector<int32_t> ids = HeldOut(file, 8192);
-    auto want = model::Perplexity(*f16_, ids, 512);
-    auto got = model::Perplexity(*int4_, ids, 512);
-    ASSERT_TRUE(want.ok() && got.ok());
-    const double rel = (got->perplexity - want->perplexity) / want->perplexity;
-    std::printf("%s: f16 %.4f int4 %.4f (%+.3f%%)\n", file, want->perplexity, got->perplexity,
-                100.0 * rel);
+    const double rel = test_util::RelativePerplexity(*f16_, *int4_, file, "f16", "int4");
     EXPECT_LE(std::abs(rel), 0.03) << file;
     EXPECT_GT(std::abs(rel), 0.0) << file << ": int4 should not reproduce f16 exactly";
   }

@@ -60,13 +60,7 @@ TEST_F(Int8KvModelTest, CachedTokensCostLittleMoreThanHalfOfF16) {
 
 TEST_F(Int8KvModelTest, PerplexityWithinHalfAPercentOfF16Kv) {
   for (const char* file : {"kjv.txt", "tinyshakespeare.txt"}) {
-    const std::vector<int32_t> ids = HeldOut(file, 8192);
-    auto want = model::Perplexity(*f16_, ids, 512);
-    auto got = model::Perplexity(*int8_, ids, 512);
-    ASSERT_TRUE(want.ok() && got.ok());
-    const double rel = (got->perplexity - want->perplexity) / want->perplexity;
-    std::printf("%s: f16 KV %.4f int8 KV %.4f (%+.3f%%)\n", file, want->perplexity,
-                got->perplexity, 100.0 * rel);
+    const double rel = test_util::RelativePerplexity(*f16_, *int8_, file, "f16 KV", "int8 KV");
     EXPECT_LE(std::abs(rel), 0.005) << file;
     EXPECT_GT(std::abs(rel), 0.0) << file << ": int8 K/V should not reproduce f16 exactly";
   }
