@@ -46,8 +46,8 @@ float DotImpl(const float* a, const float* b, int64_t n) { return DotTyped(a, b,
 
 // Rows about this many bytes ahead of the one being read are prefetched: a row costs few
 // instructions (fewer bytes still for f16 and int8), so the out-of-order window alone keeps too
-// few misses in flight to reach the memory's bandwidth (decode at 768 slots, head size 64: int8
-// 0.57 of the bandwidth floor without, 0.79 with; f16 0.72 and 0.86).
+// few misses in flight to reach the memory's bandwidth (BM_AttentionDecode at 768 slots, head
+// size 64: int8 0.54 of the bandwidth floor without, 0.72-0.79 with; f16 0.72 and 0.76-0.86).
 constexpr int64_t kPrefetchBytes = 6144;
 
 HWY_INLINE int64_t RowsAhead(int64_t row_bytes) {
