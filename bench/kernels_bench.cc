@@ -67,18 +67,27 @@ void BM_Linear(benchmark::State& state) {
   const DType dtype = static_cast<DType>(state.range(3));
   Backend& cpu = Cpu(static_cast<int>(state.range(4)));
   const bool tiled = state.range(5) != 0;
-  if (tiled && !cpu.PrefersTiled(dtype)) {
+  if (tiled && dtype != DType::kI4 && !cpu.PrefersTiled(dtype)) {
     state.SkipWithError("this CPU does not take tiled weights (no AVX512-BF16, or not bf16)");
     return;
   }
   // At least 128 MiB of weights in total: 4x a 32 MiB L3.
-  const int64_t bytes_per_copy = n * k * static_cast<int64_t>(DTypeSize(dtype));
+  const int64_t bytes_per_copy =
+      dtype == DType::kI4 ? n * k / 2 : n * k * static_cast<int64_t>(DTypeSize(dtype));
   const int copies = static_cast<int>(std::max<int64_t>(1, (int64_t{128} << 20) / bytes_per_copy));
   std::vector<Tensor> weights;
   std::vector<TensorView> views;
   for (int c = 0; c < copies; ++c) {
     Tensor w;
     TensorView view;
+    if (dtype == DType::kI4) {  // groups of 128, from random f32 weights (tiled already)
+      StatusOr<Int4Matrix> q = QuantizeInt4(Random(DType::kF32, {n, k}, 1 + c).view(), 128, "w");
+      CHECK(q.ok()) << q.status().ToString();
+      views.push_back(q->view());
+      weights.push_back(std::move(q->packed));
+      weights.push_back(std::move(q->scale));
+      continue;
+    }
     if (dtype == DType::kI8) {  // quantized per row from random f32 weights
       StatusOr<QuantizedMatrix> q =
           QuantizeRowsInt8(Random(DType::kF32, {n, k}, 1 + c).view(), "w");
@@ -95,7 +104,7 @@ void BM_Linear(benchmark::State& state) {
     views.push_back(view);
   }
   Tensor x = Random(DType::kF32, {m, k}, 100);
-  Tensor bias = Random(dtype == DType::kI8 ? DType::kF32 : dtype, {n}, 101);
+  Tensor bias = Random(dtype == DType::kI8 || dtype == DType::kI4 ? DType::kF32 : dtype, {n}, 101);
   Tensor out = Tensor::Zeros(DType::kF32, {m, n});
   int next = 0;
   for (auto _ : state) {
@@ -119,6 +128,7 @@ constexpr int64_t kF32 = static_cast<int64_t>(DType::kF32);
 constexpr int64_t kF16 = static_cast<int64_t>(DType::kF16);
 constexpr int64_t kBF16 = static_cast<int64_t>(DType::kBF16);
 constexpr int64_t kI8 = static_cast<int64_t>(DType::kI8);
+constexpr int64_t kI4 = static_cast<int64_t>(DType::kI4);
 
 // OPT-1.3B sized: fc1 is [8192, 2048], fc2 [2048, 8192], the lm head [50272, 2048]. M = 1, 4,
 // 8, 16 are decode batch sizes; 128 is prefill. threads = 1 rows give single-core GFLOP/s.
@@ -127,6 +137,14 @@ constexpr int64_t kI8 = static_cast<int64_t>(DType::kI8);
 BENCHMARK(BM_Linear)
     ->ArgNames({"M", "N", "K", "dtype", "threads", "tiled"})
     ->Args({1, 8192, 2048, kBF16, 0, 1})
+    ->Args({1, 8192, 2048, kI4, 0, 1})
+    ->Args({2, 8192, 2048, kI4, 0, 1})
+    ->Args({4, 8192, 2048, kI4, 0, 1})
+    ->Args({8, 8192, 2048, kI4, 0, 1})
+    ->Args({16, 8192, 2048, kI4, 0, 1})
+    ->Args({16, 2048, 8192, kI4, 0, 1})
+    ->Args({64, 8192, 2048, kI4, 0, 1})
+    ->Args({512, 8192, 2048, kI4, 0, 1})
     ->Args({1, 8192, 2048, kI8, 0, 1})
     ->Args({16, 8192, 2048, kI8, 0, 1})
     ->Args({128, 8192, 2048, kI8, 0, 1})
@@ -180,7 +198,7 @@ BENCHMARK(BM_Linear)
     ->Unit(benchmark::kMicrosecond);
 
 // The compute peaks the prefill fractions are taken against (kernels/cpu/bandwidth.h): 0 fp32
-// FMA, 1 VDPBF16PS, 2 VPDPBUSD; GOP/s of all threads (0 = one per core) or one.
+// FMA, 1 VDPBF16PS, 2 VPDPBUSD, 3 AMX TDPBUSD; GOP/s of all threads (0 = one per core) or one.
 void BM_ComputePeak(benchmark::State& state) {
   ThreadPool* pool = Cpu(static_cast<int>(state.range(1))).pool();
   double ops = 0;
@@ -192,8 +210,11 @@ void BM_ComputePeak(benchmark::State& state) {
       case 1:
         ops = MeasurePeakBf16DotFlopsPerSec(pool);
         break;
-      default:
+      case 2:
         ops = MeasurePeakVnniOpsPerSec(pool);
+        break;
+      default:
+        ops = MeasurePeakAmxOpsPerSec(pool);
     }
   }
   if (ops == 0) state.SkipWithError("this CPU lacks the instruction");
@@ -204,8 +225,10 @@ BENCHMARK(BM_ComputePeak)
     ->Args({0, 0})
     ->Args({1, 0})
     ->Args({2, 0})
+    ->Args({3, 0})
     ->Args({1, 1})
     ->Args({2, 1})
+    ->Args({3, 1})
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 

@@ -38,5 +38,8 @@ double MeasurePeakBf16DotFlopsPerSec(ThreadPool* pool);
 // The same for VPDPBUSD (2 int8 operations per u8 x s8 product: 128 per instruction), the compute
 // roofline of int8 prefill with x quantized on CPUs with AVX512-VNNI; 0 without it.
 double MeasurePeakVnniOpsPerSec(ThreadPool* pool);
+// The same for TDPBUSD (AMX-INT8: 16 x 16 x 64 products per instruction), the roofline of the
+// int8 and int4 Linears on the tiles (kernels/cpu/amx.h); 0 without AMX.
+double MeasurePeakAmxOpsPerSec(ThreadPool* pool);
 
 }  // namespace deja::kernels

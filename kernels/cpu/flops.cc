@@ -15,6 +15,7 @@
 
 #include "common/thread_pool.h"
 #include "kernels/cpu/bandwidth.h"
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/i8_vnni.h"
 
@@ -101,6 +102,12 @@ double MeasurePeakBf16DotFlopsPerSec(ThreadPool* pool) {
 
 double MeasurePeakVnniOpsPerSec(ThreadPool* pool) {
   return cpu::VnniAvailable() ? MeasurePeak(pool, cpu::VnniDotLoop) : 0.0;
+}
+
+double MeasurePeakAmxOpsPerSec(ThreadPool* pool) {
+  return cpu::AmxAvailable()
+             ? MeasurePeak(pool, [](int64_t iters, float) { return cpu::AmxDotLoop(iters / 8); })
+             : 0.0;
 }
 
 }  // namespace deja::kernels

@@ -52,6 +52,12 @@ void LinearI8Vnni(const uint8_t* packed, const float* x_scales, const int32_t* x
                   int64_t m_rows, int64_t k_dim, const int8_t* w, int64_t n_dim, int64_t t_begin,
                   int64_t t_end, const LinearEpilogue& epilogue, float* out, int64_t ldo);
 
+// The repack of the large-M path: `count` (<= kVnniTileGroup) tiles tile_stride bytes apart, of
+// `pairs` K pairs, as K quads into dst ([quads][count][64 bytes], 64-byte aligned), and
+// sums[16 b + r] = the sum of row r of tile b (the AMX kernel reads the same layout).
+void RepackI8Group(const int8_t* tiles, int64_t tile_stride, int count, int64_t pairs,
+                   int8_t* dst, int32_t* sums);
+
 // The peak-throughput probe's loop: 16 independent VPDPBUSD chains for `iters` rounds; returns
 // the int8 operations done (2 per multiply-add). Only when VnniAvailable().
 double VnniDotLoop(int64_t iters, float seed);

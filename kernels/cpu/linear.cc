@@ -19,6 +19,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/i8_vnni.h"
 #include "kernels/cpu/simd.h"
 
@@ -188,23 +189,28 @@ void LinearTiledPortable(const float* x, int64_t m_rows, int64_t k_dim, const T*
 Status VnniLinear(ThreadPool* pool, const TensorView& x, const TensorView& w,
                   const LinearEpilogue& e, float* o) {
   const int64_t m_rows = x.rows(), k_dim = x.cols(), n_dim = w.rows();
+  // Bit-identical results either way (amx.h): the tiles from more rows than the direct path's.
+  const bool amx = AmxEnabled() && m_rows > kVnniDirectMaxM;
   thread_local std::vector<uint8_t> packed_storage;  // this thread's: the pool gets pointers
   thread_local std::vector<float> scale_storage;
   thread_local std::vector<int32_t> zero_storage;
-  packed_storage.resize(static_cast<size_t>(VnniPackedBytes(m_rows, k_dim)));
+  packed_storage.resize(static_cast<size_t>(amx ? AmxPackedBytes(m_rows, k_dim)
+                                                : VnniPackedBytes(m_rows, k_dim)));
   scale_storage.resize(static_cast<size_t>(m_rows));
   zero_storage.resize(static_cast<size_t>(m_rows));
   uint8_t* packed = packed_storage.data();
   float* scales = scale_storage.data();
   int32_t* zeros = zero_storage.data();
   pool->ParallelFor(m_rows, [&](int64_t m0, int64_t m1) {
+    if (amx) return QuantizeRowsX(x.as<float>(), k_dim, m0, m1, packed, scales, zeros);
     QuantizePackX(x.as<float>(), m_rows, k_dim, m0, m1, packed, scales, zeros);
   });
   const int64_t tiles = (n_dim + kTileRows - 1) / kTileRows;
   const int64_t groups = (tiles + kVnniTileGroup - 1) / kVnniTileGroup;
   pool->ParallelFor(groups, [&](int64_t g0, int64_t g1) {
-    LinearI8Vnni(packed, scales, zeros, m_rows, k_dim, w.as<int8_t>(), n_dim, g0 * kVnniTileGroup,
-                 std::min(tiles, g1 * kVnniTileGroup), e, o, n_dim);
+    const int64_t t0 = g0 * kVnniTileGroup, t1 = std::min(tiles, g1 * kVnniTileGroup);
+    if (amx) return LinearI8Amx(packed, scales, zeros, m_rows, k_dim, w.as<int8_t>(), n_dim, t0, t1, e, o, n_dim);
+    LinearI8Vnni(packed, scales, zeros, m_rows, k_dim, w.as<int8_t>(), n_dim, t0, t1, e, o, n_dim);
   });
   return Status::Ok();
 }

@@ -22,6 +22,7 @@
 
 #include "common/int4.h"
 #include "common/thread_pool.h"
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/i8_vnni.h"
 #include "kernels/cpu/linear_tiled.h"
@@ -187,7 +188,9 @@ Status LinearI4(ThreadPool* pool, const TensorView& x, const TensorView& w,
   thread_local std::vector<int8_t> q_storage;  // this thread's: the pool gets pointers
   thread_local std::vector<float> scale_storage;
   thread_local std::vector<int32_t> sum_storage;
-  q_storage.resize(static_cast<size_t>(m_rows * k_dim));
+  // Bit-identical results either way (amx.h): the tiles from kAmxI4MinRows rows.
+  const bool amx = AmxEnabled() && m_rows >= kAmxI4MinRows && AmxI4Group(group);
+  q_storage.resize(static_cast<size_t>((amx ? AmxPaddedRows(m_rows) : m_rows) * k_dim));
   scale_storage.resize(static_cast<size_t>(m_rows));
   sum_storage.resize(static_cast<size_t>(m_rows * groups));
   int8_t* q = q_storage.data();
@@ -203,9 +206,20 @@ Status LinearI4(ThreadPool* pool, const TensorView& x, const TensorView& w,
            group / 8, q, k_dim, sx, sums, 0, n_dim, epilogue, out, n_dim};
   a.e.scale = nullptr;
   const int64_t tiles = (n_dim + kTileRows - 1) / kTileRows;
-  const bool simd = VnniEnabled();
   // At least ~64K multiply-adds per chunk, as the other Linear paths.
   const int64_t min_chunk = std::max<int64_t>(1, (int64_t{1} << 16) / (kTileRows * k_dim * m_rows));
+  if (amx) {
+    const int64_t pairs = (tiles + 1) / 2;
+    pool->ParallelFor(
+        pairs,
+        [&](int64_t p0, int64_t p1) {
+          LinearI4Amx(q, sx, sums, m_rows, k_dim, a.w, w.scale, group, n_dim, 2 * p0,
+                      std::min(tiles, 2 * p1), a.e, out, n_dim);
+        },
+        std::max<int64_t>(1, min_chunk / 2));
+    return Status::Ok();
+  }
+  const bool simd = VnniEnabled();
   pool->ParallelFor(
       tiles,
       [&](int64_t t0, int64_t t1) {

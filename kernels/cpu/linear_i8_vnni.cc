@@ -350,6 +350,11 @@ void LinearI8Vnni(const uint8_t* packed, const float* x_scales, const int32_t* x
   }
 }
 
+void RepackI8Group(const int8_t* tiles, int64_t tile_stride, int count, int64_t pairs,
+                   int8_t* dst, int32_t* sums) {
+  RepackGroup(tiles, tile_stride, count, pairs, dst, sums);
+}
+
 double VnniDotLoop(int64_t iters, float seed) { return VnniDotLoopImpl(iters, seed); }
 
 }  // namespace deja::kernels::cpu

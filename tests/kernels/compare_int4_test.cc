@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -15,6 +16,7 @@
 
 #include "common/int4.h"
 #include "common/quantize.h"
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/i8_vnni.h"
 #include "kernels/ops.h"
 #include "kernels/reference/reference_ops.h"
@@ -198,6 +200,51 @@ TEST(CpuInt4, VnniKernelAndPortableLoopAgree) {
                           want.view()));
     EXPECT_TRUE(Close(plain.as<float>(), want.as<float>(), plain.numel(), kTol));
     EXPECT_TRUE(Close(simd.as<float>(), plain.as<float>(), simd.numel(), kTol));
+  }
+}
+
+TEST(CpuInt4, AmxKernelMatchesVnniBitForBit) {
+  // The tile kernel and the VNNI kernel sum each group's integers exactly and take the f32 steps
+  // in the same order, so every output is the same float (amx.h). Rows from the tiles' minimum
+  // through one and two row blocks (unpacked per group) to several (unpacked per tile pair);
+  // odd tile counts, partial tiles, one to many groups of 64 to 256.
+  if (!cpu::AmxAvailable()) {
+    GTEST_SKIP() << "this CPU has no AMX-INT8 (or the kernel refused the tile state, or "
+                    "DEJA_CPU_AMX=0): nothing to compare";
+  }
+  uint32_t seed = BaseSeed() + 6000;
+  struct NKG {
+    int64_t n, k;
+    int32_t group;
+  };
+  const NKG nkgs[] = {{16, 64, 64}, {17, 128, 64}, {70, 256, 128}, {300, 1024, 128},
+                      {48, 512, 256}, {33, 2048, 128}};
+  int i = 0;
+  for (const auto& cpu : CpuBackends()) {
+    SCOPED_TRACE(cpu.label);
+    for (int64_t m : {cpu::kAmxI4MinRows, int64_t{5}, int64_t{15}, int64_t{16}, int64_t{17},
+                      int64_t{32}, int64_t{33}, int64_t{70}}) {
+      for (const NKG& s : nkgs) {
+        SCOPED_TRACE("M=" + std::to_string(m) + " N=" + std::to_string(s.n) + " K=" +
+                     std::to_string(s.k) + " group=" + std::to_string(s.group));
+        std::mt19937 rng(seed++);
+        Tensor x = RandomTensor(rng, DType::kF32, {m, s.k}, ++i % 3 == 0 ? 0.f : -1.f);
+        Int4Case w = MakeInt4(rng, s.n, s.k, s.group);
+        Tensor bias = RandomTensor(rng, DType::kF32, {s.n});
+        Tensor init = RandomTensor(rng, DType::kF32, {m, s.n});
+        const bool relu = i % 2 == 0, accumulate = i % 4 == 1;
+        Tensor got[2] = {testing::CopyOf(init), testing::CopyOf(init)};
+        for (int amx = 0; amx < 2; ++amx) {
+          cpu::SetAmxEnabled(amx == 1);
+          DEJA_ASSERT_OK(Linear(*cpu.backend, x.view(), w.q.view(),
+                                i % 3 == 1 ? bias.view() : TensorView{},
+                                relu ? Activation::kRelu : Activation::kNone, accumulate,
+                                got[amx].view()));
+        }
+        cpu::SetAmxEnabled(true);
+        EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].numel() * sizeof(float)), 0);
+      }
+    }
   }
 }
 

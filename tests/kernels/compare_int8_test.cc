@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -20,6 +21,7 @@
 #include "hwy/targets.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/i8_vnni.h"
 #include "kernels/ops.h"
 #include "kernels/reference/reference_ops.h"
@@ -391,6 +393,47 @@ TEST(CpuInt8, QuantizedXSwitchedOff) {
                           false, got.view()));
     EXPECT_TRUE(Close(got.as<float>(), want.as<float>(), got.numel(), kTol));
     for (int64_t c = 0; c < n; ++c) EXPECT_EQ(got.as<float>()[3 * n + c], 0.f) << c;
+  }
+}
+
+TEST(CpuInt8, AmxKernelMatchesVnniBitForBit) {
+  // The tile kernel and the VNNI kernel sum the same integers and finish them alike, so every
+  // output is the same float: the backend may switch by row count (amx.h). Partial and whole row
+  // blocks (16) and pairs of them, partial tile groups, K not a whole step (64) nor a quad, every
+  // epilogue, rows without negative values (zero point 0).
+  if (!cpu::AmxAvailable()) {
+    GTEST_SKIP() << "this CPU has no AMX-INT8 (or the kernel refused the tile state, or "
+                    "DEJA_CPU_AMX=0): nothing to compare";
+  }
+  uint32_t seed = BaseSeed() + 8000;
+  const int64_t ms[] = {9, 15, 16, 17, 31, 32, 33, 64, 131};
+  const std::pair<int64_t, int64_t> nks[] = {{17, 3},  {50, 6},    {130, 257}, {64, 1000},
+                                             {33, 2049}, {96, 2050}, {200, 64}};
+  int i = 0;
+  for (const auto& cpu : CpuBackends()) {
+    SCOPED_TRACE(cpu.label);
+    for (int64_t m : ms) {
+      for (auto [n, k] : nks) {
+        SCOPED_TRACE("M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" +
+                     std::to_string(k));
+        std::mt19937 rng(seed++);
+        Tensor x = RandomTensor(rng, DType::kF32, {m, k}, ++i % 3 == 0 ? 0.f : -1.f);
+        Int8Matrix w = MakeInt8(rng, *cpu.backend, n, k, true);
+        Tensor bias = RandomTensor(rng, DType::kF32, {n});
+        Tensor init = RandomTensor(rng, DType::kF32, {m, n});
+        const bool relu = i % 2 == 0, accumulate = i % 4 == 1;
+        Tensor got[2] = {CopyOf(init), CopyOf(init)};
+        for (int amx = 0; amx < 2; ++amx) {
+          cpu::SetAmxEnabled(amx == 1);
+          DEJA_ASSERT_OK(Linear(*cpu.backend, x.view(), w.device_view,
+                                i % 3 == 1 ? bias.view() : TensorView{},
+                                relu ? Activation::kRelu : Activation::kNone, accumulate,
+                                got[amx].view()));
+        }
+        cpu::SetAmxEnabled(true);
+        EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].numel() * sizeof(float)), 0);
+      }
+    }
   }
 }
 
