@@ -75,14 +75,28 @@ struct alignas(64) CBlock {
   int32_t c[4][kAmxRows][kTileRows];
 };
 
-// int8: rows [m0, m0 + 16 or 32) x tiles [b0, b0 + 1 or 2) of a repacked group of `count`.
+// The accumulators in use: C0 always, C1 with a second tile, C2 with a second row block, C3
+// with both.
 template <bool kTwoM, bool kTwoB>
-DEJA_AMX_TARGET void I8Block(const int8_t* scratch, int count, int b0, int64_t steps,
-                             const uint8_t* x, int64_t xs, CBlock* cb) {
+DEJA_AMX_TARGET inline void ZeroC() {
   _tile_zero(0);
   if (kTwoB) _tile_zero(1);
   if (kTwoM) _tile_zero(2);
   if (kTwoM && kTwoB) _tile_zero(3);
+}
+template <bool kTwoM, bool kTwoB>
+DEJA_AMX_TARGET inline void StoreC(CBlock* cb) {
+  _tile_stored(0, cb->c[0], 64);
+  if (kTwoB) _tile_stored(1, cb->c[1], 64);
+  if (kTwoM) _tile_stored(2, cb->c[2], 64);
+  if (kTwoM && kTwoB) _tile_stored(3, cb->c[3], 64);
+}
+
+// int8: rows [m0, m0 + 16 or 32) x tiles [b0, b0 + 1 or 2) of a repacked group of `count`.
+template <bool kTwoM, bool kTwoB>
+DEJA_AMX_TARGET void I8Block(const int8_t* scratch, int count, int b0, int64_t steps,
+                             const uint8_t* x, int64_t xs, CBlock* cb) {
+  ZeroC<kTwoM, kTwoB>();
   const int64_t bs = count * 64;
   for (int64_t s = 0; s < steps; ++s) {
     const int8_t* b = scratch + (s * kQuadsPerStep * count + b0) * 64;
@@ -95,10 +109,7 @@ DEJA_AMX_TARGET void I8Block(const int8_t* scratch, int count, int b0, int64_t s
     if (kTwoM) _tile_dpbusd(2, 5, 6);
     if (kTwoM && kTwoB) _tile_dpbusd(3, 5, 7);
   }
-  _tile_stored(0, cb->c[0], 64);
-  if (kTwoB) _tile_stored(1, cb->c[1], 64);
-  if (kTwoM) _tile_stored(2, cb->c[2], 64);
-  if (kTwoM && kTwoB) _tile_stored(3, cb->c[3], 64);
+  StoreC<kTwoM, kTwoB>(cb);
 }
 
 // int4: lines [j0, j1) of a tile into K quads (dst [2 (j1 - j0)][64 bytes], 64-byte aligned).
@@ -117,10 +128,7 @@ DEJA_AMX_TARGET void UnpackI4(const uint8_t* tile, int64_t j0, int64_t j1, uint8
 template <bool kTwoM, bool kTwoB>
 DEJA_AMX_TARGET void I4Block(const uint8_t* b, int64_t b_stride, int64_t steps, const int8_t* x,
                              int64_t xs, CBlock* cb) {
-  _tile_zero(0);
-  if (kTwoB) _tile_zero(1);
-  if (kTwoM) _tile_zero(2);
-  if (kTwoM && kTwoB) _tile_zero(3);
+  ZeroC<kTwoM, kTwoB>();
   for (int64_t s = 0; s < steps; ++s) {
     const uint8_t* bs = b + s * kQuadsPerStep * 64;
     _tile_loadd(4, x + s * 64, xs);
@@ -132,10 +140,7 @@ DEJA_AMX_TARGET void I4Block(const uint8_t* b, int64_t b_stride, int64_t steps, 
     if (kTwoM) _tile_dpbsud(2, 5, 6);
     if (kTwoM && kTwoB) _tile_dpbsud(3, 5, 7);
   }
-  _tile_stored(0, cb->c[0], 64);
-  if (kTwoB) _tile_stored(1, cb->c[1], 64);
-  if (kTwoM) _tile_stored(2, cb->c[2], 64);
-  if (kTwoM && kTwoB) _tile_stored(3, cb->c[3], 64);
+  StoreC<kTwoM, kTwoB>(cb);
 }
 
 DEJA_AMX_TARGET double AmxDotLoopImpl(int64_t iters) {
