@@ -10,6 +10,7 @@ constexpr DTypeRow kDTypes[] = {
     {DType::kF32, "f32", "F32", true},    {DType::kF16, "f16", "F16", true},
     {DType::kBF16, "bf16", "BF16", true}, {DType::kI32, "i32", "I32", false},
     {DType::kI8, "int8", "I8", true},     {DType::kI4, "int4", "I4", false},
+    {DType::kU8, "u8", "U8", true},
 };
 
 }  // namespace
@@ -83,6 +84,8 @@ float LoadAsFloat(const void* data, DType t, size_t i) {
     case DType::kI32: return static_cast<float>(static_cast<const int32_t*>(data)[i]);
     case DType::kI8:
       return static_cast<float>(static_cast<const int8_t*>(data)[i]);
+    case DType::kU8:
+      return static_cast<float>(static_cast<const uint8_t*>(data)[i]);
     case DType::kI4:
       return 0.f;
   }
@@ -97,6 +100,9 @@ void StoreFromFloat(void* data, DType t, size_t i, float v) {
     case DType::kI32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v); break;
     case DType::kI8:
       static_cast<int8_t*>(data)[i] = static_cast<int8_t>(v);
+      break;
+    case DType::kU8:
+      static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(v);
       break;
     case DType::kI4:
       break;

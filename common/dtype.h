@@ -11,7 +11,8 @@
 namespace deja {
 
 // kI4: int4 Linear weights, two per byte in a tiled layout with group scales (common/int4.h).
-enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI8, kI4 };
+// kU8: bytes without a numeric meaning of their own (a checkpoint's packed int4 nibbles).
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI8, kI4, kU8 };
 
 inline size_t DTypeSize(DType t) {
   switch (t) {
@@ -20,6 +21,7 @@ inline size_t DTypeSize(DType t) {
     case DType::kF16: return 2;
     case DType::kBF16: return 2;
     case DType::kI8:
+    case DType::kU8:
       return 1;
     case DType::kI4:  // packed, half a byte each: TensorView::bytes() counts a matrix's bytes
       return 0;

@@ -274,6 +274,15 @@ StatusOr<OptTensorNames> ResolveOptTensorNames(const Checkpoint& ckpt, const Opt
 Status CheckOptTensorShapes(const Checkpoint& ckpt, const OptConfig& config,
                             const OptTensorNames& names) {
   return ForEachExpectedTensor(config, names, [&ckpt](const std::string& name, const Shape& shape) {
+    // A matrix `deja quantize --bits 4` wrote: two int4 values per byte of each row.
+    const TensorInfo* t = ckpt.Find(name);
+    if (t != nullptr && t->dtype == DType::kU8 && shape.rank == 2) {
+      if (shape[1] % 2 != 0) {
+        return InvalidArgument("tensor '" + name + "' is packed int4 (U8) but has " +
+                               std::to_string(shape[1]) + " columns, an odd number");
+      }
+      return ckpt.Get(name, Shape{shape[0], shape[1] / 2}).status();
+    }
     return ckpt.Get(name, shape).status();
   });
 }

@@ -171,4 +171,49 @@ StatusOr<Int4Matrix> QuantizeInt4(const TensorView& w, int32_t group, const char
   return out;
 }
 
+Int4Rows Int4ToRows(const Int4Matrix& m) {
+  const int64_t rows = m.shape[0], cols = m.shape[1], groups = cols / m.group;
+  Int4Rows out{Tensor::Empty(DType::kU8, {rows, cols / 2}), Tensor::Empty(DType::kF32, {rows, groups})};
+  const auto* tiled = m.packed.as<uint8_t>();
+  auto* packed = out.packed.as<uint8_t>();
+  for (int64_t n = 0; n < rows; ++n) {
+    for (int64_t k = 0; k < cols; k += 2) {
+      const int lo = Int4Value(tiled, n, k, cols) + 8, hi = Int4Value(tiled, n, k + 1, cols) + 8;
+      packed[n * (cols / 2) + k / 2] = static_cast<uint8_t>(lo | hi << 4);
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      out.scale.as<float>()[n * groups + g] = m.scale.as<float>()[Int4ScaleIndex(n, g, groups)];
+    }
+  }
+  return out;
+}
+
+Int4Matrix TileInt4Rows(const uint8_t* packed, const float* scale, Shape shape, int32_t group,
+                        int64_t begin, int64_t end) {
+  const int64_t rows = shape[0], cols = shape[1], width = end - begin;
+  const int64_t groups = cols / group, out_groups = width / group, g0 = begin / group;
+  Int4Matrix out{Tensor::Empty(DType::kI8, {Int4Bytes(rows, width)}),
+                 Tensor::Zeros(DType::kF32, {Int4Scales(rows, width, group)}),
+                 Shape{rows, width},
+                 group,
+                 0.0};
+  auto* tiled = out.packed.as<uint8_t>();
+  // Padding rows of the last tile read as value 0 (nibble 8) with scale 0, as QuantizeInt4's.
+  std::fill(tiled, tiled + out.packed.numel(), uint8_t{0x88});
+  for (int64_t n = 0; n < rows; ++n) {
+    const uint8_t* row = packed + n * (cols / 2);
+    for (int64_t k = 0; k < width; ++k) {
+      const int64_t src = begin + k;
+      const int nibble = (row[src / 2] >> (src % 2 * 4)) & 15;
+      uint8_t& byte = tiled[Int4Byte(n, k, width)];
+      const int shift = Int4Shift(k);
+      byte = static_cast<uint8_t>((byte & ~(15 << shift)) | nibble << shift);
+    }
+    for (int64_t g = 0; g < out_groups; ++g) {
+      out.scale.as<float>()[Int4ScaleIndex(n, g, out_groups)] = scale[n * groups + g0 + g];
+    }
+  }
+  return out;
+}
+
 }  // namespace deja

@@ -42,4 +42,21 @@ struct Int4Matrix {
 StatusOr<Int4Matrix> QuantizeInt4(const TensorView& w, int32_t group, const char* what,
                                   ThreadPool* pool = nullptr);
 
+// int4 as a checkpoint holds it (`deja quantize --bits 4`), independent of the kernels' tiling:
+// `packed` u8 [rows, cols / 2], byte (n, j) holding element (n, 2j) in its low nibble and
+// (n, 2j + 1) in its high one, each as q + 8; `scale` f32 [rows, cols / group], row-major.
+struct Int4Rows {
+  Tensor packed;
+  Tensor scale;
+};
+
+// m in the checkpoint's form.
+Int4Rows Int4ToRows(const Int4Matrix& m);
+
+// Columns [begin, end) of the checkpoint-form int4 matrix (packed, scale) of `shape` and `group`
+// in the kernels' tiled form; begin and end are multiples of group. Tiling what QuantizeInt4
+// wrote gives back its bytes and scales exactly (relative_error is left 0: it is not known).
+Int4Matrix TileInt4Rows(const uint8_t* packed, const float* scale, Shape shape, int32_t group,
+                        int64_t begin, int64_t end);
+
 }  // namespace deja

@@ -22,6 +22,7 @@
 #include "worker/comm/in_process_communicator.h"
 #include "worker/comm/timed_communicator.h"
 #include "worker/model/model.h"
+#include "worker/model/quantize_checkpoint.h"
 
 namespace deja::worker::comm {
 namespace {
@@ -271,6 +272,54 @@ TEST_F(TpModelTest, ShmProcessesAtTp124Agree) {
             << what << " case " << i << ": not bitwise equal to the in-process threads";
       }
     }
+  }
+}
+
+// An int4 checkpoint (deja quantize --bits 4, groups of 32) at TP 1, 2 and 4: each rank tiles its
+// rows (q, k, v, fc1) or its whole groups of columns (out_proj, fc2) straight from the file, and
+// gets the same tokens and bit-identical logits as quantizing the float checkpoint's slices at
+// load (--dtype int4; every matrix int4 in both, max error 1); a group that does not divide a
+// rank's share of columns is refused at load, naming the tensor.
+TEST_F(TpModelTest, Int4CheckpointAtTp124EqualsInt4AtLoad) {
+  test_util::TempDir tmp;
+  const std::string q = tmp.path() + "/int4";
+  model::QuantizeOptions qo;
+  qo.bits = 4;
+  qo.group = 32;
+  qo.max_error = 1.0;
+  auto report = model::QuantizeCheckpoint(dir_, q, nullptr, qo);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_GT(report->int4, 0);
+  EXPECT_EQ(report->int4_fallbacks, 0);
+  model::LoadOptions at_load;
+  at_load.weight_dtype = DType::kI4;
+  at_load.int4_group = 32;
+  at_load.int4_max_error = 1.0;
+  for (int world : {1, 2, 4}) {
+    if (heads_ % world != 0) continue;
+    ThreadRun file = RunThreads(q, world, prompts_);
+    ThreadRun load = RunThreads(dir_, world, prompts_, at_load);
+    for (int r = 0; r < world; ++r) {
+      ASSERT_TRUE(file.load[r].ok()) << file.load[r].ToString();
+      ASSERT_TRUE(load.load[r].ok()) << load.load[r].ToString();
+      ASSERT_EQ(file.cases[r].size(), load.cases[r].size());
+      for (size_t i = 0; i < file.cases[r].size(); ++i) {
+        EXPECT_EQ(file.cases[r][i].tokens, load.cases[r][i].tokens) << world << "/" << r;
+        EXPECT_EQ(file.cases[r][i].last_logits, load.cases[r][i].last_logits) << world << "/" << r;
+      }
+    }
+  }
+  // Groups of 256 columns do not split in two: fc2's 1,024 do, out_proj's 256 do not.
+  const std::string wide = tmp.path() + "/int4-256";
+  qo.group = 256;
+  ASSERT_TRUE(model::QuantizeCheckpoint(dir_, wide, nullptr, qo).ok());
+  ThreadRun run = RunThreads(wide, 2, prompts_);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(run.load[r].code(), StatusCode::kInvalidArgument) << run.load[r].ToString();
+    EXPECT_NE(run.load[r].message().find("out_proj.weight"), std::string::npos)
+        << run.load[r].ToString();
+    EXPECT_NE(run.load[r].message().find("whole groups of 256"), std::string::npos)
+        << run.load[r].ToString();
   }
 }
 

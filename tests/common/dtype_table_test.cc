@@ -24,8 +24,8 @@ TEST(DTypeTableTest, OneRowPerDTypeWithUniqueSpellings) {
     EXPECT_TRUE(names.insert(row.name).second);
     EXPECT_TRUE(safetensors.insert(row.safetensors).second);
   }
-  // kI4 is the last DType: a value added after it needs a row.
-  EXPECT_EQ(i, static_cast<int>(DType::kI4) + 1);
+  // kU8 is the last DType: a value added after it needs a row.
+  EXPECT_EQ(i, static_cast<int>(DType::kU8) + 1);
 }
 
 }  // namespace

@@ -89,6 +89,30 @@ TEST(CliTest, PerplexityJson) {
   EXPECT_GT(j["tokens"].get<int64_t>(), 1000);
 }
 
+// `deja quantize --bits 4` as a user runs it: the report, then `generate` on the written
+// checkpoint gives the tokens of `--dtype int4` on the original; bad flags name the flag.
+TEST(CliTest, QuantizeInt4ThenGenerate) {
+  test_util::TempDir dir;
+  const std::string out = dir.File("int4");
+  CliRun q = RunDeja("quantize --model " + Mini() + " --out " + out + " --bits 4 --group 64");
+  ASSERT_EQ(q.exit_code, 0) << q.out;
+  EXPECT_NE(q.out.find("(24 int4 in groups of 64, 0 left int8"), std::string::npos) << q.out;
+  const std::string gen = " --prompt \"The quick brown fox\" --max-new-tokens 16 --ignore-eos --json";
+  CliRun file = RunDeja("generate --model " + out + gen);
+  CliRun load = RunDeja("generate --model " + Mini() + " --dtype int4 --int4-group 64" + gen);
+  ASSERT_EQ(file.exit_code, 0) << file.out;
+  ASSERT_EQ(load.exit_code, 0) << load.out;
+  EXPECT_EQ(LastJsonLine(file.out)["token_ids"], LastJsonLine(load.out)["token_ids"]);
+  ExpectCleanFailure(RunDeja("quantize --model " + Mini() + " --out " + dir.File("b") +
+                             " --bits 3"),
+                     "--bits");
+  ExpectCleanFailure(RunDeja("quantize --model " + Mini() + " --out " + dir.File("g") +
+                             " --bits 4 --group 12"),
+                     "--group");
+  ExpectCleanFailure(RunDeja("quantize --model " + Mini() + " --out " + out + " --bits 4"),
+                     "already holds");
+}
+
 TEST(CliTest, MissingModelDirectory) {
   ExpectCleanFailure(RunDeja("generate --model /nonexistent/model --prompt hi"),
                      "/nonexistent/model");

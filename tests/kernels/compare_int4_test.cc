@@ -12,6 +12,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/int4.h"
@@ -305,6 +306,51 @@ TEST(QuantizeInt4, LayoutErrorBoundZeroGroupsAndPadding) {
   EXPECT_EQ(Int4Value(static_cast<const uint8_t*>(slice.data), 2, 50, cols),
             Int4Value(packed, 18, 50, cols));
   EXPECT_EQ(slice.scale[Int4ScaleIndex(2, 1, groups)], scale[Int4ScaleIndex(18, 1, groups)]);
+}
+
+// The checkpoint's row-major form (deja quantize --bits 4) and back: the whole matrix tiles to
+// QuantizeInt4's bytes and scales exactly, and a column range at group boundaries tiles to what
+// quantizing those columns alone gives (a row-parallel shard), over odd row counts.
+TEST(QuantizeInt4, CheckpointFormRoundTripsAndSlicesColumns) {
+  std::mt19937 rng(BaseSeed() + 5000);
+  for (auto [rows, cols, group] : {std::tuple<int64_t, int64_t, int32_t>{37, 256, 64},
+                                   {16, 96, 32},
+                                   {5, 384, 128},
+                                   {50, 64, 8}}) {
+    SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + "/" + std::to_string(group));
+    Int4Case c = MakeInt4(rng, rows, cols, group);
+    const Int4Rows r = Int4ToRows(c.q);
+    ASSERT_EQ(r.packed.shape(), (Shape{rows, cols / 2}));
+    ASSERT_EQ(r.scale.shape(), (Shape{rows, cols / group}));
+    for (int64_t n = 0; n < rows; ++n) {
+      for (int64_t k = 0; k < cols; ++k) {
+        const int nibble = (r.packed.as<uint8_t>()[n * cols / 2 + k / 2] >> (k % 2 * 4)) & 15;
+        ASSERT_EQ(nibble - 8, Int4Value(c.q.packed.as<uint8_t>(), n, k, cols)) << n << "," << k;
+      }
+    }
+    const Int4Matrix back = TileInt4Rows(r.packed.as<uint8_t>(), r.scale.as<float>(),
+                                         Shape{rows, cols}, group, 0, cols);
+    ASSERT_EQ(back.packed.numel(), c.q.packed.numel());
+    EXPECT_EQ(std::memcmp(back.packed.data(), c.q.packed.data(), back.packed.numel()), 0);
+    EXPECT_EQ(std::memcmp(back.scale.data(), c.q.scale.data(), back.scale.numel() * 4), 0);
+    EXPECT_EQ(back.group, group);
+    EXPECT_EQ(back.shape, c.q.shape);
+    // Columns [group, cols - group) alone.
+    const int64_t begin = group, end = cols - group;
+    if (end <= begin) continue;
+    Tensor part = Tensor::Empty(DType::kF32, {rows, end - begin});
+    for (int64_t n = 0; n < rows; ++n) {
+      std::memcpy(part.as<float>() + n * (end - begin), c.w.as<float>() + n * cols + begin,
+                  (end - begin) * sizeof(float));
+    }
+    StatusOr<Int4Matrix> want = QuantizeInt4(part.view(), group, "part");
+    ASSERT_TRUE(want.ok());
+    const Int4Matrix got = TileInt4Rows(r.packed.as<uint8_t>(), r.scale.as<float>(),
+                                        Shape{rows, cols}, group, begin, end);
+    ASSERT_EQ(got.packed.numel(), want->packed.numel());
+    EXPECT_EQ(std::memcmp(got.packed.data(), want->packed.data(), got.packed.numel()), 0);
+    EXPECT_EQ(std::memcmp(got.scale.data(), want->scale.data(), got.scale.numel() * 4), 0);
+  }
 }
 
 TEST(QuantizeInt4, RefusesBadGroupsAndNonFiniteWeightsByName) {

@@ -21,6 +21,7 @@
 #include "kernels/cpu/i8_vnni.h"
 #include "tests/common/sim_device.h"
 #include "tests/common/temp_dir.h"
+#include "tests/worker/checkpoint_edit.h"
 #include "tests/worker/golden_util.h"
 #include "tests/worker/heldout_util.h"
 #include "worker/model/generation.h"
@@ -35,6 +36,7 @@ using test_util::Greedy;
 using test_util::GreedyAgreement;
 using test_util::HeldOut;
 using test_util::ModelDir;
+using test_util::PrefillLogits;
 using test_util::TempDir;
 
 std::unique_ptr<model::Model> Load(kernels::Backend* be, const std::string& dir,
@@ -46,14 +48,6 @@ std::unique_ptr<model::Model> Load(kernels::Backend* be, const std::string& dir,
   return m.ok() ? std::move(*m) : nullptr;
 }
 
-
-std::vector<float> PrefillLogits(model::Model& m, const std::vector<int32_t>& ids) {
-  auto kv = m.NewSequence(static_cast<int32_t>(ids.size()));
-  EXPECT_TRUE(kv.ok());
-  model::StepResult r;
-  EXPECT_TRUE(m.Forward({{kv->get(), ids.data(), static_cast<int32_t>(ids.size())}}, &r).ok());
-  return {r.logits.as<float>(), r.logits.as<float>() + r.logits.numel()};
-}
 
 // The CPU's weight-only int8 path while in scope: activations meet the weights as bf16, as on a
 // device (with AVX512-VNNI the CPU otherwise quantizes them too).
@@ -274,30 +268,6 @@ TEST_F(Int8ModelTest, DejaVuAndH2oOnInt8Weights) {
   EXPECT_LE(std::abs(ppl[1] - ppl[0]) / ppl[0], 0.01);
 }
 
-// Rewrites `dir`/model.safetensors through `edit` (name -> view; may add, drop or change).
-void Rewrite(const std::string& src, const std::string& dst,
-             const std::function<void(std::vector<std::pair<std::string, TensorView>>*)>& edit,
-             std::vector<Tensor>* keep) {
-  fs::create_directories(dst);
-  for (const auto& e : fs::directory_iterator(src)) {
-    if (e.path().filename() != "model.safetensors") {
-      fs::copy_file(e.path(), dst + "/" + e.path().filename().string(),
-                    fs::copy_options::overwrite_existing);
-    }
-  }
-  auto ckpt = OpenCheckpoint(src);
-  ASSERT_TRUE(ckpt.ok());
-  std::vector<std::pair<std::string, TensorView>> tensors;
-  for (const std::string& n : (*ckpt)->names()) {
-    Tensor copy = Tensor::Empty((*ckpt)->Find(n)->dtype, (*ckpt)->Find(n)->shape);
-    std::memcpy(copy.data(), (*ckpt)->Find(n)->data, copy.bytes());
-    tensors.emplace_back(n, copy.view());
-    keep->push_back(std::move(copy));
-  }
-  edit(&tensors);
-  ASSERT_TRUE(WriteSafetensors(dst + "/model.safetensors", tensors).ok());
-}
-
 TEST_F(Int8ModelTest, MalformedInt8CheckpointsAreRefusedByName) {
   TempDir tmp;
   const std::string q = tmp.path() + "/q";
@@ -355,7 +325,7 @@ TEST_F(Int8ModelTest, MalformedInt8CheckpointsAreRefusedByName) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const std::string dir = tmp.path() + "/bad" + std::to_string(i++);
-    Rewrite(q, dir, c.edit, &keep);
+    test_util::RewriteCheckpoint(q, dir, c.edit, &keep);
     model::LoadOptions o;
     auto m = model::LoadModel(dir, backend_.get(), nullptr, o);
     ASSERT_FALSE(m.ok());

@@ -124,6 +124,11 @@ OptModel::~OptModel() = default;
 // The device path: weights streamed to the device, then a KV block pool from what memory is left.
 Status OptModel::LoadToDevice(const LoadOptions& options) {
   kernels::Backend& be = *backend_;
+  if (w_.int4_matrices > 0) {
+    return InvalidArgument("this checkpoint holds int4 matrices (deja quantize --bits 4), and "
+                           "int4 runs on the CPU only; serve it on the CPU, or quantize to int8 "
+                           "for " + be.device().ToString());
+  }
   if (!comm_->device_memory()) {
     // Gloo or in-process: collectives through host buffers (NCCL takes device memory itself).
     comm_ = comm::MakeStagedCommunicator(backend_, std::move(comm_));

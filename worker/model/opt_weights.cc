@@ -38,8 +38,10 @@ Tensor CopyColumns(TensorView w, int64_t begin, int64_t end) {
 StatusOr<TensorView> GetVector(const Checkpoint& ckpt, const std::string& name,
                                const Shape& shape) {
   DEJA_ASSIGN_OR_RETURN(TensorView v, ckpt.Get(name, shape));
-  if (v.dtype == DType::kI8) {
-    return InvalidArgument("tensor '" + name + "' is int8; only matrices may be quantized");
+  if (v.dtype == DType::kI8 || v.dtype == DType::kU8) {
+    return InvalidArgument("tensor '" + name + "' is " +
+                           (v.dtype == DType::kI8 ? "int8" : "packed int4 (U8)") +
+                           "; only matrices may be quantized");
   }
   return v;
 }
@@ -52,8 +54,50 @@ StatusOr<TensorView> GetOptional(const Checkpoint& ckpt, const std::string& name
 
 // A matrix: any float dtype, or int8 (deja quantize) with its f32 scales, one per row, finite and
 // not negative, attached to the view.
+// int4 (deja quantize --bits 4): u8 [rows, cols / 2] and f32 scales [rows, cols / group], the
+// checkpoint's form (common/quantize.h); the view returned has dtype kI4, layout kRowMajor, the
+// scales and the group attached: a source for TileInt4Rows, which no kernel reads.
+StatusOr<TensorView> GetInt4Matrix(const Checkpoint& ckpt, const std::string& name,
+                                   const Shape& shape) {
+  if (shape[1] % 2 != 0) {
+    return InvalidArgument("tensor '" + name + "' is packed int4 (U8) but has an odd number of "
+                           "columns, " + std::to_string(shape[1]));
+  }
+  DEJA_ASSIGN_OR_RETURN(TensorView w, ckpt.Get(name, Shape{shape[0], shape[1] / 2}));
+  const std::string scale_name = ScaleTensorName(name);
+  const TensorInfo* s = ckpt.Find(scale_name);
+  if (s == nullptr) {
+    return InvalidArgument("int4 tensor '" + name + "' has no '" + scale_name + "'");
+  }
+  const int64_t groups = s->shape.rank == 2 ? s->shape[1] : 0;
+  if (s->shape.rank != 2 || s->shape[0] != shape[0] || groups <= 0 || shape[1] % groups != 0 ||
+      (shape[1] / groups) % 8 != 0) {
+    return InvalidArgument("tensor '" + scale_name + "' has shape " + s->shape.ToString() +
+                           "; the scales of int4 tensor '" + name + "' [" +
+                           std::to_string(shape[0]) + ", " + std::to_string(shape[1]) +
+                           "] are [rows, groups], groups of a multiple of 8 columns");
+  }
+  DEJA_ASSIGN_OR_RETURN(TensorView scale, ckpt.Get(scale_name, s->shape));
+  if (scale.dtype != DType::kF32) {
+    return InvalidArgument("tensor '" + scale_name + "' must be F32, is " + DTypeName(scale.dtype));
+  }
+  const float* sv = scale.as<float>();
+  for (int64_t i = 0; i < scale.numel(); ++i) {
+    if (!std::isfinite(sv[i])) {
+      return InvalidArgument("tensor '" + scale_name + "' holds " + std::to_string(sv[i]) +
+                             " at " + std::to_string(i) + "; scales are finite");
+    }
+  }
+  TensorView v{w.data, DType::kI4, shape, Layout::kRowMajor};
+  v.scale = sv;
+  v.scale_group = static_cast<int32_t>(shape[1] / groups);
+  return v;
+}
+
 StatusOr<TensorView> GetMatrix(const Checkpoint& ckpt, const std::string& name,
                                const Shape& shape) {
+  const TensorInfo* info = ckpt.Find(name);
+  if (info != nullptr && info->dtype == DType::kU8) return GetInt4Matrix(ckpt, name, shape);
   DEJA_ASSIGN_OR_RETURN(TensorView w, ckpt.Get(name, shape));
   if (w.dtype != DType::kI8) return w;
   const std::string scale_name = ScaleTensorName(name);
@@ -82,6 +126,17 @@ StatusOr<TensorView> GetMatrix(const Checkpoint& ckpt, const std::string& name,
   return w;
 }
 
+// The embeddings, the lm head and the projections: float or int8, not int4.
+StatusOr<TensorView> GetOuterMatrix(const Checkpoint& ckpt, const std::string& name,
+                                    const Shape& shape) {
+  DEJA_ASSIGN_OR_RETURN(TensorView w, GetMatrix(ckpt, name, shape));
+  if (w.dtype == DType::kI4) {
+    return InvalidArgument("tensor '" + name + "' is int4; int4 is for the layers' matrices "
+                           "(the embeddings, the lm head and the projections are int8)");
+  }
+  return w;
+}
+
 StatusOr<NormWeights> LoadNorm(const Checkpoint& ckpt, const std::string& w, const std::string& b,
                                int64_t dim) {
   NormWeights n;
@@ -98,12 +153,39 @@ StatusOr<NormWeights> LoadNorm(const Checkpoint& ckpt, const std::string& w, con
 }
 
 // Column-parallel: rows [begin, end) of w [out, in] and of its bias.
+// Columns [begin, end) of rows [row_begin, row_end) of a checkpoint's int4 matrix (GetInt4Matrix),
+// tiled into `store`.
+StatusOr<TensorView> TileInt4(const TensorView& full, const std::string& name, int64_t row_begin,
+                              int64_t row_end, int64_t begin, int64_t end,
+                              std::vector<Tensor>* store) {
+  const int32_t group = full.scale_group;
+  if (begin % group != 0 || end % group != 0) {
+    return InvalidArgument("int4 tensor '" + name + "': this rank's columns [" +
+                           std::to_string(begin) + ", " + std::to_string(end) +
+                           ") are not whole groups of " + std::to_string(group) +
+                           "; quantize with a group that divides each rank's share");
+  }
+  const int64_t cols = full.cols(), groups = cols / group;
+  Int4Matrix m = TileInt4Rows(static_cast<const uint8_t*>(full.data) + row_begin * (cols / 2),
+                              full.scale + row_begin * groups, Shape{row_end - row_begin, cols},
+                              group, begin, end);
+  TensorView v = m.view();
+  store->push_back(std::move(m.packed));
+  store->push_back(std::move(m.scale));
+  return v;
+}
+
 StatusOr<LinearWeights> LoadColumnParallel(const Checkpoint& ckpt, const std::string& w,
                                            const std::string& b, int64_t out, int64_t in,
-                                           int64_t begin, int64_t end) {
+                                           int64_t begin, int64_t end,
+                                           std::vector<Tensor>* store) {
   LinearWeights lw;
   DEJA_ASSIGN_OR_RETURN(TensorView full, GetMatrix(ckpt, w, {out, in}));
-  lw.w = full.RowSlice(begin, end);
+  if (full.dtype == DType::kI4) {
+    DEJA_ASSIGN_OR_RETURN(lw.w, TileInt4(full, w, begin, end, 0, in, store));
+  } else {
+    lw.w = full.RowSlice(begin, end);
+  }
   DEJA_ASSIGN_OR_RETURN(TensorView bias, GetOptional(ckpt, b, {out}));
   lw.bias = Slice1D(bias, begin, end);
   return lw;
@@ -112,10 +194,13 @@ StatusOr<LinearWeights> LoadColumnParallel(const Checkpoint& ckpt, const std::st
 // Row-parallel: columns [begin, end) of w [out, in]; the full bias, added after the reduction.
 StatusOr<LinearWeights> LoadRowParallel(const Checkpoint& ckpt, const std::string& w,
                                         const std::string& b, int64_t out, int64_t in,
-                                        int64_t begin, int64_t end, bool copy) {
+                                        int64_t begin, int64_t end, bool copy,
+                                        std::vector<Tensor>* store) {
   LinearWeights lw;
   DEJA_ASSIGN_OR_RETURN(TensorView full, GetMatrix(ckpt, w, {out, in}));
-  if (begin == 0 && end == in) {
+  if (full.dtype == DType::kI4) {
+    DEJA_ASSIGN_OR_RETURN(lw.w, TileInt4(full, w, 0, out, begin, end, store));
+  } else if (begin == 0 && end == in) {
     lw.w = full;
   } else if (!copy) {
     lw.columns = {full, begin, end};
@@ -157,12 +242,13 @@ StatusOr<OptWeights> LoadOptWeights(const Checkpoint& ckpt, const OptConfig& c,
   OptWeights w;
   w.local_heads = c.num_attention_heads / shard.world;
   w.local_ffn = f / shard.world;
-  DEJA_ASSIGN_OR_RETURN(w.embed_tokens, GetMatrix(ckpt, names.embed_tokens, {c.vocab_size, p}));
+  DEJA_ASSIGN_OR_RETURN(w.embed_tokens,
+                        GetOuterMatrix(ckpt, names.embed_tokens, {c.vocab_size, p}));
   DEJA_ASSIGN_OR_RETURN(w.embed_positions,
                         GetVector(ckpt, names.embed_positions, {c.max_position_embeddings + 2, d}));
   if (!names.project_in.empty()) {
-    DEJA_ASSIGN_OR_RETURN(w.project_in.w, GetMatrix(ckpt, names.project_in, {d, p}));
-    DEJA_ASSIGN_OR_RETURN(w.project_out.w, GetMatrix(ckpt, names.project_out, {p, d}));
+    DEJA_ASSIGN_OR_RETURN(w.project_in.w, GetOuterMatrix(ckpt, names.project_in, {d, p}));
+    DEJA_ASSIGN_OR_RETURN(w.project_out.w, GetOuterMatrix(ckpt, names.project_out, {p, d}));
   }
   DEJA_ASSIGN_OR_RETURN(w.final_ln, LoadNorm(ckpt, names.final_ln_weight, names.final_ln_bias, d));
 
@@ -173,18 +259,26 @@ StatusOr<OptWeights> LoadOptWeights(const Checkpoint& ckpt, const OptConfig& c,
     OptLayerWeights lw;
     DEJA_ASSIGN_OR_RETURN(lw.attn_ln, LoadNorm(ckpt, n.attn_ln_weight, n.attn_ln_bias, d));
     DEJA_ASSIGN_OR_RETURN(lw.ffn_ln, LoadNorm(ckpt, n.ffn_ln_weight, n.ffn_ln_bias, d));
-    DEJA_ASSIGN_OR_RETURN(lw.q, LoadColumnParallel(ckpt, n.q_weight, n.q_bias, d, d, hb, he));
-    DEJA_ASSIGN_OR_RETURN(lw.k, LoadColumnParallel(ckpt, n.k_weight, n.k_bias, d, d, hb, he));
-    DEJA_ASSIGN_OR_RETURN(lw.v, LoadColumnParallel(ckpt, n.v_weight, n.v_bias, d, d, hb, he));
-    DEJA_ASSIGN_OR_RETURN(
-        lw.out, LoadRowParallel(ckpt, n.out_weight, n.out_bias, d, d, hb, he, shard.copy_columns));
-    DEJA_ASSIGN_OR_RETURN(lw.fc1, LoadColumnParallel(ckpt, n.fc1_weight, n.fc1_bias, f, d, fb, fe));
-    DEJA_ASSIGN_OR_RETURN(
-        lw.fc2, LoadRowParallel(ckpt, n.fc2_weight, n.fc2_bias, d, f, fb, fe, shard.copy_columns));
+    std::vector<Tensor>* store = &w.converted;
+    DEJA_ASSIGN_OR_RETURN(lw.q,
+                          LoadColumnParallel(ckpt, n.q_weight, n.q_bias, d, d, hb, he, store));
+    DEJA_ASSIGN_OR_RETURN(lw.k,
+                          LoadColumnParallel(ckpt, n.k_weight, n.k_bias, d, d, hb, he, store));
+    DEJA_ASSIGN_OR_RETURN(lw.v,
+                          LoadColumnParallel(ckpt, n.v_weight, n.v_bias, d, d, hb, he, store));
+    DEJA_ASSIGN_OR_RETURN(lw.out, LoadRowParallel(ckpt, n.out_weight, n.out_bias, d, d, hb, he,
+                                                  shard.copy_columns, store));
+    DEJA_ASSIGN_OR_RETURN(lw.fc1,
+                          LoadColumnParallel(ckpt, n.fc1_weight, n.fc1_bias, f, d, fb, fe, store));
+    DEJA_ASSIGN_OR_RETURN(lw.fc2, LoadRowParallel(ckpt, n.fc2_weight, n.fc2_bias, d, f, fb, fe,
+                                                  shard.copy_columns, store));
+    for (const LinearWeights* m : {&lw.q, &lw.k, &lw.v, &lw.out, &lw.fc1, &lw.fc2}) {
+      if (m->w.dtype == DType::kI4) ++w.int4_matrices;
+    }
     w.layers.push_back(std::move(lw));
   }
   ShardRange(c.vocab_size, shard.rank, shard.world, &w.vocab_begin, &w.vocab_end);
-  DEJA_ASSIGN_OR_RETURN(TensorView head, GetMatrix(ckpt, names.lm_head, {c.vocab_size, p}));
+  DEJA_ASSIGN_OR_RETURN(TensorView head, GetOuterMatrix(ckpt, names.lm_head, {c.vocab_size, p}));
   w.lm_head.w = head.RowSlice(w.vocab_begin, w.vocab_end);
   return w;
 }
@@ -221,7 +315,10 @@ Status ConvertMatrices(OptWeights* w, DType dtype, ThreadPool* pool, const Int4O
   Status failed;
   // A layer matrix under int4: int4 when its group fits and its error is low enough, else int8.
   auto to_int4 = [&](TensorView* v, const std::string& what) {
-    if (v->data == nullptr || v->dtype == DType::kI8 || !failed.ok()) return false;
+    // A quantized checkpoint's matrices stay as they are (int4 here, int8 below).
+    if (v->data == nullptr || v->dtype == DType::kI8 || v->dtype == DType::kI4 || !failed.ok()) {
+      return false;
+    }
     if (v->cols() % int4.group == 0) {
       StatusOr<Int4Matrix> q = QuantizeInt4(*v, int4.group, what.c_str(), pool);
       if (!q.ok()) {
@@ -246,7 +343,8 @@ Status ConvertMatrices(OptWeights* w, DType dtype, ThreadPool* pool, const Int4O
   };
   auto convert = [&](TensorView* v, const std::string& what) {
     // An int8 checkpoint's matrices stay int8: bf16 would only double their bytes.
-    if (v->data == nullptr || v->dtype == dtype || v->dtype == DType::kI8 || !failed.ok()) {
+    if (v->data == nullptr || v->dtype == dtype || v->dtype == DType::kI8 ||
+        v->dtype == DType::kI4 || !failed.ok()) {
       return false;
     }
     if (dtype == DType::kBF16) {
