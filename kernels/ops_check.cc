@@ -64,7 +64,8 @@ Status CheckWeight(const char* op, const char* arg, const TensorView& v, int ran
   }
   if (v.numel() == 0) return Bad(op, arg, "is empty");
   if (v.layout == Layout::kTiled16) {
-    if (backend == nullptr || !backend->SupportsTiled(id)) {
+    // int4 is tiled by definition (common/int4.h): a backend that takes int4 reads that layout.
+    if (backend == nullptr || (v.dtype != DType::kI4 && !backend->SupportsTiled(id))) {
       return Bad(op, arg, "is tiled (kTiled16), which this op on this backend does not read");
     }
     if ((v.dtype != DType::kBF16 && v.dtype != DType::kI8 && v.dtype != DType::kI4) ||

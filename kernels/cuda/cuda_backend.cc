@@ -48,11 +48,14 @@ class CudaBackendImpl final : public CudaBackend {
   std::string name() const override { return name_; }
   const OpTable& ops() const override { return table_; }
   bool Supports(OpId op, DType dtype) const override {
-    // int4 weights and int8 KV caches have no CUDA kernels yet: a model refuses --dtype int4
-    // and --kv-dtype int8 on a GPU at load.
+    // int4 weights only in Linear (linear_i4.cu; the model does not upload int4 yet, so a
+    // model refuses --dtype int4 on a GPU at load); int8 KV caches have no CUDA kernels yet
+    // (--kv-dtype int8 is refused there at load).
     const bool kv_op = op == OpId::kAttention || op == OpId::kKvWrite ||
                        op == OpId::kKvEvict || op == OpId::kDecodeAttention;
-    if (dtype == DType::kI4 || (kv_op && dtype == DType::kI8)) return false;
+    if ((dtype == DType::kI4 && op != OpId::kLinear) || (kv_op && dtype == DType::kI8)) {
+      return false;
+    }
     return SupportedByFullBackend(op, dtype) && HasSlot(table_, op);
   }
   bool SupportsPagedKv() const override { return true; }

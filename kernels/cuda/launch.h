@@ -58,6 +58,18 @@ cudaError_t LaunchTopK(const float* x, int64_t rows, int64_t cols, int32_t k, fl
 // kernels/op_table.h; rows is a device array, or null for every row in order: Linear over int8
 // weights). scale: an int8 weight's scales (per row of w, per column of wt), else null.
 
+// linear_i4.cu
+
+// out = x . w^T for int4 w (common/int4.h: tiled, `group` K per scale, `scale` the tiled group
+// scales) with x [m_rows, k_dim] f32, as ref::Linear for int4, then bias (in `bias_dtype`, or
+// null), ReLU when relu, += out when accumulate. `scratch`: LinearI4ScratchBytes(m_rows, k_dim)
+// device bytes for x quantized to int8 and its row scales.
+size_t LinearI4ScratchBytes(int64_t m_rows, int64_t k_dim);
+cudaError_t LaunchLinearI4(const float* x, int64_t m_rows, int64_t k_dim, const void* w,
+                           const float* scale, int32_t group, int64_t n_dim, const void* bias,
+                           DType bias_dtype, bool relu, bool accumulate, void* scratch,
+                           float* out, cudaStream_t stream);
+
 cudaError_t LaunchGatherLinear(const float* x, int64_t m_rows, int64_t k_dim, const void* w,
                                DType w_dtype, const float* scale, const void* bias,
                                DType bias_dtype, const int32_t* rows, int64_t n_rows, bool relu,

@@ -197,6 +197,14 @@ Status CudaLinear(Backend& b, TensorView x, TensorView w, TensorView bias, Activ
   cudaStream_t stream = ctx.stream.get();
   const bool relu = act == Activation::kRelu;
   const bool has_bias = bias.data != nullptr;
+  if (w.dtype == DType::kI4) {
+    DEJA_ASSIGN_OR_RETURN(void* scratch,
+                          ctx.narrow_x.Get(LinearI4ScratchBytes(m, k), stream));
+    return CudaStatus(LaunchLinearI4(x.as<float>(), m, k, w.data, w.scale, w.scale_group, n,
+                                     bias.data, bias.dtype, relu, accumulate, scratch,
+                                     out.as<float>(), stream),
+                      "linear: int4 kernel");
+  }
   if (w.dtype == DType::kI8) {
     // No cuBLAS GEMM multiplies bf16 activations by int8 weights: the gather kernel over every
     // row in order (one warp per output column, int8 widened in registers, scale, bias, ReLU and

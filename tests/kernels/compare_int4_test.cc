@@ -4,7 +4,8 @@
 // rows; the CPU's AVX512-VNNI kernel and its portable loop against each other. The product
 // against the float weights stays within the bound that the two quantizations give. The
 // quantizer itself: layout, the error bound per element, zero groups and padding, refusal of
-// bad groups and non-finite weights; the op's refusal of malformed int4 views; CUDA's refusal.
+// bad groups and non-finite weights; the op's refusal of malformed int4 views. CUDA runs the
+// Linear cases on the device (inputs, packed values and scales copied there).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -105,7 +106,7 @@ struct LinearCase {
 
 void CheckLinear(Backend& b, const LinearCase& c, uint32_t seed) {
   SCOPED_TRACE(c.Label() + " seed=" + std::to_string(seed));
-  if (!Runs(b, OpId::kLinear, DType::kI4, Layout::kTiled16)) return;
+  if (!Runs(b, OpId::kLinear, DType::kI4)) return;  // int4 is tiled by definition
   std::mt19937 rng(seed);
   Tensor x = RandomTensor(rng, DType::kF32, {c.m, c.k}, c.x_nonnegative ? 0.f : -1.f);
   if (c.m > 2) {  // a row of zeros (scale 0)
@@ -123,9 +124,19 @@ void CheckLinear(Backend& b, const LinearCase& c, uint32_t seed) {
   Tensor want = testing::CopyOf(init);
   DEJA_ASSERT_OK(Linear(*ref, x.view(), w.q.view(), c.bias ? bias.view() : TensorView{}, act,
                         c.accumulate, want.view()));
-  Tensor got = testing::CopyOf(init);
-  DEJA_ASSERT_OK(Linear(b, x.view(), w.q.view(), c.bias ? bias.view() : TensorView{}, act,
-                        c.accumulate, got.view()));
+  // On the backend's device (a copy on the CPU): x, the packed values, the scales, bias, out.
+  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_x, b.ToBackend(x));
+  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_packed, b.ToBackend(w.q.packed));
+  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_scale, b.ToBackend(w.q.scale));
+  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_bias, b.ToBackend(bias));
+  DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_out, b.ToBackend(init));
+  TensorView d_w = w.q.view();
+  d_w.data = d_packed.data();
+  d_w.device = d_packed.device();
+  d_w.scale = d_scale.as<float>();
+  DEJA_ASSERT_OK(Linear(b, d_x.view(), d_w, c.bias ? d_bias.view() : TensorView{}, act,
+                        c.accumulate, d_out.view()));
+  DEJA_ASSERT_OK_AND_ASSIGN(Tensor got, b.ToHost(d_out.view()));
   EXPECT_TRUE(Close(got.as<float>(), want.as<float>(), got.numel(), kTol));
   EXPECT_TRUE(WithinQuantizationBound(got.as<float>(), x, w, bias, c, init.as<float>()));
 }
