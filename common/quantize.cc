@@ -114,6 +114,27 @@ StatusOr<QuantizedMatrix> QuantizeRowsInt8(const TensorView& w, const char* what
   return out;
 }
 
+namespace {
+
+// A [rows, cols] int4 matrix in groups of `group` whose padding rows (those of the last tile
+// past `rows`) read as value 0 (nibble 8) with scale 0, as every element does until set.
+Int4Matrix EmptyInt4(int64_t rows, int64_t cols, int32_t group) {
+  Int4Matrix m{Tensor::Empty(DType::kI8, {Int4Bytes(rows, cols)}),
+               Tensor::Zeros(DType::kF32, {Int4Scales(rows, cols, group)}), Shape{rows, cols},
+               group, 0.0};
+  std::fill(m.packed.as<uint8_t>(), m.packed.as<uint8_t>() + m.packed.numel(), uint8_t{0x88});
+  return m;
+}
+
+// Element (n, k) of a tiled int4 matrix of `cols` columns set to `nibble` (value + 8).
+void SetInt4Nibble(uint8_t* packed, int64_t n, int64_t k, int64_t cols, int nibble) {
+  uint8_t& byte = packed[Int4Byte(n, k, cols)];
+  const int shift = Int4Shift(k);
+  byte = static_cast<uint8_t>((byte & ~(15 << shift)) | nibble << shift);
+}
+
+}  // namespace
+
 TensorView Int4Matrix::view() const {
   TensorView v{packed.data(), DType::kI4, shape, Layout::kTiled16};
   v.scale = scale.as<float>();
@@ -130,15 +151,9 @@ StatusOr<Int4Matrix> QuantizeInt4(const TensorView& w, int32_t group, const char
                            std::to_string(cols) + " columns");
   }
   const int64_t groups = cols / group;
-  Int4Matrix out{Tensor::Empty(DType::kI8, {Int4Bytes(rows, cols)}),
-                 Tensor::Zeros(DType::kF32, {Int4Scales(rows, cols, group)}),
-                 Shape{rows, cols},
-                 group,
-                 0.0};
+  Int4Matrix out = EmptyInt4(rows, cols, group);
   auto* packed = out.packed.as<uint8_t>();
   float* scales = out.scale.as<float>();
-  // Padding rows of the last tile read as value 0 (nibble 8) with scale 0.
-  std::fill(packed, packed + out.packed.numel(), uint8_t{0x88});
   std::vector<double> err2(static_cast<size_t>(rows)), norm2(static_cast<size_t>(rows));
   DEJA_RETURN_IF_ERROR(QuantizeRows(w, what, "int4", pool, [&](int64_t r, const float* row) {
     double e2 = 0, n2 = 0;
@@ -154,9 +169,7 @@ StatusOr<Int4Matrix> QuantizeInt4(const TensorView& w, int32_t group, const char
       for (int32_t i = 0; i < group; ++i) {
         const int64_t k = g * group + i;
         const int q = Int4Round(v[i], inv);
-        uint8_t& byte = packed[Int4Byte(r, k, cols)];
-        const int shift = Int4Shift(k);
-        byte = static_cast<uint8_t>((byte & ~(15 << shift)) | ((q + 8) << shift));
+        SetInt4Nibble(packed, r, k, cols, q + 8);
         const double d = static_cast<double>(q) * scale - v[i];
         e2 += d * d;
         n2 += static_cast<double>(v[i]) * v[i];
@@ -192,22 +205,13 @@ Int4Matrix TileInt4Rows(const uint8_t* packed, const float* scale, Shape shape, 
                         int64_t begin, int64_t end) {
   const int64_t rows = shape[0], cols = shape[1], width = end - begin;
   const int64_t groups = cols / group, out_groups = width / group, g0 = begin / group;
-  Int4Matrix out{Tensor::Empty(DType::kI8, {Int4Bytes(rows, width)}),
-                 Tensor::Zeros(DType::kF32, {Int4Scales(rows, width, group)}),
-                 Shape{rows, width},
-                 group,
-                 0.0};
+  Int4Matrix out = EmptyInt4(rows, width, group);
   auto* tiled = out.packed.as<uint8_t>();
-  // Padding rows of the last tile read as value 0 (nibble 8) with scale 0, as QuantizeInt4's.
-  std::fill(tiled, tiled + out.packed.numel(), uint8_t{0x88});
   for (int64_t n = 0; n < rows; ++n) {
     const uint8_t* row = packed + n * (cols / 2);
     for (int64_t k = 0; k < width; ++k) {
       const int64_t src = begin + k;
-      const int nibble = (row[src / 2] >> (src % 2 * 4)) & 15;
-      uint8_t& byte = tiled[Int4Byte(n, k, width)];
-      const int shift = Int4Shift(k);
-      byte = static_cast<uint8_t>((byte & ~(15 << shift)) | nibble << shift);
+      SetInt4Nibble(tiled, n, k, width, (row[src / 2] >> (src % 2 * 4)) & 15);
     }
     for (int64_t g = 0; g < out_groups; ++g) {
       out.scale.as<float>()[Int4ScaleIndex(n, g, out_groups)] = scale[n * groups + g0 + g];

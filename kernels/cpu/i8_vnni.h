@@ -48,6 +48,11 @@ constexpr int64_t kVnniTileGroup = 4;
 // registers (decode steps); from there on each group of tiles is repacked once per call into an
 // L2 scratch that every block of rows reads.
 constexpr int64_t kVnniDirectMaxM = 8;
+// The int8 and int4 decode kernels, for one or two rows of x, ask for each tile's line this far
+// ahead: the hardware prefetcher alone left batch-1 decode ~10% short. Measured on the OPT-1.3B
+// shape at batch 1, int4 (2-core Xeon): 512 / 1,024 / 2,048 / 4,096 / 8,192 bytes gave 31.4 /
+// 29.7 / 29.0 / 30.9 / 32.1 ms per token against 32.0 without.
+constexpr int64_t kDecodePrefetchBytes = 2048;
 void LinearI8Vnni(const uint8_t* packed, const float* x_scales, const int32_t* x_zeros,
                   int64_t m_rows, int64_t k_dim, const int8_t* w, int64_t n_dim, int64_t t_begin,
                   int64_t t_end, const LinearEpilogue& epilogue, float* out, int64_t ldo);

@@ -33,10 +33,6 @@ namespace {
 #define DEJA_I4_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni")))
 
 constexpr int64_t kRowBlock = 4;
-// Decode (one or two rows) asks for each tile's line this far ahead: measured on the OPT-1.3B
-// shape at batch 1 (2-core Xeon), 512 / 1,024 / 2,048 / 4,096 / 8,192 bytes gave 31.4 / 29.7 /
-// 29.0 / 30.9 / 32.1 ms per token against 32.0 without.
-constexpr int64_t kPrefetchBytes = 2048;
 
 // acc + the 4 products of u8 a and s8 b per lane (written out, as in linear_i8_vnni.cc, so GCC
 // keeps the accumulators in registers).
@@ -75,7 +71,9 @@ DEJA_I4_TARGET void I4Tiles(const I4Args& a) {
       __m512i lo[NB], hi[NB];
       for (int b = 0; b < NB; ++b) {
         const uint8_t* line = a.w + b * a.tile_bytes + j * 64;
-        if (MB <= 2) _mm_prefetch(reinterpret_cast<const char*>(line) + kPrefetchBytes, _MM_HINT_T0);
+        if (MB <= 2) {
+          _mm_prefetch(reinterpret_cast<const char*>(line) + kDecodePrefetchBytes, _MM_HINT_T0);
+        }
         const __m512i v = _mm512_loadu_si512(line);
         lo[b] = _mm512_and_si512(v, low);
         hi[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);

@@ -146,9 +146,9 @@ DEJA_VNNI_TARGET void VnniDirect(const int8_t* tiles, int64_t tile_stride, int64
     __m512i wv[NB];
     for (int b = 0; b < NB; ++b) {
       const int8_t* line = tiles + b * tile_stride + q * 64;
-      // One or two rows leave the loads' latency exposed: ask for the line 2 KiB ahead (the
-      // hardware prefetcher alone left batch-1 decode ~10% short).
-      if (MB <= 2) _mm_prefetch(reinterpret_cast<const char*>(line) + 2048, _MM_HINT_T0);
+      if (MB <= 2) {
+        _mm_prefetch(reinterpret_cast<const char*>(line) + kDecodePrefetchBytes, _MM_HINT_T0);
+      }
       wv[b] = _mm512_permutexvar_epi16(idx, _mm512_loadu_si512(line));
     }
     step(q, wv);

@@ -52,8 +52,6 @@ StatusOr<TensorView> GetOptional(const Checkpoint& ckpt, const std::string& name
   return GetVector(ckpt, name, shape);
 }
 
-// A matrix: any float dtype, or int8 (deja quantize) with its f32 scales, one per row, finite and
-// not negative, attached to the view.
 // int4 (deja quantize --bits 4): u8 [rows, cols / 2] and f32 scales [rows, cols / group], the
 // checkpoint's form (common/quantize.h); the view returned has dtype kI4, layout kRowMajor, the
 // scales and the group attached: a source for TileInt4Rows, which no kernel reads.
@@ -94,6 +92,8 @@ StatusOr<TensorView> GetInt4Matrix(const Checkpoint& ckpt, const std::string& na
   return v;
 }
 
+// A matrix: any float dtype; int8 (deja quantize) with its f32 scales, one per row, finite and
+// not negative, attached to the view; or int4 (GetInt4Matrix).
 StatusOr<TensorView> GetMatrix(const Checkpoint& ckpt, const std::string& name,
                                const Shape& shape) {
   const TensorInfo* info = ckpt.Find(name);
@@ -152,7 +152,6 @@ StatusOr<NormWeights> LoadNorm(const Checkpoint& ckpt, const std::string& w, con
   return n;
 }
 
-// Column-parallel: rows [begin, end) of w [out, in] and of its bias.
 // Columns [begin, end) of rows [row_begin, row_end) of a checkpoint's int4 matrix (GetInt4Matrix),
 // tiled into `store`.
 StatusOr<TensorView> TileInt4(const TensorView& full, const std::string& name, int64_t row_begin,
@@ -175,6 +174,7 @@ StatusOr<TensorView> TileInt4(const TensorView& full, const std::string& name, i
   return v;
 }
 
+// Column-parallel: rows [begin, end) of w [out, in] and of its bias.
 StatusOr<LinearWeights> LoadColumnParallel(const Checkpoint& ckpt, const std::string& w,
                                            const std::string& b, int64_t out, int64_t in,
                                            int64_t begin, int64_t end,
