@@ -87,6 +87,11 @@ void AddDtypeFlag(Args& args) {
             "every sequence (batched), or one write and attention per sequence (per-sequence, "
             "for comparisons)",
             "batched")
+      .Flag("cuda-graphs",
+            "on a GPU: run decode steps (one new token per sequence, batch padded to a power of "
+            "two) as captured CUDA graphs, replayed step after step (on), or launch every kernel "
+            "(off)",
+            "on")
       .Flag("int4-group", "--dtype int4: K values per scale (a multiple of 8)", "128")
       .Flag("int4-max-error",
             "--dtype int4: a matrix whose relative error sqrt(sum (q - w)^2 / sum w^2) exceeds "
@@ -186,6 +191,11 @@ StatusOr<worker::model::LoadOptions> LoadOptionsFromFlags(const Args& args) {
     return InvalidArgument("--decode-attention must be batched or per-sequence, got " + decode);
   }
   o.batched_decode_attention = decode == "batched";
+  const std::string graphs = args.Str("cuda-graphs");
+  if (graphs != "on" && graphs != "off") {
+    return InvalidArgument("--cuda-graphs must be on or off, got " + graphs);
+  }
+  o.decode_graphs = graphs == "on";
   DEJA_ASSIGN_OR_RETURN(int64_t group, args.Int("int4-group"));
   if (group <= 0 || group % 8 != 0 || group > (1 << 16)) {
     return InvalidArgument("--int4-group must be a positive multiple of 8, got " +

@@ -360,6 +360,7 @@ int RunServe(int argc, char** argv, int first) {
     DEJA_RETURN_IF_ERROR(LoadOptionsFromFlags(args).status());
     lo.extra_worker_args = {"--dtype", args.Str("dtype"), "--kv-dtype", args.Str("kv-dtype"),
                             "--decode-attention", args.Str("decode-attention"),
+                            "--cuda-graphs", args.Str("cuda-graphs"),
                             "--int4-group", args.Str("int4-group"),
                             "--int4-max-error", args.Str("int4-max-error")};
     DEJA_RETURN_IF_ERROR(worker::service::ParseCpuComm(args.Str("cpu-comm")).status());

@@ -264,6 +264,9 @@ void Engine::RunStep(StepPlan plan) {
     scheduler_.FailStep(plan, status, received);
   } else {
     ObserveSparsity(*responses);
+    const v1::StepTimings& rank0 = responses->front().timings();
+    if (rank0.graph_captured()) metrics_->graph_captures.Increment();
+    if (rank0.graph_replayed()) metrics_->graph_replays.Increment();
     double load = 0;
     for (const v1::StepResponse& r : *responses)
       load = std::max(load, r.prefix_io().load_seconds());

@@ -62,6 +62,14 @@ CoordinatorMetrics::CoordinatorMetrics(metrics::Registry* r, const ModelInfoLabe
       step_failures(r->AddCounter("deja_coordinator_step_failures_total",
                                   "Steps that failed (a rank's error, a timeout or a lost rank).")
                         .Add({})),
+      graph_captures(r->AddCounter("deja_cuda_graph_captures_total",
+                                   "Decode steps whose forward pass was captured as a CUDA graph "
+                                   "(then replayed); one capture per batch size bucket and "
+                                   "block-table width (--cuda-graphs).")
+                         .Add({})),
+      graph_replays(r->AddCounter("deja_cuda_graph_replays_total",
+                                  "Decode steps that replayed an earlier capture.")
+                        .Add({})),
       kv_usage_ratio(r->AddGauge("deja_coordinator_kv_cache_usage_ratio",
                                  "Reserved over total KV memory of the fullest rank, in [0, 1].")
                          .Add({})),

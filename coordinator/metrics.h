@@ -67,6 +67,9 @@ class CoordinatorMetrics {
   metrics::Histogram& batch_tokens;
   metrics::Counter& steps;
   metrics::Counter& step_failures;
+  // Rank 0's forward passes run as CUDA graphs: captured (then replayed) and replayed.
+  metrics::Counter& graph_captures;
+  metrics::Counter& graph_replays;
   metrics::Gauge& kv_usage_ratio;
   metrics::Gauge& kv_reserved_bytes;
   metrics::Gauge& ready;

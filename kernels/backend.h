@@ -33,6 +33,14 @@ namespace deja::kernels {
 
 enum class BackendKind { kReference, kCpu, kCuda };
 
+// Ops recorded on a backend by BeginCapture / EndCapture (a CUDA graph), replayed by Replay with
+// the arguments they were given: the same pointers and sizes, reading whatever the memory they
+// point at holds at replay time.
+class OpGraph {
+ public:
+  virtual ~OpGraph() = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -83,6 +91,27 @@ class Backend {
   // `ncu --profile-from-start off` and `nsys --capture-range cudaProfilerApi` follow; nothing on
   // host backends.
   virtual void SetProfiling(bool on) { (void)on; }
+
+  // Graph capture (CUDA graphs; the simulated device records closures). Between BeginCapture and
+  // EndCapture the ops given to this backend are recorded, not run; Replay runs the recording
+  // again on the stream. What may not be captured, on every backend that captures: copies to or
+  // from the host, Synchronize, Allocate, and ops given host index arrays (Embedding's host ids,
+  // Attention, the gathers, KvWrite, MaskUnits: their arrays are staged when the op is called).
+  // Such a call fails, and so does EndCapture after it: the capture is then discarded. EndCapture
+  // must follow every BeginCapture, failed ops or not. Host backends do not capture.
+  virtual bool SupportsGraphs() const { return false; }
+  virtual Status BeginCapture() { return Unimplemented(name() + " does not capture op graphs"); }
+  virtual StatusOr<std::unique_ptr<OpGraph>> EndCapture() {
+    return Unimplemented(name() + " does not capture op graphs");
+  }
+  virtual Status Replay(OpGraph& graph) {
+    (void)graph;
+    return Unimplemented(name() + " does not replay op graphs");
+  }
+  // Changes whenever the backend reallocates memory its ops use behind the caller's back (its
+  // scratch workspaces): graphs captured under an older value may point at freed memory and must
+  // be captured again.
+  virtual uint64_t graph_epoch() const { return 0; }
 
   // Batch-invariant Linear: each output row computed as if it were the call's only row (no
   // kernel or summation order chosen by the call's row count; the CPU's f16 and f32 row-major

@@ -41,7 +41,8 @@ class Backend;
   X(kConvert, convert, ConvertFn, kFloatDTypes)                             \
   X(kMaskUnits, mask_units, MaskUnitsFn, kF32Only)                          \
   X(kRetainScores, retain_scores, RetainScoresFn, kF32Only)                \
-  X(kDecodeAttention, decode_attention, DecodeAttentionFn, kKvDTypes)
+  X(kDecodeAttention, decode_attention, DecodeAttentionFn, kKvDTypes)                \
+  X(kDecodeEvict, decode_evict, DecodeEvictFn, kKvDTypes)
 
 enum class OpId {
 #define DEJA_OP_ID(id, member, fn, dtypes) id,
@@ -130,9 +131,10 @@ struct AttentionArgs {
   const uint8_t* keep = nullptr;
 };
 
-// out[i, :] = table[ids[i], :] (accumulate: out += table[ids[i]]).
-using EmbeddingFn = Status (*)(Backend&, TensorView table, const int32_t* ids, int64_t n,
-                               bool accumulate, TensorView out);
+// out[i, :] = table[ids[i], :] (accumulate: out += table[ids[i]]). ids is a host array, or in the
+// backend's device memory when ids_on_device (host backends read it either way).
+using EmbeddingFn = Status (*)(Backend&, TensorView table, const int32_t* ids, bool ids_on_device,
+                               int64_t n, bool accumulate, TensorView out);
 // out = (x - mean) / sqrt(var + eps) * gamma + beta, per row.
 using LayerNormFn = Status (*)(Backend&, TensorView x, TensorView gamma, TensorView beta,
                                float eps, TensorView out);
@@ -250,6 +252,26 @@ struct DecodeAttentionArgs {
   Device device = Device::Host();  // where q, k, v, out and the metadata are
 };
 using DecodeAttentionFn = Status (*)(Backend&, const DecodeAttentionArgs& args);
+
+// A decode step's evictions over one layer of a paged pool, in one call, with every argument
+// that changes from step to step read from device memory: for sequence i, the int32 row
+// params[i * kDecodeEvictParams ...] holds a KvEvictArgs (rank as KvRank, excess, oldest_recent,
+// length, decay as float bits) and the device address of its victims array (two int32 words, low
+// first); sequence i's cache is as in DecodeAttentionArgs (its row of `blocks`, slots [0, used[i])).
+// Each sequence is then exactly KvEvict over its cache with those arguments; a sequence with
+// excess 0 and decay 1 is left alone. kv.score is the pool's score base (null when no sequence
+// ranks by score or decays).
+inline constexpr int32_t kDecodeEvictParams = 7;
+struct DecodeEvictArgs {
+  KvView kv;
+  int32_t seqs = 0, heads = 0;
+  const int32_t* used = nullptr;    // [seqs]
+  const int32_t* blocks = nullptr;  // [seqs, max_blocks]
+  int32_t max_blocks = 0;
+  const int32_t* params = nullptr;  // [seqs, kDecodeEvictParams]
+  Device device = Device::Host();   // where the metadata is
+};
+using DecodeEvictFn = Status (*)(Backend&, const DecodeEvictArgs& args);
 
 struct OpTable {
 #define DEJA_OP_SLOT(id, member, fn, dtypes) fn member = nullptr;

@@ -97,7 +97,30 @@ Status Embedding(Backend& backend, TensorView table, const int32_t* ids, int64_t
   DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kEmbedding, table.dtype,
                                     reinterpret_cast<const void*>(backend.ops().embedding)));
   if (n == 0) return Status::Ok();
-  return backend.ops().embedding(backend, table, ids, n, accumulate, out);
+  return backend.ops().embedding(backend, table, ids, false, n, accumulate, out);
+}
+
+Status EmbeddingDeviceIds(Backend& backend, TensorView table, TensorView ids, bool accumulate,
+                          TensorView out) {
+  constexpr const char* kOp = "embedding";
+  DEJA_RETURN_IF_ERROR(
+      CheckDevices(backend, kOp, {{"table", table}, {"ids", ids}, {"out", out}}));
+  DEJA_RETURN_IF_ERROR(CheckWeight(kOp, "table", table, 2, &backend, OpId::kEmbedding));
+  DEJA_RETURN_IF_ERROR(CheckActivation(kOp, "out", out));
+  if (ids.dtype != DType::kI32 || ids.shape.rank != 1) {
+    return Bad(kOp, "ids", "must be i32 [n], got " + std::string(DTypeName(ids.dtype)) + " " +
+                               ids.shape.ToString());
+  }
+  const int64_t n = ids.shape[0];
+  if (n > 0 && ids.data == nullptr) return Bad(kOp, "ids", "is null");
+  if (out.rows() != n || out.cols() != table.cols()) {
+    return Bad(kOp, "out", "has shape " + out.shape.ToString() + ", want " + Dims(n, table.cols()));
+  }
+  DEJA_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", out, "table", table));
+  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kEmbedding, table.dtype,
+                                    reinterpret_cast<const void*>(backend.ops().embedding)));
+  if (n == 0) return Status::Ok();
+  return backend.ops().embedding(backend, table, ids.as<int32_t>(), true, n, accumulate, out);
 }
 
 Status LayerNorm(Backend& backend, TensorView x, TensorView gamma, TensorView beta, float eps,

@@ -26,6 +26,11 @@ namespace deja::kernels {
 // id must be in [0, vocab).
 Status Embedding(Backend& backend, TensorView table, const int32_t* ids, int64_t n, bool accumulate,
                  TensorView out);
+// The same with the ids in the backend's memory (i32 [n] on its device), which nothing reads on
+// the host: the caller guarantees every id is in [0, vocab). Its staging-free form is what a
+// captured op graph needs (kernels/backend.h BeginCapture).
+Status EmbeddingDeviceIds(Backend& backend, TensorView table, TensorView ids, bool accumulate,
+                          TensorView out);
 
 // Row-wise LayerNorm of x [rows, dim]; gamma and beta [dim] in one weight dtype; eps > 0.
 // out may be x itself (same data pointer).
@@ -85,6 +90,10 @@ Status KvEvict(Backend& backend, const KvView& kv, int32_t heads, const KvEvictA
 // A decode step of many sequences over one layer of a paged pool (DecodeAttentionFn in
 // op_table.h): each sequence's new key and value written, then its one-token attention.
 Status DecodeAttention(Backend& backend, const DecodeAttentionArgs& args);
+
+// A decode step's evictions over one layer of a paged pool, every sequence's KvEvict arguments
+// read from device memory (DecodeEvictFn in op_table.h).
+Status DecodeEvict(Backend& backend, const DecodeEvictArgs& args);
 
 // dst = src between float dtypes (round to nearest even), equal element counts.
 Status Convert(Backend& backend, TensorView src, TensorView dst);

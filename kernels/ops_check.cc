@@ -118,7 +118,7 @@ Status CheckSupport(Backend& backend, OpId op, DType dtype, const void* fn) {
   if (fn == nullptr || !backend.Supports(op, dtype)) {
     return Unimplemented(std::string(OpName(op)) + ": backend " + backend.name() +
                          " does not support " +
-                         (op == OpId::kAttention || op == OpId::kDecodeAttention ? "KV cache"
+                         (op == OpId::kAttention || op == OpId::kDecodeAttention || op == OpId::kDecodeEvict ? "KV cache"
                                                                                   : "weight") +
                          " dtype " + DTypeName(dtype));
   }

@@ -246,4 +246,36 @@ Status KvEvict(Backend& backend, const KvView& kv, int32_t heads, const KvEvictA
   return backend.ops().kv_evict(backend, kv, heads, args, victims);
 }
 
+Status DecodeEvict(Backend& backend, const DecodeEvictArgs& a) {
+  constexpr const char* kOp = "decode_evict";
+  if (a.seqs < 0) return Bad(kOp, "seqs", "must not be negative");
+  if (a.heads <= 0) return Bad(kOp, "heads", "must be positive");
+  const KvView& kv = a.kv;
+  if (kv.k == nullptr) return Bad(kOp, "kv.k", "is null");
+  if (kv.slot_pos == nullptr) return Bad(kOp, "kv.slot_pos", "is null");
+  if (!backend.SupportsPagedKv()) {
+    return Bad(kOp, "kv", "is paged, but backend " + backend.name() +
+                              " reads contiguous KV caches only");
+  }
+  if (kv.block_slots <= 0) return Bad(kOp, "kv.block_slots", "must be positive");
+  if (kv.block_stride < static_cast<int64_t>(a.heads) * kv.block_slots) {
+    return Bad(kOp, "kv.block_stride",
+               std::to_string(kv.block_stride) + " is less than heads * block_slots = " +
+                   std::to_string(static_cast<int64_t>(a.heads) * kv.block_slots));
+  }
+  if (a.max_blocks <= 0) return Bad(kOp, "max_blocks", "must be positive");
+  const Device want = backend.device();
+  const std::pair<const char*, const void*> ptrs[] = {
+      {"used", a.used}, {"blocks", a.blocks}, {"params", a.params}};
+  for (const auto& [name, ptr] : ptrs) {
+    if (a.seqs > 0 && ptr == nullptr) return Bad(kOp, name, "is null");
+    DEJA_RETURN_IF_ERROR(CheckDevice(backend, want, kOp, name, ptr, a.device));
+  }
+  DEJA_RETURN_IF_ERROR(CheckDevice(backend, want, kOp, "kv", kv.k, kv.device));
+  DEJA_RETURN_IF_ERROR(CheckSupport(backend, OpId::kDecodeEvict, kv.dtype,
+                                    reinterpret_cast<const void*>(backend.ops().decode_evict)));
+  if (a.seqs == 0) return Status::Ok();
+  return backend.ops().decode_evict(backend, a);
+}
+
 }  // namespace deja::kernels

@@ -26,7 +26,7 @@ constexpr int64_t kMinParallelElements = 1 << 14;
 
 int64_t MinRows(int64_t cols) { return std::max<int64_t>(1, kMinParallelElements / cols); }
 
-Status CpuEmbedding(Backend& backend, TensorView table, const int32_t* ids, int64_t n,
+Status CpuEmbedding(Backend& backend, TensorView table, const int32_t* ids, bool, int64_t n,
                     bool accumulate, TensorView out) {
   const int64_t dim = table.cols();
   const bool int8 = table.dtype == DType::kI8;

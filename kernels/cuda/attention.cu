@@ -437,6 +437,21 @@ ScratchLayout LayoutOf(const AttentionLaunch& a, const AttentionPlan& plan) {
 
 AttentionPlan PlanAttention(const AttentionLaunch& a, int sm_count) {
   AttentionPlan plan;
+  if (a.seq_used != nullptr) {
+    // A decode step over many caches: splits of a fixed kMinSplitSlots slots (more only past
+    // kMaxSplits splits), so a sequence's slots fall into the same splits, summed in the same
+    // order, whatever the batch, the other sequences' lengths or the max_used bucket (a padded
+    // graph's). A sequence within one split gets the unsplit bits: the combine weighs its empty
+    // splits zero and its own one.
+    const int64_t used = std::max(a.used, 1);
+    int64_t per = kMinSplitSlots;
+    if ((used + per - 1) / per > kMaxSplits) {
+      per = ((used + kMaxSplits - 1) / kMaxSplits + 63) / 64 * 64;
+    }
+    plan.split_slots = static_cast<int32_t>(per);
+    plan.splits = static_cast<int32_t>((used + per - 1) / per);
+    return plan;
+  }
   plan.split_slots = std::max(a.used, 1);
   const int64_t pairs = static_cast<int64_t>(a.tokens) * a.heads;
   const int64_t target = static_cast<int64_t>(std::max(sm_count, 1)) * kBlocksPerSm;

@@ -22,6 +22,23 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 void FreeDevice(void* data) { cudaFree(data); }
 void FreePinned(void* data) { cudaFreeHost(data); }
 
+// A captured stream's graph and its executable form.
+class CudaGraph final : public OpGraph {
+ public:
+  CudaGraph(cudaGraph_t graph, cudaGraphExec_t exec) : graph_(graph), exec_(exec) {}
+  ~CudaGraph() override {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+    if (graph_ != nullptr) cudaGraphDestroy(graph_);
+  }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  cudaGraphExec_t exec() const { return exec_; }
+
+ private:
+  cudaGraph_t graph_;
+  cudaGraphExec_t exec_;
+};
+
 class CudaBackendImpl final : public CudaBackend {
  public:
   CudaBackendImpl(CudaContext ctx, std::string device_name)
@@ -42,6 +59,7 @@ class CudaBackendImpl final : public CudaBackend {
     table_.mask_units = CudaMaskUnits;
     table_.retain_scores = CudaRetainScores;
     table_.decode_attention = CudaDecodeAttention;
+    table_.decode_evict = CudaDecodeEvict;
   }
 
   BackendKind kind() const override { return BackendKind::kCuda; }
@@ -52,7 +70,8 @@ class CudaBackendImpl final : public CudaBackend {
     // model refuses --dtype int4 on a GPU at load); int8 KV caches have no CUDA kernels yet
     // (--kv-dtype int8 is refused there at load).
     const bool kv_op = op == OpId::kAttention || op == OpId::kKvWrite ||
-                       op == OpId::kKvEvict || op == OpId::kDecodeAttention;
+                       op == OpId::kKvEvict || op == OpId::kDecodeAttention ||
+                       op == OpId::kDecodeEvict;
     if ((dtype == DType::kI4 && op != OpId::kLinear) || (kv_op && dtype == DType::kI8)) {
       return false;
     }
@@ -73,6 +92,40 @@ class CudaBackendImpl final : public CudaBackend {
       if (e != cudaSuccess) LOG(WARNING) << name_ << ": profiler range: " << cudaGetErrorString(e);
     }
   }
+
+  // Stream capture in thread-local mode: only this thread's calls on the stream are recorded, and
+  // an illegal call during capture (a synchronous copy, a synchronize, a cudaMalloc) fails there
+  // and invalidates the capture, which EndCapture then reports.
+  bool SupportsGraphs() const override { return true; }
+  Status BeginCapture() override {
+    DEJA_RETURN_IF_ERROR(Enter());
+    return CudaStatus(cudaStreamBeginCapture(ctx_.stream.get(), cudaStreamCaptureModeThreadLocal),
+                      "cudaStreamBeginCapture");
+  }
+  StatusOr<std::unique_ptr<OpGraph>> EndCapture() override {
+    DEJA_RETURN_IF_ERROR(Enter());
+    cudaGraph_t graph = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(ctx_.stream.get(), &graph);
+    if (e != cudaSuccess) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      cudaGetLastError();  // the capture's failure is reported here, not by the next call
+      return CudaStatus(e, "cudaStreamEndCapture");
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t ie = cudaGraphInstantiate(&exec, graph, 0);
+    if (ie != cudaSuccess) {
+      cudaGraphDestroy(graph);
+      return CudaStatus(ie, "cudaGraphInstantiate");
+    }
+    return std::unique_ptr<OpGraph>(std::make_unique<CudaGraph>(graph, exec));
+  }
+  Status Replay(OpGraph& graph) override {
+    DEJA_RETURN_IF_ERROR(Enter());
+    auto* g = dynamic_cast<CudaGraph*>(&graph);
+    if (g == nullptr) return InvalidArgument(name_ + ": the graph was not captured on CUDA");
+    return CudaStatus(cudaGraphLaunch(g->exec(), ctx_.stream.get()), "cudaGraphLaunch");
+  }
+  uint64_t graph_epoch() const override { return Workspace::Reallocations(); }
 
   Status OrderBefore(Backend& other) override {
     if (other.native_stream() == nullptr) return Synchronize();  // a host backend: wait here

@@ -70,8 +70,8 @@ CudaContext& ContextOf(Backend& backend);
 StatusOr<int32_t*> StageIndices(CudaContext& ctx, const int32_t* host, int64_t n);
 
 // Op table entries (cuda_ops.cc, linear.cc); arguments are validated by kernels/ops.cc.
-Status CudaEmbedding(Backend& b, TensorView table, const int32_t* ids, int64_t n, bool accumulate,
-                     TensorView out);
+Status CudaEmbedding(Backend& b, TensorView table, const int32_t* ids, bool ids_on_device,
+                     int64_t n, bool accumulate, TensorView out);
 Status CudaLayerNorm(Backend& b, TensorView x, TensorView gamma, TensorView beta, float eps,
                      TensorView out);
 Status CudaLinear(Backend& b, TensorView x, TensorView w, TensorView bias, Activation act,
@@ -90,6 +90,7 @@ Status CudaKvWrite(Backend& b, const KvView& kv, int32_t heads, int32_t head_dim
                    TensorView v, const float* scores);
 Status CudaRetainScores(Backend& b, const RetainArgs& args);
 Status CudaDecodeAttention(Backend& b, const DecodeAttentionArgs& args);
+Status CudaDecodeEvict(Backend& b, const DecodeEvictArgs& args);
 Status CudaKvEvict(Backend& b, const KvView& kv, int32_t heads, const KvEvictArgs& args,
                    int32_t* victims);
 Status CudaConvert(Backend& b, TensorView src, TensorView dst);

@@ -2,6 +2,7 @@
 #include "kernels/cuda/cuda_handles.h"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 #include <utility>
 
@@ -176,8 +177,15 @@ CublasLtHandle& CublasLtHandle::operator=(CublasLtHandle&& other) noexcept {
   return *this;
 }
 
+namespace {
+std::atomic<uint64_t> workspace_reallocations{0};
+}  // namespace
+
+uint64_t Workspace::Reallocations() { return workspace_reallocations.load(); }
+
 StatusOr<void*> Workspace::Get(size_t bytes, cudaStream_t stream) {
   if (bytes <= buffer_.bytes()) return buffer_.data();
+  workspace_reallocations.fetch_add(1);
   DEJA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "cudaStreamSynchronize (workspace)");
   buffer_ = DeviceBuffer();
   // Round up so a slowly growing shape does not reallocate on every call.

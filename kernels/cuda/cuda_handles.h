@@ -171,6 +171,9 @@ using LtMatmulPreference =
 class Workspace {
  public:
   StatusOr<void*> Get(size_t bytes, cudaStream_t stream);
+  // How many times any workspace of the process has been reallocated (graphs captured before a
+  // reallocation may point at the freed buffer: Backend::graph_epoch).
+  static uint64_t Reallocations();
 
  private:
   DeviceBuffer buffer_;

@@ -47,11 +47,14 @@ StatusOr<int32_t*> StageIndices(CudaContext& ctx, const int32_t* host, int64_t n
   return static_cast<int32_t*>(dst);
 }
 
-Status CudaEmbedding(Backend& b, TensorView table, const int32_t* ids, int64_t n, bool accumulate,
-                     TensorView out) {
+Status CudaEmbedding(Backend& b, TensorView table, const int32_t* ids, bool ids_on_device,
+                     int64_t n, bool accumulate, TensorView out) {
   CudaContext& ctx = ContextOf(b);
   DEJA_RETURN_IF_ERROR(Enter(ctx));
-  DEJA_ASSIGN_OR_RETURN(int32_t * dev_ids, StageIndices(ctx, ids, n));
+  const int32_t* dev_ids = ids;
+  if (!ids_on_device) {
+    DEJA_ASSIGN_OR_RETURN(dev_ids, StageIndices(ctx, ids, n));
+  }
   return CudaStatus(LaunchEmbedding(table.data, table.dtype, table.scale, dev_ids, n, table.cols(),
                                     accumulate, out.as<float>(), ctx.stream.get()),
                     "embedding kernel");
@@ -224,6 +227,30 @@ Status CudaRetainScores(Backend& b, const RetainArgs& args) {
   a.b2 = args.b2;
   a.out = args.out;
   return CudaStatus(LaunchRetainScores(a, ctx.stream.get()), "retain_scores kernel");
+}
+
+Status CudaDecodeEvict(Backend& b, const DecodeEvictArgs& args) {
+  CudaContext& ctx = ContextOf(b);
+  DEJA_RETURN_IF_ERROR(Enter(ctx));
+  if (args.heads > 65535 && args.seqs > 0) {
+    return Unimplemented("decode_evict: more than 65,535 heads");
+  }
+  static_assert(kDecodeEvictParams == 7, "DecodeEvictKernel reads 7 params per sequence");
+  static_assert(static_cast<int>(KvRank::kScore) == static_cast<int>(EvictRank::kScore) &&
+                    static_cast<int>(KvRank::kMeanScore) == static_cast<int>(EvictRank::kMeanScore) &&
+                    static_cast<int>(KvRank::kPosition) == static_cast<int>(EvictRank::kPosition),
+                "params carry KvRank values, which the kernel reads as EvictRank");
+  DecodeEvictLaunch a;
+  a.slots = SlotsOf(args.kv);
+  a.slot_pos = const_cast<int32_t*>(args.kv.slot_pos);
+  a.score = args.kv.score;
+  a.seqs = args.seqs;
+  a.heads = args.heads;
+  a.used = args.used;
+  a.blocks = args.blocks;
+  a.max_blocks = args.max_blocks;
+  a.params = args.params;
+  return CudaStatus(LaunchDecodeEvict(a, ctx.stream.get()), "decode_evict kernel");
 }
 
 Status CudaKvEvict(Backend& b, const KvView& kv, int32_t heads, const KvEvictArgs& args,

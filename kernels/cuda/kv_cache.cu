@@ -130,10 +130,9 @@ __device__ __forceinline__ bool Lower(float key, int32_t pos, float other_key, i
 // L2 after the first chunk); a thread stops counting at `excess`, and a tile loop ends when no
 // thread of the block still counts, so small excesses (decode's 1) cost about one pass per chunk.
 // Slots are freed only after all counting, since freeing changes the candidate set.
-__global__ void __launch_bounds__(kEvictThreads) KvEvictKernel(KvEvictLaunch a) {
+__device__ __forceinline__ void EvictHead(const KvEvictLaunch& a, int32_t h) {
   __shared__ float tile_key[kEvictThreads];
   __shared__ int32_t tile_pos[kEvictThreads];  // -1: not a candidate
-  const int32_t h = static_cast<int32_t>(blockIdx.x);
   int32_t* victims = a.victims + static_cast<int64_t>(h) * a.excess;
   for (int32_t j = threadIdx.x; j < a.excess; j += blockDim.x) victims[j] = -1;
   if (a.decay != 1.f) {
@@ -179,6 +178,33 @@ __global__ void __launch_bounds__(kEvictThreads) KvEvictKernel(KvEvictLaunch a) 
   }
 }
 
+__global__ void __launch_bounds__(kEvictThreads) KvEvictKernel(KvEvictLaunch a) {
+  EvictHead(a, static_cast<int32_t>(blockIdx.x));
+}
+
+// Block (head, sequence): the sequence's arguments from its params row (block-uniform).
+__global__ void __launch_bounds__(kEvictThreads) DecodeEvictKernel(DecodeEvictLaunch d) {
+  const int32_t i = static_cast<int32_t>(blockIdx.y);
+  const int32_t* p = d.params + static_cast<int64_t>(i) * 7;
+  KvEvictLaunch a;
+  a.excess = p[1];
+  a.decay = __int_as_float(p[4]);
+  if (a.excess == 0 && a.decay == 1.f) return;
+  a.slots = d.slots;
+  a.slots.blocks = d.blocks + static_cast<int64_t>(i) * d.max_blocks;
+  a.slot_pos = d.slot_pos;
+  a.score = d.score;
+  a.heads = d.heads;
+  a.used = d.used[i];
+  a.rank = static_cast<EvictRank>(p[0]);
+  a.oldest_recent = p[2];
+  a.length = p[3];
+  const uint64_t address = static_cast<uint64_t>(static_cast<uint32_t>(p[5])) |
+                           (static_cast<uint64_t>(static_cast<uint32_t>(p[6])) << 32);
+  a.victims = reinterpret_cast<int32_t*>(address);
+  EvictHead(a, static_cast<int32_t>(blockIdx.x));
+}
+
 }  // namespace
 
 cudaError_t LaunchKvWrite(const KvWriteLaunch& a, cudaStream_t stream) {
@@ -204,6 +230,13 @@ cudaError_t LaunchRetainScores(const RetainLaunch& a, cudaStream_t stream) {
 
 cudaError_t LaunchKvEvict(const KvEvictLaunch& a, cudaStream_t stream) {
   KvEvictKernel<<<static_cast<unsigned>(a.heads), kEvictThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDecodeEvict(const DecodeEvictLaunch& a, cudaStream_t stream) {
+  if (a.seqs == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(a.heads), static_cast<unsigned>(a.seqs));
+  DecodeEvictKernel<<<grid, kEvictThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -220,4 +220,19 @@ struct KvEvictLaunch {
 };
 cudaError_t LaunchKvEvict(const KvEvictLaunch& a, cudaStream_t stream);
 
+// A decode step's evictions (DecodeEvictArgs in kernels/op_table.h): one block per (head,
+// sequence), each reading its sequence's KvEvict arguments and victims address from `params`.
+struct DecodeEvictLaunch {
+  KvSlots slots;  // the pool's layout; blocks is replaced by each sequence's row
+  int32_t* slot_pos = nullptr;
+  float* score = nullptr;
+  int32_t seqs = 0, heads = 0;
+  const int32_t* used = nullptr;    // [seqs]
+  const int32_t* blocks = nullptr;  // [seqs, max_blocks]
+  int32_t max_blocks = 0;
+  const int32_t* params = nullptr;  // [seqs, 7]: rank, excess, oldest_recent, length, decay bits,
+                                    // victims address (low, high)
+};
+cudaError_t LaunchDecodeEvict(const DecodeEvictLaunch& a, cudaStream_t stream);
+
 }  // namespace deja::kernels::cuda

@@ -3,6 +3,7 @@
 // other backend against it; it is not meant to be fast.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -35,7 +36,7 @@ double XFor(float x, DType w) {
                                               : static_cast<double>(x);
 }
 
-Status RefEmbedding(Backend&, TensorView table, const int32_t* ids, int64_t n, bool accumulate,
+Status RefEmbedding(Backend&, TensorView table, const int32_t* ids, bool, int64_t n, bool accumulate,
                     TensorView out) {
   int64_t dim = table.cols();
   float* o = out.as<float>();
@@ -323,6 +324,29 @@ Status DecodeAttention(Backend& b, const DecodeAttentionArgs& a) {
   return Status::Ok();
 }
 
+// Each sequence's KvEvict over a KvView made of its row of the block table, with the arguments of
+// its params row.
+Status DecodeEvict(Backend& b, const DecodeEvictArgs& a) {
+  for (int32_t i = 0; i < a.seqs; ++i) {
+    const int32_t* p = a.params + static_cast<int64_t>(i) * kDecodeEvictParams;
+    KvEvictArgs e;
+    e.rank = static_cast<KvRank>(p[0]);
+    e.excess = p[1];
+    e.oldest_recent = p[2];
+    e.length = p[3];
+    std::memcpy(&e.decay, &p[4], sizeof(float));
+    if (e.excess == 0 && e.decay == 1.0f) continue;
+    const uint64_t address =
+        static_cast<uint32_t>(p[5]) | (static_cast<uint64_t>(static_cast<uint32_t>(p[6])) << 32);
+    KvView kv = a.kv;
+    kv.blocks = a.blocks + static_cast<int64_t>(i) * a.max_blocks;
+    kv.used = a.used[i];
+    kv.capacity = a.max_blocks * a.kv.block_slots;
+    DEJA_RETURN_IF_ERROR(KvEvict(b, kv, a.heads, e, reinterpret_cast<int32_t*>(address)));
+  }
+  return Status::Ok();
+}
+
 Status RetainScores(Backend&, const RetainArgs& a) {
   const int32_t in = 3 * a.head_dim;
   std::vector<float> x(static_cast<size_t>(in));
@@ -468,6 +492,7 @@ OpTable MakeReferenceTable() {
   t.convert = ref::Convert;
   t.mask_units = ref::MaskUnits;
   t.decode_attention = ref::DecodeAttention;
+  t.decode_evict = ref::DecodeEvict;
   return t;
 }
 

@@ -19,6 +19,7 @@ Status Convert(Backend&, TensorView src, TensorView dst);
 Status MaskUnits(Backend&, TensorView x, const uint8_t* keep, int32_t unit_width);
 // Each sequence's KvWrite, then its one-token attention (the definition in op_table.h).
 Status DecodeAttention(Backend&, const DecodeAttentionArgs& args);
+Status DecodeEvict(Backend&, const DecodeEvictArgs& args);
 
 // Linear over int8 weights w (TensorView::scale) with x quantized per row to int8 as the CPU's
 // prefill path does (kernels/cpu/i8_vnni.h): per row amax = max |x|, levels = 255 for a row

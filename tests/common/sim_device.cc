@@ -5,8 +5,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
 #include "kernels/op_table.h"
 
@@ -122,21 +126,80 @@ Backend& InnerBackend(Inner which) {
 constexpr Inner InnerFor(kernels::OpId op) {
   using kernels::OpId;
   return op == OpId::kAttention || op == OpId::kKvWrite || op == OpId::kKvEvict ||
-                 op == OpId::kDecodeAttention || op == OpId::kConvert || op == OpId::kMaskUnits
+                 op == OpId::kDecodeAttention || op == OpId::kDecodeEvict || op == OpId::kConvert ||
+                 op == OpId::kMaskUnits
              ? Inner::kReference
              : Inner::kCpu;
 }
 
-// One trampoline per op: the inner backend's function with device memory opened around it.
+// Graph capture on the simulated device (SimDeviceBackend below): while a backend captures, its
+// ops are recorded as closures over their arguments (pointers and sizes, as a CUDA graph's kernel
+// nodes hold them) and run again by Replay, reading the memory as it is then.
+struct Capture {
+  bool on = false;
+  Status error;  // the first call that cannot be captured
+  std::vector<std::function<Status()>> ops;
+};
+Capture& CaptureOf(Backend& b);
+
+// Whether an op's call stages host arrays (as the CUDA backend copies them to the device when the
+// op is called): such a call cannot be captured, since a replay would read the array of the
+// capture, long gone.
+template <auto A, auto B>
+constexpr bool Same() {
+  if constexpr (std::is_same_v<decltype(A), decltype(B)>) {
+    return A == B;
+  } else {
+    return false;
+  }
+}
+template <auto Member, typename... A>
+bool StagesHostArrays(const A&... args) {
+  if constexpr (Same<Member, &OpTable::embedding>()) {
+    return !std::get<2>(std::tie(args...));  // (table, ids, ids_on_device, ...)
+  } else {
+    return Same<Member, &OpTable::attention>() || Same<Member, &OpTable::gather_linear>() ||
+           Same<Member, &OpTable::gather_linear_t>() || Same<Member, &OpTable::kv_write>() ||
+           Same<Member, &OpTable::mask_units>();
+  }
+}
+
+// One trampoline per op: the inner backend's function with device memory opened around it, or
+// its recording while the backend captures.
 template <typename Fn, Fn OpTable::*Member, Inner Which>
 struct Wrap;
 template <typename R, typename... A, R (*OpTable::*Member)(Backend&, A...), Inner Which>
 struct Wrap<R (*)(Backend&, A...), Member, Which> {
-  static R Call(Backend&, A... args) {
+  static R Run(A... args) {
     Opened open;
     Backend& inner = InnerBackend(Which);
     return (inner.ops().*Member)(inner, args...);
   }
+  static R Call(Backend& self, A... args) {
+    Capture& capture = CaptureOf(self);
+    if (!capture.on) return Run(args...);
+    if (StagesHostArrays<Member>(args...)) {
+      Status refused = FailedPrecondition(std::string("sim device: ") + self.name() +
+                                          " cannot capture an op given host index arrays");
+      if (capture.error.ok()) capture.error = refused;
+      return refused;
+    }
+    capture.ops.push_back([=]() { return Run(args...); });
+    return Status::Ok();
+  }
+};
+
+// A recording: the closures, run in order.
+class SimGraph final : public kernels::OpGraph {
+ public:
+  explicit SimGraph(std::vector<std::function<Status()>> ops) : ops_(std::move(ops)) {}
+  Status Run() const {
+    for (const auto& op : ops_) DEJA_RETURN_IF_ERROR(op());
+    return Status::Ok();
+  }
+
+ private:
+  std::vector<std::function<Status()>> ops_;
 };
 
 class SimDeviceBackend final : public Backend {
@@ -156,7 +219,30 @@ class SimDeviceBackend final : public Backend {
   }
   bool SupportsPagedKv() const override { return true; }
 
+  bool SupportsGraphs() const override { return true; }
+  Status BeginCapture() override {
+    if (capture_.on) return FailedPrecondition("sim device: already capturing");
+    capture_ = Capture{};
+    capture_.on = true;
+    return Status::Ok();
+  }
+  StatusOr<std::unique_ptr<kernels::OpGraph>> EndCapture() override {
+    if (!capture_.on) return FailedPrecondition("sim device: not capturing");
+    Capture done = std::move(capture_);
+    capture_ = Capture{};
+    if (!done.error.ok()) return done.error;
+    return std::unique_ptr<kernels::OpGraph>(std::make_unique<SimGraph>(std::move(done.ops)));
+  }
+  Status Replay(kernels::OpGraph& graph) override {
+    if (capture_.on) return Refuse("Replay");
+    auto* g = dynamic_cast<SimGraph*>(&graph);
+    if (g == nullptr) return InvalidArgument("sim device: the graph was not captured here");
+    return g->Run();
+  }
+  Capture& capture() { return capture_; }
+
   StatusOr<Tensor> Allocate(DType dtype, Shape shape) override {
+    if (capture_.on) return Refuse("Allocate");
     const size_t bytes = static_cast<size_t>(shape.numel()) * DTypeSize(dtype);
     void* p = TheArena().Take(bytes);
     if (p == nullptr) {
@@ -171,21 +257,28 @@ class SimDeviceBackend final : public Backend {
     return Tensor::Adopt(p, dtype, shape, device(), &FreeRegion);
   }
   Status CopyHostToDevice(void* dst, const void* src, size_t bytes) override {
+    if (capture_.on) return Refuse("CopyHostToDevice");
     Opened open;
     if (bytes > 0) std::memcpy(dst, src, bytes);
     return Status::Ok();
   }
   Status CopyDeviceToHost(void* dst, const void* src, size_t bytes) override {
+    if (capture_.on) return Refuse("CopyDeviceToHost");
     Opened open;
     if (bytes > 0) std::memcpy(dst, src, bytes);
     return Status::Ok();
   }
   Status Memset(void* dst, int value, size_t bytes) override {
-    Opened open;
-    if (bytes > 0) std::memset(dst, value, bytes);
+    auto set = [dst, value, bytes]() {
+      Opened open;
+      if (bytes > 0) std::memset(dst, value, bytes);
+      return Status::Ok();
+    };
+    if (!capture_.on) return set();
+    capture_.ops.push_back(set);  // cudaMemsetAsync is captured
     return Status::Ok();
   }
-  Status Synchronize() override { return Status::Ok(); }
+  Status Synchronize() override { return capture_.on ? Refuse("Synchronize") : Status::Ok(); }
   Status MemoryInfo(size_t* free_bytes, size_t* total_bytes) override {
     *free_bytes = memory_;
     *total_bytes = memory_;
@@ -198,9 +291,20 @@ class SimDeviceBackend final : public Backend {
     table_.*Member = &Wrap<Fn, Member, Which>::Call;
   }
 
+  // What CUDA refuses during stream capture; the capture fails with it.
+  Status Refuse(const char* what) {
+    Status refused = FailedPrecondition(std::string("sim device: ") + what +
+                                        " during graph capture");
+    if (capture_.on && capture_.error.ok()) capture_.error = refused;
+    return refused;
+  }
+
   size_t memory_;
   OpTable table_;
+  Capture capture_;
 };
+
+Capture& CaptureOf(Backend& b) { return static_cast<SimDeviceBackend&>(b).capture(); }
 
 }  // namespace
 

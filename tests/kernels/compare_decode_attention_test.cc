@@ -251,6 +251,152 @@ TEST_P(CompareDecodeAttention, MixedSequencesEqualPerSequenceOps) {
   }
 }
 
+// A sequence's output does not depend on its step: alone, beside longer and shorter sequences,
+// or under a max_used padded to the block table's bound (a captured graph's), the same bits.
+TEST_P(CompareDecodeAttention, SequenceOutputIndependentOfItsStep) {
+  Backend& b = backend();
+  const DecodeCase c{4, 64, 16, {700, 5, 2000, 260}, 0};
+  for (DType kv_dtype : KvDTypes()) {
+    if (!Runs(b, OpId::kDecodeAttention, kv_dtype)) continue;
+    SCOPED_TRACE(DTypeName(kv_dtype));
+    std::mt19937 rng(BaseSeed() + 9300);
+    const Step st = MakeStep(rng, c, kv_dtype);
+    const int64_t width = static_cast<int64_t>(c.heads) * c.head_dim;
+    // Sequence 0's row of `out` after a step over the first `seqs` sequences, on a fresh copy.
+    auto run = [&](int32_t seqs, int32_t max_used) -> std::vector<float> {
+      auto to = [&](const Tensor& t) { return b.ToBackend(t); };
+      auto dk = to(st.k), dv = to(st.v), dpos = to(st.slot_pos), dscore = to(st.score);
+      auto dq = to(st.q), dnk = to(st.nk), dnv = to(st.nv);
+      auto dout = to(Tensor::Zeros(DType::kF32, {st.seqs, width}));
+      auto qpos = IntsTo(b, st.q_pos), used = IntsTo(b, st.used), slots = IntsTo(b, st.slots);
+      auto flags = IntsTo(b, st.flags), blocks = IntsTo(b, st.blocks);
+      for (auto* t : {&dk, &dv, &dpos, &dscore, &dq, &dnk, &dnv, &dout, &qpos, &used, &slots,
+                      &flags, &blocks}) {
+        EXPECT_TRUE(t->ok()) << t->status().ToString();
+        if (!t->ok()) return {};
+      }
+      DecodeAttentionArgs a;
+      a.q = dq->as<float>();
+      a.q_stride = a.kv_stride = st.q.view().cols();
+      a.k = dnk->as<float>();
+      a.v = dnv->as<float>();
+      a.out = dout->as<float>();
+      a.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+      a.kv = PoolView(dk->data(), dv->data(), dpos->as<int32_t>(), dscore->as<float>(), kv_dtype,
+                      b.device(), c, st);
+      a.seqs = seqs;
+      a.heads = c.heads;
+      a.head_dim = c.head_dim;
+      a.q_pos = qpos->as<int32_t>();
+      a.used = used->as<int32_t>();
+      a.slots = slots->as<int32_t>();
+      a.flags = flags->as<int32_t>();
+      a.blocks = blocks->as<int32_t>();
+      a.max_blocks = st.max_blocks;
+      a.max_used = max_used;
+      a.device = b.device();
+      const Status s = DecodeAttention(b, a);
+      EXPECT_TRUE(s.ok()) << s.ToString();
+      std::vector<float> row(static_cast<size_t>(width));
+      EXPECT_TRUE(b.CopyDeviceToHost(row.data(), a.out, row.size() * sizeof(float)).ok());
+      return row;
+    };
+    const std::vector<float> alone = run(1, st.used[0]);
+    ASSERT_EQ(alone.size(), static_cast<size_t>(width));
+    const int32_t bound = st.max_blocks * c.block_slots;
+    for (auto [seqs, max_used] : {std::pair{1, bound}, std::pair{2, st.max_used},
+                                  std::pair{4, st.max_used}, std::pair{4, bound}}) {
+      const std::vector<float> got = run(seqs, max_used);
+      ASSERT_EQ(got.size(), alone.size());
+      EXPECT_EQ(0, std::memcmp(got.data(), alone.data(), alone.size() * sizeof(float)))
+          << seqs << " sequences, max_used " << max_used;
+    }
+  }
+}
+
+// DecodeEvict equals each sequence's KvEvict on the reference, over random arguments per
+// sequence (every rank, excesses 0 to 3, decays, recent windows), some sequences left alone.
+TEST_P(CompareDecodeAttention, DecodeEvictEqualsPerSequenceKvEvict) {
+  Backend& b = backend();
+  for (DType kv_dtype : KvDTypes()) {
+    if (!Runs(b, OpId::kDecodeEvict, kv_dtype)) continue;
+    uint32_t seed = BaseSeed() + 9500;
+    for (const DecodeCase& c : kCases) {
+      SCOPED_TRACE(c.Label() + " kv " + DTypeName(kv_dtype));
+      std::mt19937 rng(seed++);
+      Step st = MakeStep(rng, c, kv_dtype);
+      constexpr int32_t kCap = 3;
+      std::vector<KvEvictArgs> args(st.seqs);
+      for (KvEvictArgs& e : args) {
+        e.rank = static_cast<KvRank>(rng() % 3);
+        e.decay = rng() % 3 == 0 ? 0.7f : 1.0f;
+        e.excess = static_cast<int32_t>(rng() % (kCap + 1));
+      }
+      args[0].excess = 0;  // left alone, or a decay only
+      DEJA_ASSERT_OK_AND_ASSIGN(Tensor dpos, b.ToBackend(st.slot_pos));
+      DEJA_ASSERT_OK_AND_ASSIGN(Tensor dscore, b.ToBackend(st.score));
+      DEJA_ASSERT_OK_AND_ASSIGN(Tensor dk, b.ToBackend(st.k));
+      Tensor none = Tensor::Empty(DType::kI32, {static_cast<int64_t>(st.seqs) * c.heads * kCap});
+      std::fill_n(none.as<int32_t>(), none.numel(), -7);
+      DEJA_ASSERT_OK_AND_ASSIGN(Tensor dvictims, b.ToBackend(none));
+      std::vector<int32_t> params(static_cast<size_t>(st.seqs) * kDecodeEvictParams);
+      for (int32_t i = 0; i < st.seqs; ++i) {
+        KvEvictArgs& e = args[i];
+        e.length = st.q_pos[i] + 1;
+        e.oldest_recent = static_cast<int32_t>(rng() % (e.length + 1));
+        int32_t* row = params.data() + static_cast<size_t>(i) * kDecodeEvictParams;
+        const uint64_t address = reinterpret_cast<uintptr_t>(
+            dvictims.as<int32_t>() + static_cast<int64_t>(i) * c.heads * kCap);
+        row[0] = static_cast<int32_t>(e.rank);
+        row[1] = e.excess;
+        row[2] = e.oldest_recent;
+        row[3] = e.length;
+        std::memcpy(&row[4], &e.decay, sizeof(float));
+        row[5] = static_cast<int32_t>(static_cast<uint32_t>(address));
+        row[6] = static_cast<int32_t>(static_cast<uint32_t>(address >> 32));
+      }
+      DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_used, IntsTo(b, st.used));
+      DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_blocks, IntsTo(b, st.blocks));
+      DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_params, IntsTo(b, params));
+      DecodeEvictArgs a;
+      a.kv = PoolView(dk.data(), dk.data(), dpos.as<int32_t>(), dscore.as<float>(), kv_dtype,
+                      b.device(), c, st);
+      a.seqs = st.seqs;
+      a.heads = c.heads;
+      a.used = d_used.as<int32_t>();
+      a.blocks = d_blocks.as<int32_t>();
+      a.max_blocks = st.max_blocks;
+      a.params = d_params.as<int32_t>();
+      a.device = b.device();
+      const Status s = DecodeEvict(b, a);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+
+      auto ref = MakeReferenceBackend();
+      for (int32_t i = 0; i < st.seqs; ++i) {
+        const KvEvictArgs& e = args[i];
+        if (e.excess == 0 && e.decay == 1.0f) continue;
+        KvView kv = PoolView(st.k.data(), st.k.data(), st.slot_pos.as<int32_t>(),
+                             st.score.as<float>(), kv_dtype, Device::Host(), c, st);
+        kv.blocks = st.blocks.data() + static_cast<size_t>(i) * st.max_blocks;
+        kv.used = st.used[i];
+        kv.capacity = st.max_blocks * c.block_slots;
+        const Status r = KvEvict(*ref, kv, c.heads, e,
+                                 none.as<int32_t>() + static_cast<int64_t>(i) * c.heads * kCap);
+        ASSERT_TRUE(r.ok()) << r.ToString();
+      }
+      DEJA_ASSERT_OK_AND_ASSIGN(Tensor got_pos, b.ToHost(dpos.view()));
+      EXPECT_TRUE(std::equal(st.slot_pos.as<int32_t>(), st.slot_pos.as<int32_t>() + st.pool_slots,
+                             got_pos.as<int32_t>()))
+          << "slot positions";
+      DEJA_ASSERT_OK_AND_ASSIGN(Tensor got_score, b.ToHost(dscore.view()));
+      EXPECT_EQ(0, std::memcmp(got_score.data(), st.score.data(), st.score.view().bytes()))
+          << "scores";
+      DEJA_ASSERT_OK_AND_ASSIGN(Tensor got_victims, b.ToHost(dvictims.view()));
+      EXPECT_EQ(0, std::memcmp(got_victims.data(), none.data(), none.view().bytes())) << "victims";
+    }
+  }
+}
+
 // The wrapper names the argument it refuses, and refuses before reading device memory.
 TEST_P(CompareDecodeAttention, RefusesBadArgumentsByName) {
   Backend& b = backend();

@@ -82,6 +82,8 @@ class StepEngineTest : public ::testing::TestWithParam<std::string> {
       }
       if (step + 1 == kNewTokens) break;
       resp = Run(next);
+      graph_captures_ += resp.timings().graph_captured() ? 1 : 0;
+      graph_replays_ += resp.timings().graph_replayed() ? 1 : 0;
     }
     return out;
   }
@@ -90,6 +92,7 @@ class StepEngineTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<StepEngine> engine_;
   std::vector<std::vector<int32_t>> prompts_;
+  int graph_captures_ = 0, graph_replays_ = 0;  // decode steps Decode ran as CUDA-graph steps
 };
 
 TEST_P(StepEngineTest, PrefillAndDecodeMatchGenerate) {
@@ -203,6 +206,15 @@ TEST_P(StepEngineTest, ChunkedPrefillAndBatchedSequencesMatchGenerate) {
       Decode(Run(s2), {1, 2}, {static_cast<uint32_t>(a.size()), static_cast<uint32_t>(b.size())});
   EXPECT_EQ(got[0], test_util::ReferenceGreedy(*model_, a, kNewTokens));
   EXPECT_EQ(got[1], test_util::ReferenceGreedy(*model_, b, kNewTokens));
+  // On a device that captures graphs the decode steps of the two sequences ran as graph steps
+  // (each shape's first eagerly, its second captured, the rest replayed) and were reported so.
+  if (backend_->SupportsGraphs()) {
+    EXPECT_GE(graph_captures_, 1);
+    EXPECT_GE(graph_replays_, 3);
+    EXPECT_LE(graph_captures_ + graph_replays_, kNewTokens - 2);
+  } else {
+    EXPECT_EQ(graph_captures_ + graph_replays_, 0);
+  }
 }
 
 TEST_P(StepEngineTest, BadSequencesAreRefusedAloneAndChangeNothing) {

@@ -417,29 +417,39 @@ bool SequenceKv::AtEvictionBoundary() const {
   return length_ >= evict_from_ || (evict_every_ > 0 && length_ % evict_every_ == 0);
 }
 
+bool SequenceKv::EvictsLayer(int32_t layer) const {
+  if (policy_->budget() == 0 || !AtEvictionBoundary()) return false;
+  const int32_t excess = std::max(0, occupied_[HeadIndex(layer, 0)] - policy_->budget());
+  // Decayed scores (h2o's alternative) decay every step, evicting or not.
+  const float decay = policy_->accumulates_scores() ? policy_->score_decay() : 1.0f;
+  return excess > 0 || decay != 1.0f;
+}
+
+bool SequenceKv::PlanEviction(int32_t layer, kernels::KvEvictArgs* args, int32_t** victims) {
+  if (pool_ == nullptr || !EvictsLayer(layer)) return false;
+  const int32_t excess = std::max(0, occupied_[HeadIndex(layer, 0)] - policy_->budget());
+  args->rank = policy_->kind() == CachePolicyKind::kWindow ? kernels::KvRank::kPosition
+               : policy_->mean_score()                     ? kernels::KvRank::kMeanScore
+                                                           : kernels::KvRank::kScore;
+  args->excess = excess;
+  args->oldest_recent = std::max(0, length_ - policy_->recent());
+  args->length = length_;
+  args->decay = policy_->accumulates_scores() ? policy_->score_decay() : 1.0f;
+  *victims =
+      victims_dev_.as<int32_t>() + static_cast<int64_t>(layer) * geometry_.heads * victim_cap_;
+  for (int32_t h = 0; h < geometry_.heads; ++h) occupied_[HeadIndex(layer, h)] -= excess;
+  evictions_ += static_cast<int64_t>(excess) * geometry_.heads;
+  layer_excess_[layer] = excess;
+  return true;
+}
+
 Status SequenceKv::EvictLayer(int32_t layer) {
   if (policy_->budget() == 0 || !AtEvictionBoundary()) return Status::Ok();
   if (pool_ != nullptr) {
-    const int32_t excess = std::max(0, occupied_[HeadIndex(layer, 0)] - policy_->budget());
-    // Decayed scores (h2o's alternative) decay every step, evicting or not, as below.
-    const float decay = policy_->accumulates_scores() ? policy_->score_decay() : 1.0f;
-    if (excess == 0 && decay == 1.0f) return Status::Ok();
     kernels::KvEvictArgs args;
-    args.rank = policy_->kind() == CachePolicyKind::kWindow ? kernels::KvRank::kPosition
-                : policy_->mean_score()                     ? kernels::KvRank::kMeanScore
-                                                            : kernels::KvRank::kScore;
-    args.excess = excess;
-    args.oldest_recent = std::max(0, length_ - policy_->recent());
-    args.length = length_;
-    args.decay = decay;
-    int32_t* victims =
-        victims_dev_.as<int32_t>() + static_cast<int64_t>(layer) * geometry_.heads * victim_cap_;
-    DEJA_RETURN_IF_ERROR(
-        kernels::KvEvict(pool_->backend(), StoreView(layer), geometry_.heads, args, victims));
-    for (int32_t h = 0; h < geometry_.heads; ++h) occupied_[HeadIndex(layer, h)] -= excess;
-    evictions_ += static_cast<int64_t>(excess) * geometry_.heads;
-    layer_excess_[layer] = excess;
-    return Status::Ok();
+    int32_t* victims = nullptr;
+    if (!PlanEviction(layer, &args, &victims)) return Status::Ok();
+    return kernels::KvEvict(pool_->backend(), StoreView(layer), geometry_.heads, args, victims);
   }
   float* score = score_[layer].as<float>();
   if (const float decay = policy_->score_decay(); decay != 1.0f) {

@@ -148,6 +148,13 @@ class SequenceKv {
   // Applies the policy to every head of `layer` (after that layer's attention of the step) at
   // an eviction boundary; elsewhere nothing.
   Status EvictLayer(int32_t layer);
+  // Whether EvictLayer(layer) would launch anything on a pooled cache now (an eviction or a
+  // score decay); false means it is a no-op this step.
+  bool EvictsLayer(int32_t layer) const;
+  // A pooled cache's EvictLayer(layer) without the launch: the host's accounting done, and the
+  // KvEvict arguments and victims array (device memory) for a caller that launches it (a graph
+  // step's DecodeEvict). false: nothing to launch.
+  bool PlanEviction(int32_t layer, kernels::KvEvictArgs* args, int32_t** victims);
   // What a decode step over many caches reads of this one (KvAttention's DecodeAttention):
   // its pool (null without one), the slots the last AppendPositions gave `layer`'s heads
   // ([heads, appended()], head-major), `layer`'s slot count (slots [0, used) may be occupied)

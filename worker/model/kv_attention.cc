@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "common/thread_pool.h"
 #include "kernels/ops.h"
@@ -119,8 +120,8 @@ Status KvAttention::Run(int32_t l, const std::vector<SequenceStep>& batch, const
   }
   // 3. Each sequence: its cache write, attention and eviction (heads are rank-local: no
   // communication); on a device, a decode step's writes and attentions in one call.
-  if (l == 0) {
-    DEJA_ASSIGN_OR_RETURN(decode_step_, PrepareDecode(batch, seq_row, tok_pos, qkv));
+  if (l == 0 && !graph_step_) {
+    DEJA_ASSIGN_OR_RETURN(decode_step_, PrepareDecode(batch, seq_row, tok_pos, DecodeShape{}));
     if (decode_step_) ++batched_steps_;
   }
   if (decode_step_ && !gather && !scored) return RunDecode(l, batch, qkv, ctx);
@@ -170,9 +171,45 @@ Status KvAttention::Run(int32_t l, const std::vector<SequenceStep>& batch, const
   return Status::Ok();
 }
 
+StatusOr<bool> KvAttention::PrepareGraphStep(const std::vector<SequenceStep>& batch,
+                                             const int32_t* tok_pos, int32_t padded,
+                                             const std::vector<int32_t>& extra) {
+  graph_step_ = false;
+  if (batch.empty() || padded < static_cast<int32_t>(batch.size()) || pool_ == nullptr) {
+    return false;
+  }
+  for (const SequenceStep& s : batch) {
+    if (s.kv->pool() != pool_.get()) return false;
+  }
+  if (padded > static_cast<int32_t>(batch.size()) && pad_block_ < 0) return false;
+  std::vector<int64_t> seq_row(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) seq_row[i] = static_cast<int64_t>(i);
+  DecodeShape shape;
+  shape.padded = padded;
+  shape.extra = &extra;
+  DEJA_ASSIGN_OR_RETURN(bool ok, PrepareDecode(batch, seq_row.data(), tok_pos, shape));
+  if (!ok) return false;
+  decode_step_ = graph_step_ = true;
+  ++batched_steps_;
+  return true;
+}
+
+Status KvAttention::set_pool(std::shared_ptr<kv::KvBlockPool> pool, bool graphs) {
+  pool_ = std::move(pool);
+  if (!graphs || pool_ == nullptr || pad_block_ >= 0) return Status::Ok();
+  std::vector<int32_t> taken;
+  DEJA_RETURN_IF_ERROR(pool_->Take(1, &taken));
+  pad_block_ = taken[0];
+  return Status::Ok();
+}
+
+KvAttention::~KvAttention() {
+  if (pad_block_ >= 0 && pool_ != nullptr) pool_->Give({pad_block_});
+}
+
 StatusOr<bool> KvAttention::PrepareDecode(const std::vector<SequenceStep>& batch,
                                           const int64_t* seq_row, const int32_t* tok_pos,
-                                          const Qkv&) {
+                                          const DecodeShape& shape) {
   if (!batched_decode_ || !on_device_ || batch.empty() || NeedsFullQuery(batch)) {
     return false;
   }
@@ -180,9 +217,10 @@ StatusOr<bool> KvAttention::PrepareDecode(const std::vector<SequenceStep>& batch
   if (pool == nullptr || pool->block_slots() <= 0) return false;
   const DType kv_dtype = batch[0].kv->geometry().kv_dtype;
   if (!backend_->Supports(kernels::OpId::kDecodeAttention, kv_dtype)) return false;
-  const int32_t seqs = static_cast<int32_t>(batch.size());
+  const int32_t real = static_cast<int32_t>(batch.size());
+  const int32_t seqs = std::max(real, shape.padded);
   int32_t max_blocks = 1, max_used = 0;
-  for (int32_t i = 0; i < seqs; ++i) {
+  for (int32_t i = 0; i < real; ++i) {
     const kv::SequenceKv& kv = *batch[i].kv;
     if (batch[i].n != 1 || seq_row[i] != i || kv.pool() != pool || kv.appended() != 1 ||
         kv.important_pending(0) || tok_pos[i] != kv.length() - 1) {
@@ -191,22 +229,43 @@ StatusOr<bool> KvAttention::PrepareDecode(const std::vector<SequenceStep>& batch
     max_blocks = std::max(max_blocks, static_cast<int32_t>(kv.blocks().size()));
     for (int32_t l = 0; l < g_.layers; ++l) max_used = std::max(max_used, kv.used(l));
   }
+  if (shape.padded > 0) {
+    // A graph's arguments: the block tables padded to a power of two and max_used at its bound,
+    // so steps replay one capture until a sequence outgrows it.
+    int32_t bucket = 1;
+    while (bucket < max_blocks) bucket *= 2;
+    max_blocks = bucket;
+    max_used = max_blocks * pool->block_slots();
+  }
   const int64_t heads = g_.heads;
-  const int64_t per_layer = seqs * (1 + heads);
+  const int64_t base = shape.extra != nullptr ? static_cast<int64_t>(shape.extra->size()) : 0;
+  // Graph steps: each layer's evictions too (DecodeEvict's params, planned below).
+  const int64_t evict_words = shape.padded > 0 ? kernels::kDecodeEvictParams : 0;
+  const int64_t per_layer = seqs * (1 + heads + evict_words);
   const int64_t head = 2 * static_cast<int64_t>(seqs) + static_cast<int64_t>(seqs) * max_blocks;
-  const int64_t total = head + g_.layers * per_layer;
+  const int64_t total = base + head + g_.layers * per_layer;
   if (total > decode_capacity_) {
     const int64_t grown = std::max(total, 2 * decode_capacity_);
     DEJA_ASSIGN_OR_RETURN(decode_host_,
                           backend_->AllocatePinned(static_cast<size_t>(grown) * sizeof(int32_t)));
     DEJA_ASSIGN_OR_RETURN(decode_dev_, backend_->Allocate(DType::kI32, {grown}));
     decode_capacity_ = grown;
+    ++buffers_epoch_;
   }
-  int32_t* m = static_cast<int32_t*>(decode_host_.data());
+  int32_t* all = static_cast<int32_t*>(decode_host_.data());
+  if (base > 0) std::copy(shape.extra->begin(), shape.extra->end(), all);
+  int32_t* m = all + base;
   int32_t* q_pos = m;
   int32_t* flags = m + seqs;
   int32_t* blocks = m + 2 * seqs;
-  for (int32_t i = 0; i < seqs; ++i) {
+  // Padding sequences (a graph's bucket): position 0, no scores, every block the pad block; they
+  // write slot 0 of each head there and attend over it alone.
+  for (int32_t i = real; i < seqs; ++i) {
+    q_pos[i] = 0;
+    flags[i] = 0;
+    std::fill_n(blocks + static_cast<int64_t>(i) * max_blocks, max_blocks, pad_block_);
+  }
+  for (int32_t i = 0; i < real; ++i) {
     const kv::SequenceKv& kv = *batch[i].kv;
     q_pos[i] = tok_pos[i];
     flags[i] = (kv.policy().needs_scores() ? kernels::kDecodeKeepsScore : 0) |
@@ -220,14 +279,34 @@ StatusOr<bool> KvAttention::PrepareDecode(const std::vector<SequenceStep>& batch
   for (int32_t l = 0; l < g_.layers; ++l) {
     int32_t* used = m + head + l * per_layer;
     int32_t* slots = used + seqs;
-    for (int32_t i = 0; i < seqs; ++i) {
+    for (int32_t i = 0; i < real; ++i) {
       const kv::SequenceKv& kv = *batch[i].kv;
       used[i] = kv.used(l);
       std::copy_n(kv.appended_slots(l), heads, slots + i * heads);
     }
+    std::fill(used + real, used + seqs, 1);
+    std::fill(slots + real * heads, slots + seqs * heads, 0);
+    if (evict_words == 0) continue;
+    // The evictions' accounting happens here, so nothing may refuse the step after this loop.
+    int32_t* params = slots + seqs * heads;
+    for (int32_t i = 0; i < seqs; ++i) {
+      kernels::KvEvictArgs e;  // excess 0, decay 1: left alone
+      int32_t* victims = nullptr;
+      if (i < real) batch[i].kv->PlanEviction(l, &e, &victims);
+      int32_t* row = params + static_cast<int64_t>(i) * evict_words;
+      const uint64_t address = reinterpret_cast<uintptr_t>(victims);
+      row[0] = static_cast<int32_t>(e.rank);
+      row[1] = e.excess;
+      row[2] = e.oldest_recent;
+      row[3] = e.length;
+      std::memcpy(&row[4], &e.decay, sizeof(float));
+      row[5] = static_cast<int32_t>(static_cast<uint32_t>(address));
+      row[6] = static_cast<int32_t>(static_cast<uint32_t>(address >> 32));
+    }
   }
-  DEJA_RETURN_IF_ERROR(backend_->CopyHostToDevice(decode_dev_.data(), m,
+  DEJA_RETURN_IF_ERROR(backend_->CopyHostToDevice(decode_dev_.data(), all,
                                                   static_cast<size_t>(total) * sizeof(int32_t)));
+  decode_base_ = base;
   decode_seqs_ = seqs;
   decode_max_blocks_ = max_blocks;
   decode_max_used_ = max_used;
@@ -237,15 +316,16 @@ StatusOr<bool> KvAttention::PrepareDecode(const std::vector<SequenceStep>& batch
 Status KvAttention::RunDecode(int32_t l, const std::vector<SequenceStep>& batch, const Qkv& qkv,
                               const TensorView& ctx) {
   const int32_t seqs = decode_seqs_;
-  if (static_cast<int32_t>(batch.size()) != seqs) {
+  if (static_cast<int32_t>(batch.size()) != seqs && !graph_step_) {
     return Internal("decode attention: layer " + std::to_string(l) + " got " +
                     std::to_string(batch.size()) + " sequences, the step has " +
                     std::to_string(seqs));
   }
   const int64_t heads = g_.heads;
-  const int32_t* m = decode_dev_.as<int32_t>();
+  const int32_t* m = decode_dev_.as<int32_t>() + decode_base_;
   const int64_t head = 2 * static_cast<int64_t>(seqs) + static_cast<int64_t>(seqs) * decode_max_blocks_;
-  const int32_t* used = m + head + l * seqs * (1 + heads);
+  const int64_t evict_words = graph_step_ ? kernels::kDecodeEvictParams : 0;
+  const int32_t* used = m + head + l * seqs * (1 + heads + evict_words);
   kernels::DecodeAttentionArgs a;
   a.q = qkv.q;
   a.q_stride = qkv.q_stride;
@@ -267,6 +347,19 @@ Status KvAttention::RunDecode(int32_t l, const std::vector<SequenceStep>& batch,
   a.max_used = decode_max_used_;
   a.device = ctx.device;
   DEJA_RETURN_IF_ERROR(kernels::DecodeAttention(*backend_, a));
+  if (graph_step_) {
+    // Planned at PrepareGraphStep: every sequence's eviction in one call.
+    kernels::DecodeEvictArgs e;
+    e.kv = a.kv;
+    e.seqs = seqs;
+    e.heads = g_.heads;
+    e.used = a.used;
+    e.blocks = a.blocks;
+    e.max_blocks = a.max_blocks;
+    e.params = a.slots + static_cast<int64_t>(seqs) * heads;
+    e.device = a.device;
+    return kernels::DecodeEvict(*backend_, e);
+  }
   for (const SequenceStep& s : batch) DEJA_RETURN_IF_ERROR(s.kv->EvictLayer(l));
   return Status::Ok();
 }

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -48,7 +50,11 @@ class KvAttention {
     const uint8_t* keep = nullptr;
   };
 
+  ~KvAttention();
   void Init(const Geometry& g, kernels::Backend* backend, bool on_device);
+  // The device's KV pool; with `graphs`, the block graph steps' padding sequences write is taken
+  // from it now (before anyone counts its free blocks).
+  Status set_pool(std::shared_ptr<kv::KvBlockPool> pool, bool graphs);
   // Device decode steps as one DecodeAttention call per layer over every sequence (the
   // default), or one KvWrite and Attention per sequence (off: the path it is compared with).
   void set_batched_decode(bool on) { batched_decode_ = on; }
@@ -56,6 +62,23 @@ class KvAttention {
   void set_per_query(bool on) { per_query_ = on; }
   // Decode steps that took the batched path since the model was loaded (one per Forward).
   int64_t batched_decode_steps() const { return batched_steps_; }
+
+  // A decode step as a captured op graph runs it (OptModel's graph steps): the batched path's
+  // metadata for every layer, uploaded now in one copy, with the sequences padded to `padded`
+  // (a padding sequence writes slot 0 of each head of a pool block of its own and attends over
+  // it alone: it changes nothing any sequence reads), the block tables padded to a power of two
+  // and max_used at their bound, and `extra` (the model's token ids and position rows) at the
+  // front of the same buffer (graph_extra()), and each layer's evictions planned (the caches'
+  // accounting done now) for one DecodeEvict per layer. false, with nothing changed: the step
+  // cannot run so (not the batched path, or no pad block). true: the step must run (its
+  // evictions are accounted). Layers' Run then use it until EndGraphStep.
+  StatusOr<bool> PrepareGraphStep(const std::vector<SequenceStep>& batch, const int32_t* tok_pos,
+                                  int32_t padded, const std::vector<int32_t>& extra);
+  const int32_t* graph_extra() const { return decode_dev_.as<int32_t>(); }
+  int32_t graph_max_blocks() const { return decode_max_blocks_; }
+  void EndGraphStep() { graph_step_ = false; }
+  // Changes whenever a buffer the graph steps' ops point at is reallocated.
+  uint64_t buffers_epoch() const { return buffers_epoch_; }
 
   // Locret's retaining heads (this rank's heads), uploaded to the backend's memory.
   Status EnableRetaining(const predictors::RetainingHeads& heads);
@@ -89,8 +112,12 @@ class KvAttention {
   // Layer 0 of a decode step: whether every sequence of `batch` can go through DecodeAttention
   // (one token each, rows in order, caches in one device pool, no retaining heads, no pending
   // prefix, every head), and if so the step's metadata for all layers, uploaded in one copy.
+  struct DecodeShape {
+    int32_t padded = 0;  // > 0: a graph step's (PrepareGraphStep)
+    const std::vector<int32_t>* extra = nullptr;
+  };
   StatusOr<bool> PrepareDecode(const std::vector<SequenceStep>& batch, const int64_t* seq_row,
-                               const int32_t* tok_pos, const Qkv& qkv);
+                               const int32_t* tok_pos, const DecodeShape& shape);
   Status RunDecode(int32_t l, const std::vector<SequenceStep>& batch, const Qkv& qkv,
                    const TensorView& ctx);
 
@@ -119,6 +146,13 @@ class KvAttention {
   int32_t decode_seqs_ = 0, decode_max_blocks_ = 0, decode_max_used_ = 0;
   bool decode_step_ = false;
   int64_t batched_steps_ = 0;
+  // Graph steps: the extra int32s before the metadata, whether this step is one, the pool and
+  // the padding sequences' block (-1: none taken yet), the reallocation count.
+  int64_t decode_base_ = 0;
+  bool graph_step_ = false;
+  std::shared_ptr<kv::KvBlockPool> pool_;
+  int32_t pad_block_ = -1;
+  uint64_t buffers_epoch_ = 0;
 
   // Important-token loading: the options, and per-layer counts since TakeImportanceStats.
   prefix::ImportanceOptions importance_;

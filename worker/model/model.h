@@ -102,6 +102,13 @@ struct LoadOptions {
   // Device backends: a decode step's KV writes and attention as one DecodeAttention call per
   // layer over all its sequences (kernels/op_table.h), not one KvWrite and Attention each.
   bool batched_decode_attention = true;
+  // Device backends that capture op graphs (CUDA): decode steps whose sequences each decode one
+  // token run as one captured graph per (batch padded to a power of two, block-table width)
+  // (`--cuda-graphs on`, the default; needs batched_decode_attention).
+  bool decode_graphs = true;
+  // false: such steps run the same program eagerly, never captured (what tests compare replays
+  // with, bit for bit).
+  bool decode_graph_replay = true;
   // Device backends: the pinned buffer weights stream through (worker/model/weight_upload.h).
   size_t staging_bytes = size_t{64} << 20;
   // What EnableSparsity builds (Deja Vu's runtime). LoadModel fills it when it is empty
@@ -128,6 +135,13 @@ class Model {
   virtual int32_t kv_block_slots() const { return 0; }
   // Forward calls whose attention ran as one DecodeAttention per layer (device decode steps).
   virtual int64_t batched_decode_steps() const { return 0; }
+  // Decode steps run as captured op graphs (LoadOptions::decode_graphs): graphs captured,
+  // replays, graph-form steps run eagerly (each shape's first, and shapes that failed to
+  // capture), and failed captures.
+  struct GraphStats {
+    int64_t captures = 0, replays = 0, eager = 0, capture_failures = 0;
+  };
+  virtual GraphStats graph_stats() const { return {}; }
   // Important-token loading for sequences whose cache has SetImportantPrefix (host backends; a
   // device keeps the whole prefix). Per layer since the last reset: layers that chose a subset,
   // layers that fell back to the whole prefix, and their summed mean Jaccard similarity.

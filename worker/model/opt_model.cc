@@ -19,7 +19,7 @@ using opt_internal::Rows;
 
 namespace {
 
-constexpr int32_t kPositionOffset = 2;  // OPT's learned positions start at row 2
+using opt_internal::kPositionOffset;
 
 int64_t ViewBytes(const TensorView& v) { return v.data ? static_cast<int64_t>(v.bytes()) : 0; }
 
@@ -61,6 +61,8 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
                          static_cast<int32_t>(m->config_.head_dim())},
                         backend, m->on_device_);
   m->kv_attention_.set_batched_decode(options.batched_decode_attention);
+  m->decode_graphs_ = options.decode_graphs && options.batched_decode_attention;
+  m->graph_replay_ = options.decode_graph_replay;
   if (m->on_device_) {
     DEJA_RETURN_IF_ERROR(m->LoadToDevice(options));
   } else {
@@ -170,6 +172,9 @@ Status OptModel::CreateKvPool(int64_t bytes, int32_t block_slots) {
                              " MiB holds no block of " + std::to_string(block_bytes) + " bytes");
   }
   DEJA_ASSIGN_OR_RETURN(kv_pool_, kv::KvBlockPool::Create(backend_, g, block_slots, blocks));
+  DEJA_RETURN_IF_ERROR(kv_attention_.set_pool(
+      kv_pool_, on_device_ && decode_graphs_ && backend_->SupportsGraphs() &&
+                    comm_->world_size() == 1 && blocks > 1));
   LOG(INFO) << "KV pool on " << backend_->device().ToString() << ": " << blocks << " blocks of "
             << block_slots << " slots, " << (blocks * block_bytes >> 20) << " MiB ("
             << blocks * block_slots << " tokens per head)";
@@ -178,6 +183,7 @@ Status OptModel::CreateKvPool(int64_t bytes, int32_t block_slots) {
 
 StatusOr<Tensor> OptModel::Alloc(DType dtype, Shape shape) const {
   if (!on_device_) return Tensor::Empty(dtype, shape);
+  ++alloc_epoch_;  // captured graphs may point at what this replaces
   return backend_->Allocate(dtype, shape);
 }
 
@@ -322,6 +328,10 @@ Status OptModel::Forward(const std::vector<SequenceStep>& batch, StepResult* res
     }
   }
   for (const SequenceStep& s : batch) DEJA_RETURN_IF_ERROR(s.kv->AppendPositions(s.n));
+  if (GraphableStep(batch)) {
+    DEJA_ASSIGN_OR_RETURN(const bool done, ForwardGraph(batch, result));
+    if (done) return comm_->CheckHealth();
+  }
 
   const int64_t d = config_.hidden_size, p = config_.word_embed_proj_dim;
   kernels::Backend& be = *backend_;

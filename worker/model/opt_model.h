@@ -3,8 +3,12 @@
 // one forward pass. The two all-reduces per layer are explicit in Layer().
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
+#include <utility>
 #include <optional>
 #include <string>
 #include <vector>
@@ -69,6 +73,7 @@ class OptModel final : public Model {
   Status SetPrefixImportance(const prefix::ImportanceOptions& options) override;
   ImportanceStats TakeImportanceStats() override;
   Status Forward(const std::vector<SequenceStep>& batch, StepResult* result) override;
+  GraphStats graph_stats() const override { return graph_stats_; }
 
  private:
   OptModel() = default;
@@ -82,6 +87,12 @@ class OptModel final : public Model {
                         const TensorView& attn_in, const BlockPlan* heads);
   Status MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in, const BlockPlan* plan);
   Status EnsureWorkspace(int64_t rows);
+  // Decode steps as captured op graphs (opt_model_graph.cc): whether `batch` may run as one;
+  // the step run so (false: it cannot, run it eagerly); its program; what invalidates captures.
+  bool GraphableStep(const std::vector<SequenceStep>& batch) const;
+  StatusOr<bool> ForwardGraph(const std::vector<SequenceStep>& batch, StepResult* result);
+  Status GraphStepOps(const std::vector<SequenceStep>& batch, int64_t rows);
+  std::array<uint64_t, 3> GraphEpoch() const;
   // Host memory on host backends, the device's otherwise.
   StatusOr<Tensor> Alloc(DType dtype, Shape shape) const;
   Status LoadToDevice(const LoadOptions& options);
@@ -122,6 +133,18 @@ class OptModel final : public Model {
   // evict (kv_attention.h).
   KvAttention kv_attention_;
   Tensor retain_q_;  // [rows, local]: every head's q when Deja Vu computed only some
+
+  // Graph steps: on (LoadOptions::decode_graphs), captures per (padded batch, block-table width),
+  // the shapes run once eagerly and those that failed to capture, the epoch they were captured
+  // in (device allocations by the model and KvAttention, the backend's graph_epoch).
+  using GraphKey = std::pair<int32_t, int32_t>;
+  bool decode_graphs_ = false, graph_replay_ = true;
+  std::map<GraphKey, std::unique_ptr<kernels::OpGraph>> graphs_;
+  std::set<GraphKey> warmed_, uncapturable_;
+  std::array<uint64_t, 3> graphs_epoch_{};
+  mutable uint64_t alloc_epoch_ = 0;
+  std::vector<int32_t> graph_extra_;
+  GraphStats graph_stats_;
 };
 
 }  // namespace deja::worker::model

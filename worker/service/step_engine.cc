@@ -458,8 +458,13 @@ Status StepEngine::Run(const deja::v1::StepRequest& req, deja::v1::StepResponse*
       sparse_sequences += p.seq->sparse ? 1 : 0;
     }
     const comm::CollectiveStats before = Stats(model_->comm());
+    const model::Model::GraphStats graphs_before = model_->graph_stats();
     const Clock::time_point tf = Clock::now();
     Status s = model_->Forward(batch, &step_);
+    const model::Model::GraphStats graphs_after = model_->graph_stats();
+    resp->mutable_timings()->set_graph_captured(graphs_after.captures > graphs_before.captures);
+    resp->mutable_timings()->set_graph_replayed(graphs_after.replays > graphs_before.replays &&
+                                                graphs_after.captures == graphs_before.captures);
     const double forward = Since(tf);
     const comm::CollectiveStats after = Stats(model_->comm());
     const double ar = after.all_reduce_seconds - before.all_reduce_seconds;
