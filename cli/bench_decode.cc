@@ -99,7 +99,9 @@ StatusOr<std::pair<DecodeTiming, DecodeTiming>> TimeDecode(
     for (int set = 0; set < sets; ++set) {
       for (int32_t b = 0; b < batch; ++b) {
         const int32_t i = set * batch + b;
-        step[b] = {kvs[i].get(), &ids[i][prompt + s], 1, false, set == 1};
+        // As a worker decodes: tokens from the device's top candidates, logits left there (so
+        // a device step may run as a CUDA graph); host backends fill the logits regardless.
+        step[b] = {kvs[i].get(), &ids[i][prompt + s], 1, false, set == 1, false};
       }
       auto t0 = Clock::now();
       DEJA_RETURN_IF_ERROR(model.Forward(step, &out));

@@ -324,13 +324,22 @@ step_bench() {
     --batches "$bench_batches" --prefill-tokens 16 --prompt-tokens 128 \
     --decode-steps "$steps_n" --decode-attention per-sequence --json \
     >"$logs/bench_per_sequence.json" || true
-  $py - "$logs/bench.json" "$figs/bench.json" "$logs/bench_per_sequence.json" <<'EOF'
+  # And with every kernel launched (no CUDA graphs), for the graphs' gain.
+  "$deja" bench decode --device "$dev" --model "$(ckpt_of "${bench_shape[@]}")" --dtype bf16 \
+    --batches "$bench_batches" --prefill-tokens 16 --prompt-tokens 128 \
+    --decode-steps "$steps_n" --cuda-graphs off --json \
+    >"$logs/bench_eager.json" || true
+  $py - "$logs/bench.json" "$figs/bench.json" "$logs/bench_per_sequence.json" \
+    "$logs/bench_eager.json" <<'EOF'
 import json, os, sys
 j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-per_seq = {}
+per_seq, eager = {}, {}
 if os.path.getsize(sys.argv[3]) > 0:
     for d in json.loads(open(sys.argv[3]).read().strip().splitlines()[-1])["decode"]:
         per_seq[d["batch"]] = d["ms_per_step"]
+if os.path.getsize(sys.argv[4]) > 0:
+    for d in json.loads(open(sys.argv[4]).read().strip().splitlines()[-1])["decode"]:
+        eager[d["batch"]] = d["ms_per_step"]
 f = {k: j.get(k) for k in ("model", "device", "weight_bytes", "device_copy_gb_per_s",
                            "device_bf16_gemm_tflop_per_s", "floor_ms_per_token",
                            "batch1_fraction_of_floor", "prefill_tokens", "prefill_tokens_per_s",
@@ -342,6 +351,9 @@ for d in j["decode"]:
     if d["batch"] in per_seq:
         f[f"batch{d['batch']}_per_sequence_attention_ms_per_step"] = per_seq[d["batch"]]
         f[f"batch{d['batch']}_batched_vs_per_sequence"] = per_seq[d["batch"]] / d["ms_per_step"]
+    if d["batch"] in eager:
+        f[f"batch{d['batch']}_eager_ms_per_step"] = eager[d["batch"]]
+        f[f"batch{d['batch']}_graphs_vs_eager"] = eager[d["batch"]] / d["ms_per_step"]
 json.dump(f, open(sys.argv[2], "w"))
 print(json.dumps(f, indent=1))
 EOF
