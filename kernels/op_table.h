@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "common/device.h"
 #include "common/status.h"
@@ -272,6 +273,17 @@ struct DecodeEvictArgs {
   Device device = Device::Host();   // where the metadata is
 };
 using DecodeEvictFn = Status (*)(Backend&, const DecodeEvictArgs& args);
+// Writes one sequence's params row for DecodeEvict (kDecodeEvictParams int32s at `row`).
+inline void PackDecodeEvict(const KvEvictArgs& e, const int32_t* victims, int32_t* row) {
+  const uint64_t address = reinterpret_cast<uintptr_t>(victims);
+  row[0] = static_cast<int32_t>(e.rank);
+  row[1] = e.excess;
+  row[2] = e.oldest_recent;
+  row[3] = e.length;
+  std::memcpy(&row[4], &e.decay, sizeof(float));
+  row[5] = static_cast<int32_t>(static_cast<uint32_t>(address));
+  row[6] = static_cast<int32_t>(static_cast<uint32_t>(address >> 32));
+}
 
 struct OpTable {
 #define DEJA_OP_SLOT(id, member, fn, dtypes) fn member = nullptr;

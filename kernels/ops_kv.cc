@@ -154,6 +154,27 @@ Status RetainScores(Backend& backend, const RetainArgs& a) {
   return backend.ops().retain_scores(backend, a);
 }
 
+// A decode step's pool layer: its pointers (kv.v only where the op reads values), the backend's
+// paged reads, the block geometry and the block-table width.
+static Status CheckDecodePool(const Backend& backend, const char* kOp, const KvView& kv,
+                              int32_t heads, int32_t max_blocks, bool values) {
+  if (kv.k == nullptr) return Bad(kOp, "kv.k", "is null");
+  if (values && kv.v == nullptr) return Bad(kOp, "kv.v", "is null");
+  if (kv.slot_pos == nullptr) return Bad(kOp, "kv.slot_pos", "is null");
+  if (!backend.SupportsPagedKv()) {
+    return Bad(kOp, "kv", "is paged, but backend " + backend.name() +
+                              " reads contiguous KV caches only");
+  }
+  if (kv.block_slots <= 0) return Bad(kOp, "kv.block_slots", "must be positive");
+  if (kv.block_stride < static_cast<int64_t>(heads) * kv.block_slots) {
+    return Bad(kOp, "kv.block_stride",
+               std::to_string(kv.block_stride) + " is less than heads * block_slots = " +
+                   std::to_string(static_cast<int64_t>(heads) * kv.block_slots));
+  }
+  if (max_blocks <= 0) return Bad(kOp, "max_blocks", "must be positive");
+  return Status::Ok();
+}
+
 Status DecodeAttention(Backend& backend, const DecodeAttentionArgs& a) {
   constexpr const char* kOp = "decode_attention";
   if (a.seqs < 0) return Bad(kOp, "seqs", "must not be negative");
@@ -172,20 +193,7 @@ Status DecodeAttention(Backend& backend, const DecodeAttentionArgs& a) {
                    std::to_string(width));
   }
   const KvView& kv = a.kv;
-  if (kv.k == nullptr) return Bad(kOp, "kv.k", "is null");
-  if (kv.v == nullptr) return Bad(kOp, "kv.v", "is null");
-  if (kv.slot_pos == nullptr) return Bad(kOp, "kv.slot_pos", "is null");
-  if (!backend.SupportsPagedKv()) {
-    return Bad(kOp, "kv", "is paged, but backend " + backend.name() +
-                              " reads contiguous KV caches only");
-  }
-  if (kv.block_slots <= 0) return Bad(kOp, "kv.block_slots", "must be positive");
-  if (kv.block_stride < static_cast<int64_t>(a.heads) * kv.block_slots) {
-    return Bad(kOp, "kv.block_stride",
-               std::to_string(kv.block_stride) + " is less than heads * block_slots = " +
-                   std::to_string(static_cast<int64_t>(a.heads) * kv.block_slots));
-  }
-  if (a.max_blocks <= 0) return Bad(kOp, "max_blocks", "must be positive");
+  DEJA_RETURN_IF_ERROR(CheckDecodePool(backend, kOp, kv, a.heads, a.max_blocks, true));
   const int64_t most = static_cast<int64_t>(a.max_blocks) * kv.block_slots;
   if (a.max_used < 0 || a.max_used > most) {
     return Bad(kOp, "max_used",
@@ -251,19 +259,7 @@ Status DecodeEvict(Backend& backend, const DecodeEvictArgs& a) {
   if (a.seqs < 0) return Bad(kOp, "seqs", "must not be negative");
   if (a.heads <= 0) return Bad(kOp, "heads", "must be positive");
   const KvView& kv = a.kv;
-  if (kv.k == nullptr) return Bad(kOp, "kv.k", "is null");
-  if (kv.slot_pos == nullptr) return Bad(kOp, "kv.slot_pos", "is null");
-  if (!backend.SupportsPagedKv()) {
-    return Bad(kOp, "kv", "is paged, but backend " + backend.name() +
-                              " reads contiguous KV caches only");
-  }
-  if (kv.block_slots <= 0) return Bad(kOp, "kv.block_slots", "must be positive");
-  if (kv.block_stride < static_cast<int64_t>(a.heads) * kv.block_slots) {
-    return Bad(kOp, "kv.block_stride",
-               std::to_string(kv.block_stride) + " is less than heads * block_slots = " +
-                   std::to_string(static_cast<int64_t>(a.heads) * kv.block_slots));
-  }
-  if (a.max_blocks <= 0) return Bad(kOp, "max_blocks", "must be positive");
+  DEJA_RETURN_IF_ERROR(CheckDecodePool(backend, kOp, kv, a.heads, a.max_blocks, false));
   const Device want = backend.device();
   const std::pair<const char*, const void*> ptrs[] = {
       {"used", a.used}, {"blocks", a.blocks}, {"params", a.params}};

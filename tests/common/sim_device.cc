@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -21,7 +22,8 @@ using kernels::Backend;
 using kernels::OpTable;
 
 // All simulated device memory: one reserved range of address space (no access until opened),
-// handed out first-fit in whole pages, so opening and closing it is one mprotect each. Shared by
+// handed out first-fit in whole pages, so opening and closing it is one mprotect each (and one
+// per gap between allocations). Shared by
 // every simulated backend of the process, never destroyed.
 class Arena {
  public:
@@ -49,13 +51,39 @@ class Arena {
     }
     return nullptr;
   }
+  // Freed memory is not handed out again at once: it waits closed in a quarantine of up to
+  // kQuarantineBytes (address space only: its pages are dropped), so a stale pointer into it
+  // faults rather than reading whatever took its place.
+  static constexpr size_t kQuarantineBytes = size_t{512} << 20;
   void Give(void* p) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = used_.find(static_cast<char*>(p) - base_);
     if (it == used_.end()) return;
-    size_t off = it->first, len = it->second;
+    const size_t freed_off = it->first, freed_len = it->second;
     used_.erase(it);
-    ::madvise(base_ + off, len, MADV_DONTNEED);  // the next user sees no old data either
+    ::madvise(base_ + freed_off, freed_len, MADV_DONTNEED);  // no old data for the next user
+    if (open_depth_ > 0) ::mprotect(base_ + freed_off, freed_len, PROT_NONE);
+    quarantine_.push_back({freed_off, freed_len});
+    quarantined_ += freed_len;
+    while (quarantined_ > kQuarantineBytes) {
+      const auto [off, len] = quarantine_.front();
+      quarantine_.pop_front();
+      quarantined_ -= len;
+      Release(off, len);
+    }
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (open_depth_++ == 0) Protect(PROT_READ | PROT_WRITE);
+  }
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--open_depth_ == 0) Protect(PROT_NONE);
+  }
+
+ private:
+  // Back to the free list, merged with its free neighbours.
+  void Release(size_t off, size_t len) {
     auto next = free_.lower_bound(off);          // merge with the neighbours
     if (next != free_.end() && next->first == off + len) {
       len += next->second;
@@ -72,27 +100,28 @@ class Arena {
     }
     free_[off] = len;
   }
-  void Open() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (open_depth_++ == 0) Protect(PROT_READ | PROT_WRITE);
-  }
-  void Close() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (--open_depth_ == 0) Protect(PROT_NONE);
-  }
 
- private:
-  // Only the span that holds allocations.
+  // Only the span that holds allocations. Opening leaves the gaps between allocations (free or
+  // quarantined memory) closed, so an op that reads or writes memory freed since its pointer was
+  // taken (a stale pointer, as a replayed graph's after a reallocation) dies there too.
   void Protect(int prot) {
     if (used_.empty()) return;
     const size_t end = used_.rbegin()->first + used_.rbegin()->second;
     ::mprotect(base_, end, prot);
+    if (prot == PROT_NONE) return;
+    size_t at = 0;
+    for (const auto& [off, len] : used_) {
+      if (off > at) ::mprotect(base_ + at, off - at, PROT_NONE);
+      at = off + len;
+    }
   }
 
   std::mutex mu_;
   size_t page_ = 4096;
   char* base_ = nullptr;
   std::map<size_t, size_t> free_, used_;  // offset -> length
+  std::deque<std::pair<size_t, size_t>> quarantine_;  // (offset, length), oldest first
+  size_t quarantined_ = 0;
   int open_depth_ = 0;
 };
 

@@ -344,16 +344,8 @@ TEST_P(CompareDecodeAttention, DecodeEvictEqualsPerSequenceKvEvict) {
         KvEvictArgs& e = args[i];
         e.length = st.q_pos[i] + 1;
         e.oldest_recent = static_cast<int32_t>(rng() % (e.length + 1));
-        int32_t* row = params.data() + static_cast<size_t>(i) * kDecodeEvictParams;
-        const uint64_t address = reinterpret_cast<uintptr_t>(
-            dvictims.as<int32_t>() + static_cast<int64_t>(i) * c.heads * kCap);
-        row[0] = static_cast<int32_t>(e.rank);
-        row[1] = e.excess;
-        row[2] = e.oldest_recent;
-        row[3] = e.length;
-        std::memcpy(&row[4], &e.decay, sizeof(float));
-        row[5] = static_cast<int32_t>(static_cast<uint32_t>(address));
-        row[6] = static_cast<int32_t>(static_cast<uint32_t>(address >> 32));
+        PackDecodeEvict(e, dvictims.as<int32_t>() + static_cast<int64_t>(i) * c.heads * kCap,
+                        params.data() + static_cast<size_t>(i) * kDecodeEvictParams);
       }
       DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_used, IntsTo(b, st.used));
       DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_blocks, IntsTo(b, st.blocks));

@@ -66,7 +66,7 @@ TEST_P(DecodeGraphTest, ReplayEqualsEagerOverMixedBatches) {
   policies[4].kind = kv::CachePolicyKind::kH2O;  // evicts from about step 10 on
   policies[4].heavy_tokens = 20;
   policies[4].recent_tokens = 20;
-  const int lengths[6] = {10, 45, 90, 50, 30, 120};
+  const int lengths[6] = {10, 45, 90, 50, 30, 100};
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 6; ++i) prompts.push_back(RandomPrompt(lengths[i], 70 + i));
   std::vector<std::unique_ptr<kv::SequenceKv>> seqs[3];
@@ -86,7 +86,7 @@ TEST_P(DecodeGraphTest, ReplayEqualsEagerOverMixedBatches) {
     }
   };
   for (int i = 0; i < 5; ++i) prefill(i);
-  // Batches of 5, then 6 (sequence 5 joins at step 8 after a 120-token prefill, which regrows the
+  // Batches of 5, then 6 (sequence 5 joins at step 8 after a 100-token prefill, which regrows the
   // workspace the graphs point at), then 5 (sequence 0 leaves after step 20): padded to 8 each
   // time; sequence 1 leaves at step 30 (4 sequences, padded to 4).
   std::vector<int> running = {0, 1, 2, 3, 4};

@@ -293,15 +293,7 @@ StatusOr<bool> KvAttention::PrepareDecode(const std::vector<SequenceStep>& batch
       kernels::KvEvictArgs e;  // excess 0, decay 1: left alone
       int32_t* victims = nullptr;
       if (i < real) batch[i].kv->PlanEviction(l, &e, &victims);
-      int32_t* row = params + static_cast<int64_t>(i) * evict_words;
-      const uint64_t address = reinterpret_cast<uintptr_t>(victims);
-      row[0] = static_cast<int32_t>(e.rank);
-      row[1] = e.excess;
-      row[2] = e.oldest_recent;
-      row[3] = e.length;
-      std::memcpy(&row[4], &e.decay, sizeof(float));
-      row[5] = static_cast<int32_t>(static_cast<uint32_t>(address));
-      row[6] = static_cast<int32_t>(static_cast<uint32_t>(address >> 32));
+      kernels::PackDecodeEvict(e, victims, params + static_cast<int64_t>(i) * evict_words);
     }
   }
   DEJA_RETURN_IF_ERROR(backend_->CopyHostToDevice(decode_dev_.data(), all,
