@@ -57,6 +57,13 @@ TEST_P(CompareEmbedding, ShapeGrid) {
           DEJA_ASSERT_OK_AND_ASSIGN(Tensor got, b.ToHost(d_out.view()));
           // A gather widens exactly: demand identical bits.
           EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.bytes()));
+          // The same with the ids in the backend's memory (EmbeddingDeviceIds).
+          DEJA_ASSERT_OK_AND_ASSIGN(
+              Tensor d_ids, b.ToBackend(TensorView{ids.data(), DType::kI32, Shape{n}}));
+          DEJA_ASSERT_OK_AND_ASSIGN(Tensor d_out2, b.ToBackend(init));
+          DEJA_ASSERT_OK(EmbeddingDeviceIds(b, d_table.view(), d_ids.view(), acc, d_out2.view()));
+          DEJA_ASSERT_OK_AND_ASSIGN(Tensor got2, b.ToHost(d_out2.view()));
+          EXPECT_EQ(0, std::memcmp(got2.data(), want.data(), got2.bytes())) << "device ids";
         }
       }
     }
