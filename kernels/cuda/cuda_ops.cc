@@ -232,8 +232,10 @@ Status CudaRetainScores(Backend& b, const RetainArgs& args) {
 Status CudaDecodeEvict(Backend& b, const DecodeEvictArgs& args) {
   CudaContext& ctx = ContextOf(b);
   DEJA_RETURN_IF_ERROR(Enter(ctx));
-  if (args.heads > 65535 && args.seqs > 0) {
-    return Unimplemented("decode_evict: more than 65,535 heads");
+  // Sequences are the grid's y dimension.
+  if (args.seqs > 65535) {
+    return Unimplemented("decode_evict: " + std::to_string(args.seqs) +
+                         " sequences exceed the CUDA grid's 65,535");
   }
   static_assert(kDecodeEvictParams == 7, "DecodeEvictKernel reads 7 params per sequence");
   static_assert(static_cast<int>(KvRank::kScore) == static_cast<int>(EvictRank::kScore) &&

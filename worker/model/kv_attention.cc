@@ -182,12 +182,14 @@ StatusOr<bool> KvAttention::PrepareGraphStep(const std::vector<SequenceStep>& ba
     if (s.kv->pool() != pool_.get()) return false;
   }
   if (padded > static_cast<int32_t>(batch.size()) && pad_block_ < 0) return false;
-  std::vector<int64_t> seq_row(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) seq_row[i] = static_cast<int64_t>(i);
+  if (graph_rows_.size() < batch.size()) {
+    graph_rows_.resize(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) graph_rows_[i] = static_cast<int64_t>(i);
+  }
   DecodeShape shape;
   shape.padded = padded;
   shape.extra = &extra;
-  DEJA_ASSIGN_OR_RETURN(bool ok, PrepareDecode(batch, seq_row.data(), tok_pos, shape));
+  DEJA_ASSIGN_OR_RETURN(bool ok, PrepareDecode(batch, graph_rows_.data(), tok_pos, shape));
   if (!ok) return false;
   decode_step_ = graph_step_ = true;
   ++batched_steps_;

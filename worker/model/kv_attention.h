@@ -152,6 +152,7 @@ class KvAttention {
   bool graph_step_ = false;
   std::shared_ptr<kv::KvBlockPool> pool_;
   int32_t pad_block_ = -1;
+  std::vector<int64_t> graph_rows_;  // 0, 1, 2, ...: a graph step's row of each sequence
   uint64_t buffers_epoch_ = 0;
 
   // Important-token loading: the options, and per-layer counts since TakeImportanceStats.

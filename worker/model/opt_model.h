@@ -79,6 +79,9 @@ class OptModel final : public Model {
   OptModel() = default;
   Status Layer(int32_t l, const std::vector<SequenceStep>& batch, int64_t rows);
   Status Logits(const std::vector<SequenceStep>& batch, int64_t rows, StepResult* result);
+  // The final LayerNorm (into a_) and project_out (into emb_) of the rows whose logits are
+  // wanted: what the LM head reads.
+  StatusOr<TensorView> HeadInput(const TensorView& rows);
   Status DeviceLogits(const std::vector<SequenceStep>& batch, const TensorView& x, int64_t out_rows,
                       StepResult* result);
   Status ShardedDeviceLogits(const std::vector<SequenceStep>& batch, const TensorView& x,

@@ -17,7 +17,6 @@
 
 namespace deja::worker::model {
 
-using opt_internal::kLayerNormEps;
 using opt_internal::Rows;
 
 namespace {
@@ -152,18 +151,7 @@ Status OptModel::GraphStepOps(const std::vector<SequenceStep>& batch, int64_t ro
     DEJA_RETURN_IF_ERROR(Layer(l, batch, rows));
   }
   // Row i is sequence i's one token: no gather.
-  TensorView x = h;
-  if (w_.final_ln.present()) {
-    x = Rows(a_, rows, d);
-    DEJA_RETURN_IF_ERROR(
-        kernels::LayerNorm(be, h, w_.final_ln.gamma, w_.final_ln.beta, kLayerNormEps, x));
-  }
-  if (w_.project_out.w.data != nullptr) {
-    TensorView e = Rows(emb_, rows, p);
-    DEJA_RETURN_IF_ERROR(
-        kernels::Linear(be, x, w_.project_out.w, {}, kernels::Activation::kNone, false, e));
-    x = e;
-  }
+  DEJA_ASSIGN_OR_RETURN(const TensorView x, HeadInput(h));
   TensorView out = Rows(logits_dev_, rows, vocab);
   DEJA_RETURN_IF_ERROR(
       kernels::Linear(be, x, w_.lm_head.w, {}, kernels::Activation::kNone, false, out));

@@ -18,7 +18,7 @@ using opt_internal::kLayerNormEps;
 using opt_internal::Rows;
 
 Status OptModel::Logits(const std::vector<SequenceStep>& batch, int64_t rows, StepResult* result) {
-  const int64_t d = config_.hidden_size, p = config_.word_embed_proj_dim;
+  const int64_t d = config_.hidden_size;
   kernels::Backend& be = *backend_;
   // Gather the rows that need logits into a_ (contiguous): on the host by copies, on a device by
   // an embedding lookup with h_ as the table.
@@ -45,17 +45,7 @@ Status OptModel::Logits(const std::vector<SequenceStep>& batch, int64_t rows, St
       std::memcpy(dst + r * d, hs + static_cast<int64_t>(logit_rows_[r]) * d, d * sizeof(float));
     }
   }
-  TensorView x = Rows(a_, out_rows, d);
-  if (w_.final_ln.present()) {
-    DEJA_RETURN_IF_ERROR(
-        kernels::LayerNorm(be, x, w_.final_ln.gamma, w_.final_ln.beta, kLayerNormEps, x));
-  }
-  if (w_.project_out.w.data != nullptr) {
-    TensorView e = Rows(emb_, out_rows, p);
-    DEJA_RETURN_IF_ERROR(
-        kernels::Linear(be, x, w_.project_out.w, {}, kernels::Activation::kNone, false, e));
-    x = e;
-  }
+  DEJA_ASSIGN_OR_RETURN(const TensorView x, HeadInput(Rows(a_, out_rows, d)));
   const int64_t vocab = config_.vocab_size, local_vocab = w_.vocab_end - w_.vocab_begin;
   if (result->logits.empty() || result->logits.shape()[0] < out_rows ||
       result->logits.shape()[1] != vocab) {
@@ -94,6 +84,24 @@ Status OptModel::Logits(const std::vector<SequenceStep>& batch, int64_t rows, St
     }
   }
   return Status::Ok();
+}
+
+StatusOr<TensorView> OptModel::HeadInput(const TensorView& rows) {
+  kernels::Backend& be = *backend_;
+  const int64_t d = config_.hidden_size, p = config_.word_embed_proj_dim, n = rows.rows();
+  TensorView x = rows;
+  if (w_.final_ln.present()) {
+    x = Rows(a_, n, d);  // in place when `rows` is a_ already
+    DEJA_RETURN_IF_ERROR(
+        kernels::LayerNorm(be, rows, w_.final_ln.gamma, w_.final_ln.beta, kLayerNormEps, x));
+  }
+  if (w_.project_out.w.data != nullptr) {
+    TensorView e = Rows(emb_, n, p);
+    DEJA_RETURN_IF_ERROR(
+        kernels::Linear(be, x, w_.project_out.w, {}, kernels::Activation::kNone, false, e));
+    x = e;
+  }
+  return x;
 }
 
 // One rank on a device (LoadToDevice): the logits stay on the device. Rows of sequences that want
