@@ -4,9 +4,12 @@
 // distinct (kernels/ops.cc checks), so the split below still gives each score row one writer.
 // Paged caches (KvView::blocks) are read through the same slot lists: each list entry is the slot's
 // index from the view's base (KvSlotIndex), so a head's slots may lie in any blocks.
-// Work is split over heads when H2O scores are accumulated (each head's score row then has one
-// writer, and tokens add into it in order, as the reference does) and over (token, head) pairs
-// otherwise. Calls with many query tokens (prefill) take a GEMM path per head instead.
+// One query (decode) is attended per head; several per head and block of queries, each query's
+// result bit-identical to its own single-query call (AttendHeadBlock). Work is split over heads
+// when H2O scores are accumulated (each head's score row then has one writer, and tokens add into
+// it in order, as the reference does) and over (head, block) pairs otherwise. Calls with many
+// query tokens (prefill) that need no such identity (AttentionArgs::per_query unset) take a GEMM
+// path per head instead.
 #include <cblas.h>
 
 #include <algorithm>
@@ -71,6 +74,90 @@ void AttendOne(const AttentionArgs& a, int64_t t, int64_t h, std::vector<float>&
   WeightedSumRows(probs.data(), kv.v, kv.dtype, slots.data(), count, d, out);
   if (kv.score != nullptr) {
     for (int64_t j = 0; j < count; ++j) kv.score[slots[j]] += probs[j];
+  }
+}
+
+// Calls with several queries, per_query or too few for the GEMM path: per head and block of
+// queries, the slots any query of the block sees (position known and <= the block's latest
+// query), in slot order; every query's scores against them in one DotRowsMulti; each query's
+// softmax over its own visible slots, as AttendOne computes it; and the outputs in one
+// WeightedSumRowsMulti, each query summing only the slots it sees, in slot order. Each
+// (token, head) is then AttendOne's bit for bit (simd.h), with K and V rows widened once per
+// block instead of once per query; H2O scores are added token by token in order.
+constexpr int64_t kBlockQueries = 32;
+
+struct BlockScratch {
+  std::vector<int32_t> slots, pos, q_pos;
+  std::vector<float> p, row;
+};
+
+void AttendHeadBlock(const AttentionArgs& a, int64_t h, int64_t t0, int64_t t1, BlockScratch& g) {
+  const KvView& kv = a.kv;
+  const int64_t d = a.head_dim;
+  const int64_t width = static_cast<int64_t>(a.heads) * d;
+  const int64_t ch = a.head_ids != nullptr ? a.head_ids[h] : h;
+  const int64_t nq = t1 - t0;
+  const float* q = a.q.as<float>() + t0 * width + h * d;
+  float* out = a.out.as<float>() + t0 * width + h * d;
+
+  // A skipped (token, head) (AttentionArgs::keep) sees no slot: a zero output and no score.
+  g.q_pos.resize(nq);
+  int32_t latest = -1;
+  for (int64_t i = 0; i < nq; ++i) {
+    const bool skip = a.keep != nullptr && a.keep[(t0 + i) * a.heads + h] == 0;
+    g.q_pos[i] = skip ? -1 : a.q_pos[t0 + i];
+    latest = std::max(latest, g.q_pos[i]);
+  }
+  g.slots.clear();
+  g.pos.clear();
+  bool sorted = true;
+  ForEachSlot(kv, ch, [&](int64_t at) {
+    const int32_t pos = kv.slot_pos[at];
+    if (pos < 0 || pos > latest) return;
+    if (!g.pos.empty() && pos < g.pos.back()) sorted = false;
+    g.slots.push_back(static_cast<int32_t>(at));
+    g.pos.push_back(pos);
+  });
+  const int64_t n = static_cast<int64_t>(g.slots.size());
+  if (n == 0) {
+    for (int64_t i = 0; i < nq; ++i) std::memset(out + i * width, 0, d * sizeof(float));
+    return;
+  }
+  g.p.resize(nq * n);
+  DotRowsMulti(q, width, nq, kv.k, kv.dtype, g.slots.data(), n, d, a.scale, g.p.data(), n);
+  // Each query's softmax over the slots it sees, compacted (in slot order) unless they are a
+  // prefix of the list already (slots in position order: the usual prefill).
+  g.row.resize(n);
+  for (int64_t i = 0; i < nq; ++i) {
+    float* p = g.p.data() + i * n;
+    const int32_t qp = g.q_pos[i];
+    if (qp < 0) continue;
+    float* x = p;
+    int64_t count;
+    if (sorted) {
+      count = std::upper_bound(g.pos.begin(), g.pos.end(), qp) - g.pos.begin();
+    } else {
+      x = g.row.data();
+      count = 0;
+      for (int64_t j = 0; j < n; ++j)
+        if (g.pos[j] <= qp) x[count++] = p[j];
+    }
+    if (count == 0) continue;
+    const float inv_sum = 1.f / ExpShiftInPlace(x, count, MaxOf(x, count));
+    for (int64_t j = 0; j < count; ++j) x[j] *= inv_sum;
+    if (!sorted) {
+      for (int64_t j = 0, c = 0; j < n; ++j)
+        if (g.pos[j] <= qp) p[j] = x[c++];
+    }
+  }
+  WeightedSumRowsMulti(g.p.data(), n, nq, g.q_pos.data(), kv.v, kv.dtype, g.slots.data(),
+                       g.pos.data(), n, d, out, width);
+  if (kv.score != nullptr) {
+    for (int64_t i = 0; i < nq; ++i) {
+      const float* p = g.p.data() + i * n;
+      for (int64_t j = 0; j < n; ++j)
+        if (g.pos[j] <= g.q_pos[i]) kv.score[g.slots[j]] += p[j];
+    }
   }
 }
 
@@ -180,6 +267,7 @@ Status CpuAttention(Backend& backend, const AttentionArgs& a) {
   // Below ~16K multiply-adds per chunk the hand-off to another thread costs more than it saves.
   const int64_t per_item = std::max<int64_t>(1, int64_t{2} * a.kv.used * a.head_dim);
   const int64_t min_items = std::max<int64_t>(1, (int64_t{1} << 14) / per_item);
+  const int64_t blocks = (tokens + kBlockQueries - 1) / kBlockQueries;
   if (tokens >= kGemmMinTokens && !a.per_query) {
     backend.pool()->ParallelFor(
         heads,
@@ -188,22 +276,30 @@ Status CpuAttention(Backend& backend, const AttentionArgs& a) {
           for (int64_t h = h0; h < h1; ++h) AttendHeadGemm(a, h, scratch);
         },
         1);
-  } else if (a.kv.score != nullptr) {
+  } else if (tokens > 1) {
+    // With H2O scores each head's blocks run in order on one thread (its score row has one
+    // writer, adding token by token); otherwise (head, block) pairs spread over the threads.
+    const bool by_head = a.kv.score != nullptr;
+    backend.pool()->ParallelFor(
+        by_head ? heads : heads * blocks,
+        [&](int64_t i0, int64_t i1) {
+          thread_local BlockScratch scratch;
+          for (int64_t i = i0; i < i1; ++i) {
+            const int64_t h = by_head ? i : i / blocks;
+            const int64_t b0 = by_head ? 0 : i % blocks, b1 = by_head ? blocks : b0 + 1;
+            for (int64_t b = b0; b < b1; ++b) {
+              AttendHeadBlock(a, h, b * kBlockQueries,
+                              std::min(tokens, (b + 1) * kBlockQueries), scratch);
+            }
+          }
+        },
+        std::max<int64_t>(1, min_items / (by_head ? tokens : std::min(tokens, kBlockQueries))));
+  } else {
     backend.pool()->ParallelFor(
         heads,
         [&](int64_t h0, int64_t h1) {
           run([&](std::vector<float>& probs, std::vector<int32_t>& slots) {
-            for (int64_t h = h0; h < h1; ++h)
-              for (int64_t t = 0; t < tokens; ++t) AttendOne(a, t, h, probs, slots);
-          });
-        },
-        std::max<int64_t>(1, min_items / std::max<int64_t>(1, tokens)));
-  } else {
-    backend.pool()->ParallelFor(
-        tokens * heads,
-        [&](int64_t i0, int64_t i1) {
-          run([&](std::vector<float>& probs, std::vector<int32_t>& slots) {
-            for (int64_t i = i0; i < i1; ++i) AttendOne(a, i / heads, i % heads, probs, slots);
+            for (int64_t h = h0; h < h1; ++h) AttendOne(a, 0, h, probs, slots);
           });
         },
         min_items);

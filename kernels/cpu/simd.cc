@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "common/kv_row.h"
 
@@ -149,6 +150,220 @@ void WeightedSumRowsImpl(const float* p, const void* v, DType v_dtype, const int
   WeightedSumRowsTyped(p, static_cast<const float*>(v), stride, rows, count, d, out);
 }
 
+// DotRowsTyped for nq queries. On AVX-512 with d a multiple of 16, 16 rows at a time are widened
+// into an L1 buffer once and every query runs DotTyped's two accumulator chains over each; the
+// 16 per-row vectors are then summed lane-wise in the tree of _mm512_reduce_add_ps (Highway's
+// SumOfLanes there: halves, quarters, pairs, then the last pair), but transposed, 15 vector adds
+// for 16 rows instead of a horizontal reduction per row. IEEE addition is commutative, so each
+// score is DotTyped's bit for bit. Elsewhere the queries take DotRowsTyped one by one.
+template <typename KT>
+void DotRowsMultiTyped(const float* q, int64_t q_stride, int64_t nq, const KT* k, int64_t stride,
+                       const int32_t* rows, int64_t count, int64_t d, float scale, float* scores,
+                       int64_t ld) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if (d % 16 == 0 && nq > 1) {
+    const DF df;
+    thread_local std::vector<float> buffer;
+    buffer.resize(static_cast<size_t>(16 * d));
+    float* kbuf = buffer.data();
+    // The lane of the reduced vector that holds row r (see the steps below).
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    auto row_dot = [&](const float* qi, const float* kr) {
+      __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+      int64_t e = 0;
+      for (; e + 32 <= d; e += 32) {
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(qi + e), _mm512_loadu_ps(kr + e), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(qi + e + 16), _mm512_loadu_ps(kr + e + 16), acc1);
+      }
+      for (; e + 16 <= d; e += 16)
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(qi + e), _mm512_loadu_ps(kr + e), acc0);
+      return _mm512_add_ps(acc0, acc1);
+    };
+    for (int64_t j0 = 0; j0 < count; j0 += 16) {
+      const int64_t nr = std::min<int64_t>(16, count - j0);
+      HWY_ALIGN float row_scale[16] = {};
+      for (int64_t r = 0; r < 16; ++r) {
+        float* dst = kbuf + r * d;
+        if (r >= nr) {
+          std::memset(dst, 0, static_cast<size_t>(d) * sizeof(float));
+          continue;
+        }
+        const KT* row = k + static_cast<int64_t>(rows[j0 + r]) * stride;
+        for (int64_t e = 0; e < d; e += 16) hn::StoreU(LoadWidened(df, row + e), df, dst + e);
+        row_scale[r] = scale;
+        if constexpr (std::is_same_v<KT, int8_t>) row_scale[r] *= KvRowScale(row, d);
+      }
+      const __m512 vscale = _mm512_load_ps(row_scale);
+      const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
+      for (int64_t i = 0; i < nq; ++i) {
+        const float* qi = q + i * q_stride;
+        // Halves: lanes [r: 0-7 | r+1: 0-7] of v[r][l] + v[r][l + 8], for row pairs.
+        __m512 half[8];
+        for (int r = 0; r < 8; ++r) {
+          const __m512 a = row_dot(qi, kbuf + (2 * r) * d);
+          const __m512 b = row_dot(qi, kbuf + (2 * r + 1) * d);
+          half[r] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+        }
+        // Quarters: one 128-bit chunk of t[l] + t[l + 4] per row, rows 4m .. 4m + 3.
+        __m512 quarter[4];
+        for (int m = 0; m < 4; ++m) {
+          const __m512 a = half[2 * m], b = half[2 * m + 1];
+          quarter[m] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+        }
+        // Pairs: per chunk c, [u[0] + u[2], u[1] + u[3]] of rows c and c + 4 (then c + 8, c + 12).
+        __m512 pair[2];
+        for (int m = 0; m < 2; ++m) {
+          const __m512 a = quarter[2 * m], b = quarter[2 * m + 1];
+          pair[m] = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+        }
+        // The last pair: lane 4c + m holds row c + 4m.
+        const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(pair[0], pair[1], 0x88),
+                                          _mm512_shuffle_ps(pair[0], pair[1], 0xDD));
+        const __m512 s = _mm512_mul_ps(vscale, _mm512_permutexvar_ps(order, sums));
+        _mm512_mask_storeu_ps(scores + i * ld + j0, mask, s);
+      }
+    }
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < nq; ++i) {
+    DotRowsTyped(q + i * q_stride, k, stride, rows, count, d, scale, scores + i * ld);
+  }
+}
+
+void DotRowsMultiImpl(const float* q, int64_t q_stride, int64_t nq, const void* k, DType k_dtype,
+                      const int32_t* rows, int64_t count, int64_t d, float scale, float* scores,
+                      int64_t ld) {
+  const int64_t stride = KvRowElems(k_dtype, d);
+  if (k_dtype == DType::kF16) {
+    return DotRowsMultiTyped(q, q_stride, nq, static_cast<const hwy::float16_t*>(k), stride, rows,
+                             count, d, scale, scores, ld);
+  }
+  if (k_dtype == DType::kI8) {
+    return DotRowsMultiTyped(q, q_stride, nq, static_cast<const int8_t*>(k), stride, rows, count,
+                             d, scale, scores, ld);
+  }
+  DotRowsMultiTyped(q, q_stride, nq, static_cast<const float*>(k), stride, rows, count, d, scale,
+                    scores, ld);
+}
+
+// One chunk [c0, c0 + NV lanes) of WeightedSumRowsTyped for up to G queries (ng of them): each
+// visible row's NV vectors are widened once and fused into every query's accumulators that sees
+// it, in list order, so each query's chunk is WeightedSumRowsTyped's bit for bit.
+template <int NV, int G, typename VT>
+void WeightedSumChunk(const float* p, int64_t ld, int64_t ng, const int32_t* q_pos, const VT* v,
+                      int64_t stride, const int32_t* rows, const int32_t* row_pos, int64_t count,
+                      int64_t d, int64_t c0, float* out, int64_t out_stride) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  int32_t lo = q_pos[0], hi = q_pos[0];
+  for (int64_t g = 1; g < ng; ++g) {
+    lo = std::min(lo, q_pos[g]);
+    hi = std::max(hi, q_pos[g]);
+  }
+  hn::Vec<DF> acc[G][NV];
+  for (int g = 0; g < G; ++g)
+    for (int i = 0; i < NV; ++i) acc[g][i] = hn::Zero(df);
+  for (int64_t j = 0; j < count; ++j) {
+    const int32_t pos = row_pos[j];
+    if (pos > hi) continue;
+    const VT* base = v + static_cast<int64_t>(rows[j]) * stride;
+    float row_scale = 1.f;
+    if constexpr (std::is_same_v<VT, int8_t>) row_scale = KvRowScale(base, d);
+    hn::Vec<DF> x[NV];
+    for (int i = 0; i < NV; ++i) x[i] = LoadWidened(df, base + c0 + i * lanes);
+    // An int8 row's weight is its probability times its scale, as in WeightedSumRowsTyped.
+    auto add = [&](int g) {
+      float w = p[g * ld + j];
+      if constexpr (std::is_same_v<VT, int8_t>) w *= row_scale;
+      const auto pj = hn::Set(df, w);
+      for (int i = 0; i < NV; ++i) acc[g][i] = hn::MulAdd(pj, x[i], acc[g][i]);
+    };
+    if (pos <= lo) {
+      for (int g = 0; g < G; ++g)
+        if (g < ng) add(g);
+    } else {
+      for (int g = 0; g < G; ++g)
+        if (g < ng && pos <= q_pos[g]) add(g);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    if (g >= ng) break;
+    for (int i = 0; i < NV; ++i) hn::StoreU(acc[g][i], df, out + g * out_stride + c0 + i * lanes);
+  }
+}
+
+template <int NV, typename VT>
+void WeightedSumChunks(const float* p, int64_t ld, int64_t nq, const int32_t* q_pos, const VT* v,
+                       int64_t stride, const int32_t* rows, const int32_t* row_pos, int64_t count,
+                       int64_t d, int64_t c0, float* out, int64_t out_stride) {
+  // Accumulators for as many queries as the registers hold beside the row's NV vectors.
+  constexpr int kRegs = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 ? 24 : 10;
+  constexpr int G = std::clamp(kRegs / NV, 1, 8);
+  for (int64_t g0 = 0; g0 < nq; g0 += G) {
+    WeightedSumChunk<NV, G>(p + g0 * ld, ld, std::min<int64_t>(G, nq - g0), q_pos + g0, v, stride,
+                            rows, row_pos, count, d, c0, out + g0 * out_stride, out_stride);
+  }
+}
+
+template <typename VT>
+void WeightedSumRowsMultiTyped(const float* p, int64_t ld, int64_t nq, const int32_t* q_pos,
+                               const VT* v, int64_t stride, const int32_t* rows,
+                               const int32_t* row_pos, int64_t count, int64_t d, float* out,
+                               int64_t out_stride) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  constexpr int64_t kChunk = 8;  // WeightedSumRowsTyped's
+  const int64_t full = d / lanes * lanes;
+  for (int64_t c0 = 0; c0 < full; c0 += kChunk * lanes) {
+    const int64_t nv = std::min<int64_t>(kChunk, (full - c0) / lanes);
+    auto run = [&](auto tag) {
+      WeightedSumChunks<decltype(tag)::value>(p, ld, nq, q_pos, v, stride, rows, row_pos, count, d,
+                                              c0, out, out_stride);
+    };
+    switch (nv) {
+      case 1: run(std::integral_constant<int, 1>()); break;
+      case 2: run(std::integral_constant<int, 2>()); break;
+      case 3: run(std::integral_constant<int, 3>()); break;
+      case 4: run(std::integral_constant<int, 4>()); break;
+      case 5: run(std::integral_constant<int, 5>()); break;
+      case 6: run(std::integral_constant<int, 6>()); break;
+      case 7: run(std::integral_constant<int, 7>()); break;
+      default: run(std::integral_constant<int, 8>()); break;
+    }
+  }
+  if (full == d) return;
+  // The tail elements, per query as WeightedSumRowsTyped adds them.
+  for (int64_t i = 0; i < nq; ++i) {
+    float* o = out + i * out_stride;
+    for (int64_t e = full; e < d; ++e) o[e] = 0.f;
+    for (int64_t j = 0; j < count; ++j) {
+      if (row_pos[j] > q_pos[i]) continue;
+      const VT* row = v + static_cast<int64_t>(rows[j]) * stride;
+      float w = p[i * ld + j];
+      if constexpr (std::is_same_v<VT, int8_t>) w *= KvRowScale(row, d);
+      for (int64_t e = full; e < d; ++e) o[e] += w * ScalarToFloat(row[e]);
+    }
+  }
+}
+
+void WeightedSumRowsMultiImpl(const float* p, int64_t ld, int64_t nq, const int32_t* q_pos,
+                              const void* v, DType v_dtype, const int32_t* rows,
+                              const int32_t* row_pos, int64_t count, int64_t d, float* out,
+                              int64_t out_stride) {
+  const int64_t stride = KvRowElems(v_dtype, d);
+  if (v_dtype == DType::kF16) {
+    return WeightedSumRowsMultiTyped(p, ld, nq, q_pos, static_cast<const hwy::float16_t*>(v),
+                                     stride, rows, row_pos, count, d, out, out_stride);
+  }
+  if (v_dtype == DType::kI8) {
+    return WeightedSumRowsMultiTyped(p, ld, nq, q_pos, static_cast<const int8_t*>(v), stride, rows,
+                                     row_pos, count, d, out, out_stride);
+  }
+  WeightedSumRowsMultiTyped(p, ld, nq, q_pos, static_cast<const float*>(v), stride, rows, row_pos,
+                            count, d, out, out_stride);
+}
+
 void AxpyImpl(float a, const float* x, float* y, int64_t n) {
   const DF df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
@@ -233,6 +448,8 @@ HWY_EXPORT(DotImpl);
 HWY_EXPORT(AxpyImpl);
 HWY_EXPORT(DotRowsImpl);
 HWY_EXPORT(WeightedSumRowsImpl);
+HWY_EXPORT(DotRowsMultiImpl);
+HWY_EXPORT(WeightedSumRowsMultiImpl);
 HWY_EXPORT(AddIntoImpl);
 HWY_EXPORT(AddBiasedIntoImpl);
 HWY_EXPORT(SubtractTwiceImpl);
@@ -252,6 +469,19 @@ void DotRows(const float* q, const void* k, DType k_dtype, const int32_t* rows, 
 void WeightedSumRows(const float* p, const void* v, DType v_dtype, const int32_t* rows,
                      int64_t count, int64_t d, float* out) {
   HWY_DYNAMIC_DISPATCH(WeightedSumRowsImpl)(p, v, v_dtype, rows, count, d, out);
+}
+void DotRowsMulti(const float* q, int64_t q_stride, int64_t nq, const void* k, DType k_dtype,
+                  const int32_t* rows, int64_t count, int64_t d, float scale, float* scores,
+                  int64_t ld) {
+  HWY_DYNAMIC_DISPATCH(DotRowsMultiImpl)(q, q_stride, nq, k, k_dtype, rows, count, d, scale,
+                                         scores, ld);
+}
+void WeightedSumRowsMulti(const float* p, int64_t ld, int64_t nq, const int32_t* q_pos,
+                          const void* v, DType v_dtype, const int32_t* rows,
+                          const int32_t* row_pos, int64_t count, int64_t d, float* out,
+                          int64_t out_stride) {
+  HWY_DYNAMIC_DISPATCH(WeightedSumRowsMultiImpl)(p, ld, nq, q_pos, v, v_dtype, rows, row_pos,
+                                                 count, d, out, out_stride);
 }
 void AddInto(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(AddIntoImpl)(x, y, n); }
 void AddBiasedInto(const float* x, const float* b, float* y, int64_t n) {

@@ -21,6 +21,20 @@ void DotRows(const float* q, const void* k, DType k_dtype, const int32_t* rows, 
              int64_t d, float scale, float* scores);
 void WeightedSumRows(const float* p, const void* v, DType v_dtype, const int32_t* rows,
                      int64_t count, int64_t d, float* out);
+// The same two loops for nq queries of one head over one row list (prefill), each query's result
+// bit-identical to the single-query call above, so a token's attention does not depend on the
+// queries beside it. DotRowsMulti: scores[i * ld + j] = DotRows(q + i * q_stride, ..)[j]; each
+// K row is widened once per call and (AVX-512) 16 rows' sums are reduced together in the same
+// addition tree as one row's. WeightedSumRowsMulti: out + i * out_stride = WeightedSumRows over
+// the rows j with row_pos[j] <= q_pos[i], in list order, with weights p[i * ld + j]; each V row
+// is widened once per group of queries, which accumulate in registers.
+void DotRowsMulti(const float* q, int64_t q_stride, int64_t nq, const void* k, DType k_dtype,
+                  const int32_t* rows, int64_t count, int64_t d, float scale, float* scores,
+                  int64_t ld);
+void WeightedSumRowsMulti(const float* p, int64_t ld, int64_t nq, const int32_t* q_pos,
+                          const void* v, DType v_dtype, const int32_t* rows,
+                          const int32_t* row_pos, int64_t count, int64_t d, float* out,
+                          int64_t out_stride);
 // y += x
 void AddInto(const float* x, float* y, int64_t n);
 // y += x + b
