@@ -17,6 +17,7 @@
 #include "cli/common_flags.h"
 #include "cli/sparsity_cli.h"
 #include "common/thread_pool.h"
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/bandwidth.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/i8_vnni.h"
@@ -240,6 +241,15 @@ int RunBenchDecode(int argc, char** argv, int first) {
     // The GEMMs' share of the compute peak (2 FLOPs per weight per token; attention not counted).
     j["prefill_fraction_of_compute_peak"] =
         2.0 * weights * static_cast<double>(prefill_tokens) / prefill_s / prefill_peak;
+    // Where the int8 and int4 Linears run on AMX tiles (from 9 and 4 rows), their own peak too:
+    // the VNNI one is not the limit there.
+    if (!on_device && (wd == DType::kI4 || wd == DType::kI8) && kernels::cpu::AmxEnabled() &&
+        j.contains("peak_vnni_gop_per_s")) {
+      const double amx_peak = kernels::MeasurePeakAmxOpsPerSec(m.backend->pool());
+      j["peak_amx_gop_per_s"] = amx_peak / 1e9;
+      j["prefill_fraction_of_amx_peak"] =
+          2.0 * weights * static_cast<double>(prefill_tokens) / prefill_s / amx_peak;
+    }
     double batch1 = 0, sparse_batch1 = 0;
     std::vector<double> batch1_bw;
     j["warmup_rounds"] = warmup_rounds;

@@ -67,6 +67,55 @@ HWY_INLINE void PrefetchRow(const T* base, int64_t stride, const int32_t* rows, 
   }
 }
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// AVX-512 pieces of DotRowsMulti for head sizes that are a multiple of 16 (a single query's rows
+// gain nothing from them: decode attention waits on memory). DotTyped's vector part
+// for one row: its two accumulator chains and their sum, before the horizontal reduction.
+template <typename KT>
+HWY_INLINE __m512 RowDot16(const float* q, const KT* row, int64_t d) {
+  const DF df;
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t e = 0;
+  for (; e + 32 <= d; e += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + e), LoadWidened(df, row + e).raw, acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + e + 16), LoadWidened(df, row + e + 16).raw, acc1);
+  }
+  for (; e + 16 <= d; e += 16)
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + e), LoadWidened(df, row + e).raw, acc0);
+  return _mm512_add_ps(acc0, acc1);
+}
+
+// The horizontal sums of 16 rows' vectors v[0..15], lane r holding row r's: the tree of
+// _mm512_reduce_add_ps (Highway's SumOfLanes here: halves, quarters, pairs, the last pair),
+// transposed, 15 vector adds for 16 rows. IEEE addition is commutative, so each lane is that
+// row's SumOfLanes bit for bit.
+HWY_INLINE __m512 SumOfLanes16(const __m512* v) {
+  // Halves: lanes [r: 0-7 | r+1: 0-7] of v[r][l] + v[r][l + 8], for row pairs.
+  __m512 half[8];
+  for (int r = 0; r < 8; ++r) {
+    const __m512 a = v[2 * r], b = v[2 * r + 1];
+    half[r] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  }
+  // Quarters: one 128-bit chunk of t[l] + t[l + 4] per row, rows 4m .. 4m + 3.
+  __m512 quarter[4];
+  for (int m = 0; m < 4; ++m) {
+    const __m512 a = half[2 * m], b = half[2 * m + 1];
+    quarter[m] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+  }
+  // Pairs: per chunk c, [u[0] + u[2], u[1] + u[3]] of rows c and c + 4 (then c + 8, c + 12).
+  __m512 pair[2];
+  for (int m = 0; m < 2; ++m) {
+    const __m512 a = quarter[2 * m], b = quarter[2 * m + 1];
+    pair[m] = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+  }
+  // The last pair: lane 4c + m holds row c + 4m; put row r in lane r.
+  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(pair[0], pair[1], 0x88),
+                                    _mm512_shuffle_ps(pair[0], pair[1], 0xDD));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, sums);
+}
+#endif
+
 // DotImpl's arithmetic per row, so each score is bit-identical to Dot's (f32 rows). Rows are
 // `stride` elements apart; int8 rows (common/kv_row.h) carry their scale after the values.
 template <typename KT>
@@ -151,11 +200,8 @@ void WeightedSumRowsImpl(const float* p, const void* v, DType v_dtype, const int
 }
 
 // DotRowsTyped for nq queries. On AVX-512 with d a multiple of 16, 16 rows at a time are widened
-// into an L1 buffer once and every query runs DotTyped's two accumulator chains over each; the
-// 16 per-row vectors are then summed lane-wise in the tree of _mm512_reduce_add_ps (Highway's
-// SumOfLanes there: halves, quarters, pairs, then the last pair), but transposed, 15 vector adds
-// for 16 rows instead of a horizontal reduction per row. IEEE addition is commutative, so each
-// score is DotTyped's bit for bit. Elsewhere the queries take DotRowsTyped one by one.
+// into an L1 buffer once, then every query runs RowDot16 over each and SumOfLanes16 over the 16:
+// each score DotTyped's bit for bit. Elsewhere the queries take DotRowsTyped one by one.
 template <typename KT>
 void DotRowsMultiTyped(const float* q, int64_t q_stride, int64_t nq, const KT* k, int64_t stride,
                        const int32_t* rows, int64_t count, int64_t d, float scale, float* scores,
@@ -166,19 +212,6 @@ void DotRowsMultiTyped(const float* q, int64_t q_stride, int64_t nq, const KT* k
     thread_local std::vector<float> buffer;
     buffer.resize(static_cast<size_t>(16 * d));
     float* kbuf = buffer.data();
-    // The lane of the reduced vector that holds row r (see the steps below).
-    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    auto row_dot = [&](const float* qi, const float* kr) {
-      __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-      int64_t e = 0;
-      for (; e + 32 <= d; e += 32) {
-        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(qi + e), _mm512_loadu_ps(kr + e), acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(qi + e + 16), _mm512_loadu_ps(kr + e + 16), acc1);
-      }
-      for (; e + 16 <= d; e += 16)
-        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(qi + e), _mm512_loadu_ps(kr + e), acc0);
-      return _mm512_add_ps(acc0, acc1);
-    };
     for (int64_t j0 = 0; j0 < count; j0 += 16) {
       const int64_t nr = std::min<int64_t>(16, count - j0);
       HWY_ALIGN float row_scale[16] = {};
@@ -197,29 +230,9 @@ void DotRowsMultiTyped(const float* q, int64_t q_stride, int64_t nq, const KT* k
       const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
       for (int64_t i = 0; i < nq; ++i) {
         const float* qi = q + i * q_stride;
-        // Halves: lanes [r: 0-7 | r+1: 0-7] of v[r][l] + v[r][l + 8], for row pairs.
-        __m512 half[8];
-        for (int r = 0; r < 8; ++r) {
-          const __m512 a = row_dot(qi, kbuf + (2 * r) * d);
-          const __m512 b = row_dot(qi, kbuf + (2 * r + 1) * d);
-          half[r] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-        }
-        // Quarters: one 128-bit chunk of t[l] + t[l + 4] per row, rows 4m .. 4m + 3.
-        __m512 quarter[4];
-        for (int m = 0; m < 4; ++m) {
-          const __m512 a = half[2 * m], b = half[2 * m + 1];
-          quarter[m] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
-        }
-        // Pairs: per chunk c, [u[0] + u[2], u[1] + u[3]] of rows c and c + 4 (then c + 8, c + 12).
-        __m512 pair[2];
-        for (int m = 0; m < 2; ++m) {
-          const __m512 a = quarter[2 * m], b = quarter[2 * m + 1];
-          pair[m] = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
-        }
-        // The last pair: lane 4c + m holds row c + 4m.
-        const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(pair[0], pair[1], 0x88),
-                                          _mm512_shuffle_ps(pair[0], pair[1], 0xDD));
-        const __m512 s = _mm512_mul_ps(vscale, _mm512_permutexvar_ps(order, sums));
+        __m512 v[16];
+        for (int r = 0; r < 16; ++r) v[r] = RowDot16(qi, kbuf + r * d, d);
+        const __m512 s = _mm512_mul_ps(vscale, SumOfLanes16(v));
         _mm512_mask_storeu_ps(scores + i * ld + j0, mask, s);
       }
     }
