@@ -375,6 +375,64 @@ BENCHMARK(BM_AttentionDecode)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
+// A prefill's attention: `tokens` new queries over a cache of the same tokens (slots in position
+// order, causal), OPT-1.3B's 32 heads of 64, one call on the whole pool. Mode 0: per_query (each
+// query the bits of its own call: the blocked multi-query kernels); 1: the GEMM path (unset
+// per_query); 2: the queries one call each (what per_query cost before the blocked kernels).
+// GFLOP/s counts 4 * head_dim flops per visible (query, slot) pair.
+void BM_AttentionPrefill(benchmark::State& state) {
+  const int64_t tokens = state.range(0);
+  const DType kv_dtype = static_cast<DType>(state.range(1));
+  const int64_t mode = state.range(2);
+  constexpr int64_t kHeads = 32, kHd = 64;
+  Backend& cpu = Cpu();
+  Tensor k = RandomKv(kv_dtype, kHeads * tokens, kHd, 400);
+  Tensor v = RandomKv(kv_dtype, kHeads * tokens, kHd, 401);
+  std::vector<int32_t> slot_pos(static_cast<size_t>(kHeads * tokens)), q_pos(tokens);
+  for (int64_t i = 0; i < kHeads * tokens; ++i) slot_pos[i] = static_cast<int32_t>(i % tokens);
+  for (int64_t t = 0; t < tokens; ++t) q_pos[t] = static_cast<int32_t>(t);
+  Tensor q = Random(DType::kF32, {tokens, kHeads * kHd}, 402);
+  Tensor out = Tensor::Zeros(DType::kF32, {tokens, kHeads * kHd});
+  auto args = [&](int64_t t0, int64_t t1) {
+    AttentionArgs a;
+    a.q = q.view().RowSlice(t0, t1);
+    a.scale = 0.125f;
+    a.q_pos = q_pos.data() + t0;
+    a.kv.k = k.data();
+    a.kv.v = v.data();
+    a.kv.dtype = kv_dtype;
+    a.kv.slot_pos = slot_pos.data();
+    a.kv.capacity = static_cast<int32_t>(tokens);
+    a.kv.used = static_cast<int32_t>(tokens);
+    a.heads = kHeads;
+    a.head_dim = kHd;
+    a.out = out.view().RowSlice(t0, t1);
+    a.per_query = mode != 1;
+    return a;
+  };
+  for (auto _ : state) {
+    Status st;
+    if (mode == 2) {
+      for (int64_t t = 0; t < tokens && st.ok(); ++t) st = Attention(cpu, args(t, t + 1));
+    } else {
+      st = Attention(cpu, args(0, tokens));
+    }
+    if (!st.ok()) state.SkipWithError(st.ToString().c_str());
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double pairs = static_cast<double>(tokens) * (tokens + 1) / 2 * kHeads;
+  state.counters["GFLOP/s"] = benchmark::Counter(4.0 * kHd * pairs * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string("kv ") + DTypeName(kv_dtype) +
+                 (mode == 0 ? " per_query" : mode == 1 ? " gemm" : " one query per call"));
+}
+
+BENCHMARK(BM_AttentionPrefill)
+    ->ArgNames({"tokens", "kv_dtype", "mode"})
+    ->ArgsProduct({{512}, {kF16, kI8}, {0, 1, 2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
 void BM_ReadBandwidth(benchmark::State& state) {
   for (auto _ : state) {
     double bw = MeasureReadBandwidthBytesPerSec(Cpu().pool());
