@@ -89,30 +89,46 @@ HWY_INLINE __m512 RowDot16(const float* q, const KT* row, int64_t d) {
 // _mm512_reduce_add_ps (Highway's SumOfLanes here: halves, quarters, pairs, the last pair),
 // transposed, 15 vector adds for 16 rows. IEEE addition is commutative, so each lane is that
 // row's SumOfLanes bit for bit.
-HWY_INLINE __m512 SumOfLanes16(const __m512* v) {
-  // Halves: lanes [r: 0-7 | r+1: 0-7] of v[r][l] + v[r][l + 8], for row pairs.
-  __m512 half[8];
-  for (int r = 0; r < 8; ++r) {
-    const __m512 a = v[2 * r], b = v[2 * r + 1];
-    half[r] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-  }
-  // Quarters: one 128-bit chunk of t[l] + t[l + 4] per row, rows 4m .. 4m + 3.
-  __m512 quarter[4];
-  for (int m = 0; m < 4; ++m) {
-    const __m512 a = half[2 * m], b = half[2 * m + 1];
-    quarter[m] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
-  }
-  // Pairs: per chunk c, [u[0] + u[2], u[1] + u[3]] of rows c and c + 4 (then c + 8, c + 12).
+template <class GetRow>
+HWY_INLINE __m512 SumOfLanes16(GetRow&& v) {
+  // Rows are taken in pairs and folded as they come, so few vectors are live at once.
   __m512 pair[2];
-  for (int m = 0; m < 2; ++m) {
-    const __m512 a = quarter[2 * m], b = quarter[2 * m + 1];
-    pair[m] = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+  for (int m2 = 0; m2 < 2; ++m2) {
+    __m512 quarter[2];
+    for (int m = 0; m < 2; ++m) {
+      // Halves: lanes [r: 0-7 | r+1: 0-7] of v(r)[l] + v(r)[l + 8], for two row pairs.
+      __m512 half[2];
+      for (int h = 0; h < 2; ++h) {
+        const int r = 8 * m2 + 4 * m + 2 * h;
+        const __m512 a = v(r), b = v(r + 1);
+        half[h] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+      }
+      // Quarters: one 128-bit chunk of t[l] + t[l + 4] per row, four rows.
+      quarter[m] = _mm512_add_ps(_mm512_shuffle_f32x4(half[0], half[1], 0x88),
+                                 _mm512_shuffle_f32x4(half[0], half[1], 0xDD));
+    }
+    // Pairs: per chunk c, [u[0] + u[2], u[1] + u[3]] of rows c and c + 4 (of these eight).
+    pair[m2] = _mm512_add_ps(_mm512_shuffle_ps(quarter[0], quarter[1], 0x44),
+                             _mm512_shuffle_ps(quarter[0], quarter[1], 0xEE));
   }
   // The last pair: lane 4c + m holds row c + 4m; put row r in lane r.
   const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(pair[0], pair[1], 0x88),
                                     _mm512_shuffle_ps(pair[0], pair[1], 0xDD));
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return _mm512_permutexvar_ps(order, sums);
+}
+
+// RowDot16 with the head size known at compile time and q in registers (qv: D / 16 vectors).
+template <int D>
+HWY_INLINE __m512 RowDotQ(const __m512* qv, const float* row) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int e = 0;
+  for (; e + 32 <= D; e += 32) {
+    acc0 = _mm512_fmadd_ps(qv[e / 16], _mm512_loadu_ps(row + e), acc0);
+    acc1 = _mm512_fmadd_ps(qv[e / 16 + 1], _mm512_loadu_ps(row + e + 16), acc1);
+  }
+  for (; e + 16 <= D; e += 16) acc0 = _mm512_fmadd_ps(qv[e / 16], _mm512_loadu_ps(row + e), acc0);
+  return _mm512_add_ps(acc0, acc1);
 }
 #endif
 
@@ -230,9 +246,23 @@ void DotRowsMultiTyped(const float* q, int64_t q_stride, int64_t nq, const KT* k
       const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
       for (int64_t i = 0; i < nq; ++i) {
         const float* qi = q + i * q_stride;
-        __m512 v[16];
-        for (int r = 0; r < 16; ++r) v[r] = RowDot16(qi, kbuf + r * d, d);
-        const __m512 s = _mm512_mul_ps(vscale, SumOfLanes16(v));
+        __m512 sums;
+        auto fixed = [&](auto d_const) {
+          constexpr int D = decltype(d_const)::value;
+          __m512 qv[D / 16];
+          for (int e = 0; e < D / 16; ++e) qv[e] = _mm512_loadu_ps(qi + 16 * e);
+          sums = SumOfLanes16([&](int r) { return RowDotQ<D>(qv, kbuf + r * D); });
+        };
+        if (d == 64) {
+          fixed(std::integral_constant<int, 64>());
+        } else if (d == 128) {
+          fixed(std::integral_constant<int, 128>());
+        } else if (d == 80) {
+          fixed(std::integral_constant<int, 80>());
+        } else {
+          sums = SumOfLanes16([&](int r) { return RowDot16(qi, kbuf + r * d, d); });
+        }
+        const __m512 s = _mm512_mul_ps(vscale, sums);
         _mm512_mask_storeu_ps(scores + i * ld + j0, mask, s);
       }
     }
@@ -260,49 +290,59 @@ void DotRowsMultiImpl(const float* q, int64_t q_stride, int64_t nq, const void* 
                     scores, ld);
 }
 
-// One chunk [c0, c0 + NV lanes) of WeightedSumRowsTyped for up to G queries (ng of them): each
-// visible row's NV vectors are widened once and fused into every query's accumulators that sees
-// it, in list order, so each query's chunk is WeightedSumRowsTyped's bit for bit.
+// One chunk [c0, c0 + NV lanes) of WeightedSumRowsTyped for G queries: each visible row's NV
+// vectors are widened once and fused into every query's accumulators that sees it, in list
+// order, so each query's chunk is WeightedSumRowsTyped's bit for bit. G and NV are compile-time
+// and the loops unrolled, so the accumulators stay in registers.
 template <int NV, int G, typename VT>
-void WeightedSumChunk(const float* p, int64_t ld, int64_t ng, const int32_t* q_pos, const VT* v,
+void WeightedSumChunk(const float* p, int64_t ld, const int32_t* q_pos, const VT* v,
                       int64_t stride, const int32_t* rows, const int32_t* row_pos, int64_t count,
                       int64_t d, int64_t c0, float* out, int64_t out_stride) {
   const DF df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   int32_t lo = q_pos[0], hi = q_pos[0];
-  for (int64_t g = 1; g < ng; ++g) {
+  for (int g = 1; g < G; ++g) {
     lo = std::min(lo, q_pos[g]);
     hi = std::max(hi, q_pos[g]);
   }
   hn::Vec<DF> acc[G][NV];
+#pragma GCC unroll 8
   for (int g = 0; g < G; ++g)
+#pragma GCC unroll 8
     for (int i = 0; i < NV; ++i) acc[g][i] = hn::Zero(df);
   for (int64_t j = 0; j < count; ++j) {
     const int32_t pos = row_pos[j];
     if (pos > hi) continue;
     const VT* base = v + static_cast<int64_t>(rows[j]) * stride;
+    // An int8 row's weight is its probability times its scale, as in WeightedSumRowsTyped.
     float row_scale = 1.f;
     if constexpr (std::is_same_v<VT, int8_t>) row_scale = KvRowScale(base, d);
     hn::Vec<DF> x[NV];
+#pragma GCC unroll 8
     for (int i = 0; i < NV; ++i) x[i] = LoadWidened(df, base + c0 + i * lanes);
-    // An int8 row's weight is its probability times its scale, as in WeightedSumRowsTyped.
-    auto add = [&](int g) {
+    const bool all = pos <= lo;
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      if (!all && pos > q_pos[g]) continue;
       float w = p[g * ld + j];
       if constexpr (std::is_same_v<VT, int8_t>) w *= row_scale;
       const auto pj = hn::Set(df, w);
+#pragma GCC unroll 8
       for (int i = 0; i < NV; ++i) acc[g][i] = hn::MulAdd(pj, x[i], acc[g][i]);
-    };
-    if (pos <= lo) {
-      for (int g = 0; g < G; ++g)
-        if (g < ng) add(g);
-    } else {
-      for (int g = 0; g < G; ++g)
-        if (g < ng && pos <= q_pos[g]) add(g);
     }
   }
-  for (int g = 0; g < G; ++g) {
-    if (g >= ng) break;
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 8
     for (int i = 0; i < NV; ++i) hn::StoreU(acc[g][i], df, out + g * out_stride + c0 + i * lanes);
+}
+
+// The last ng < G queries of a call, with a group of exactly ng.
+template <int NV, int G, typename VT, typename... Args>
+void WeightedSumRest(int64_t ng, Args... args) {
+  if constexpr (G > 1) {
+    if (ng == G - 1) return WeightedSumChunk<NV, G - 1, VT>(args...);
+    WeightedSumRest<NV, G - 1, VT>(ng, args...);
   }
 }
 
@@ -313,9 +353,14 @@ void WeightedSumChunks(const float* p, int64_t ld, int64_t nq, const int32_t* q_
   // Accumulators for as many queries as the registers hold beside the row's NV vectors.
   constexpr int kRegs = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 ? 24 : 10;
   constexpr int G = std::clamp(kRegs / NV, 1, 8);
-  for (int64_t g0 = 0; g0 < nq; g0 += G) {
-    WeightedSumChunk<NV, G>(p + g0 * ld, ld, std::min<int64_t>(G, nq - g0), q_pos + g0, v, stride,
-                            rows, row_pos, count, d, c0, out + g0 * out_stride, out_stride);
+  int64_t g0 = 0;
+  for (; g0 + G <= nq; g0 += G) {
+    WeightedSumChunk<NV, G, VT>(p + g0 * ld, ld, q_pos + g0, v, stride, rows, row_pos, count, d, c0,
+                                out + g0 * out_stride, out_stride);
+  }
+  if (g0 < nq) {
+    WeightedSumRest<NV, G, VT>(nq - g0, p + g0 * ld, ld, q_pos + g0, v, stride, rows, row_pos,
+                               count, d, c0, out + g0 * out_stride, out_stride);
   }
 }
 
