@@ -30,6 +30,10 @@ Status CpuGatherLinearT(Backend& backend, TensorView x, TensorView wt, const int
 // AVX512-VNNI where enabled (VnniEnabled()), else the portable loop.
 Status LinearI4(ThreadPool* pool, const TensorView& x, const TensorView& w,
                 const LinearEpilogue& epilogue, float* out);
+// Its quantization of one row x [K]: q = x * (127 / max |x|) rounded to nearest even, the sums of
+// q per `group` (K a multiple of it) and the scale (max |x| / 127). AVX-512 where VnniEnabled(),
+// else element by element; the same bits either way.
+float QuantizeRowS8(const float* x, int64_t k_dim, int64_t group, int8_t* q, int32_t* sums);
 
 // M at and below which Linear (and the gathers) use the weight-streaming kernel rather than
 // OpenBLAS.

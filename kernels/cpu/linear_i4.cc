@@ -167,8 +167,35 @@ void I4TilesPortable(const I4Args& a, int64_t m_rows, int64_t t_begin, int64_t t
   }
 }
 
-// Row m of x [K] quantized: q, the sums of q per group, the scale.
+// QuantizeRowS8 below with AVX-512, bit for bit: the same max (a NaN skipped, as std::max
+// skips it), the same product rounded to nearest even, the same integer sums.
+DEJA_I4_TARGET float QuantizeRowS8Avx512(const float* x, int64_t k_dim, int64_t group, int8_t* q,
+                                         int32_t* sums) {
+  __m512 amax = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= k_dim; i += 16) amax = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + i)), amax);
+  const __mmask16 tail = static_cast<__mmask16>((1u << (k_dim - i)) - 1);
+  amax = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(tail, x + i)), amax);
+  const float a = _mm512_reduce_max_ps(amax);
+  const __m512 inv = _mm512_set1_ps(a > 0.f ? 127.f / a : 0.f);
+  for (int64_t g = 0; g < k_dim / group; ++g) {
+    __m512i s = _mm512_setzero_si512();
+    for (int64_t k = g * group; k < (g + 1) * group; k += 16) {
+      const int64_t n = std::min<int64_t>(16, (g + 1) * group - k);
+      const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
+      const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + k), inv));
+      _mm_mask_storeu_epi8(q + k, m, _mm512_cvtepi32_epi8(r));
+      s = _mm512_add_epi32(s, _mm512_maskz_mov_epi32(m, r));
+    }
+    sums[g] = _mm512_reduce_add_epi32(s);
+  }
+  return a / 127.f;
+}
+
+}  // namespace
+
 float QuantizeRowS8(const float* x, int64_t k_dim, int64_t group, int8_t* q, int32_t* sums) {
+  if (VnniEnabled()) return QuantizeRowS8Avx512(x, k_dim, group, q, sums);
   float amax = 0.f;
   for (int64_t k = 0; k < k_dim; ++k) amax = std::max(amax, std::fabs(x[k]));
   const float inv = amax > 0.f ? 127.f / amax : 0.f;
@@ -182,8 +209,6 @@ float QuantizeRowS8(const float* x, int64_t k_dim, int64_t group, int8_t* q, int
   }
   return amax / 127.f;
 }
-
-}  // namespace
 
 Status LinearI4(ThreadPool* pool, const TensorView& x, const TensorView& w,
                 const LinearEpilogue& epilogue, float* out) {

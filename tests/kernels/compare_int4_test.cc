@@ -19,6 +19,7 @@
 #include "common/int4.h"
 #include "common/quantize.h"
 #include "kernels/cpu/amx.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/i8_vnni.h"
 #include "kernels/ops.h"
 #include "kernels/reference/reference_ops.h"
@@ -212,6 +213,40 @@ TEST(CpuInt4, VnniKernelAndPortableLoopAgree) {
                           want.view()));
     EXPECT_TRUE(Close(plain.as<float>(), want.as<float>(), plain.numel(), kTol));
     EXPECT_TRUE(Close(simd.as<float>(), plain.as<float>(), simd.numel(), kTol));
+  }
+}
+
+TEST(CpuInt4, QuantizedRowsAreTheSameBitsWithAndWithoutAvx512) {
+  // int4's activation quantizer: the AVX-512 form against the element-by-element one, over row
+  // lengths with and without a 16-lane tail, groups of 8 to 256, a zero row, a row with one
+  // huge value and rows whose products sit on rounding ties.
+  if (!cpu::VnniAvailable()) GTEST_SKIP() << "no AVX512-VNNI on this CPU";
+  std::mt19937 rng(BaseSeed() + 4500);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  for (int64_t group : {8, 16, 24, 64, 128, 256}) {
+    for (int64_t k : {group, 2 * group, 5 * group, int64_t{2048}}) {
+      if (k % group != 0) continue;
+      for (int kind = 0; kind < 4; ++kind) {
+        SCOPED_TRACE("group " + std::to_string(group) + " k " + std::to_string(k) + " kind " +
+                     std::to_string(kind));
+        std::vector<float> x(static_cast<size_t>(k));
+        for (float& v : x) v = kind == 1 ? 0.f : normal(rng);
+        if (kind == 2) x[rng() % k] = 1e30f;
+        if (kind == 3) {  // max 127: every integer and half-integer product is exact
+          for (float& v : x) v = static_cast<float>(static_cast<int>(rng() % 255) - 127) * 0.5f;
+          x[0] = 127.f;
+        }
+        std::vector<int8_t> q_simd(k), q_plain(k);
+        std::vector<int32_t> s_simd(k / group), s_plain(k / group);
+        const float a = cpu::QuantizeRowS8(x.data(), k, group, q_simd.data(), s_simd.data());
+        cpu::SetVnniEnabled(false);
+        const float b = cpu::QuantizeRowS8(x.data(), k, group, q_plain.data(), s_plain.data());
+        cpu::SetVnniEnabled(true);
+        EXPECT_EQ(std::memcmp(&a, &b, sizeof(a)), 0) << a << " vs " << b;
+        EXPECT_EQ(q_simd, q_plain);
+        EXPECT_EQ(s_simd, s_plain);
+      }
+    }
   }
 }
 
