@@ -43,17 +43,17 @@ inline void ForEachSlot(const KvView& kv, int64_t ch, F&& f) {
   }
 }
 
-void AttendOne(const AttentionArgs& a, int64_t t, int64_t h, std::vector<float>& probs,
+// The call's one query (decode), head h.
+void AttendOne(const AttentionArgs& a, int64_t h, std::vector<float>& probs,
                std::vector<int32_t>& slots) {
   const KvView& kv = a.kv;
   const int64_t d = a.head_dim;
-  const int64_t width = static_cast<int64_t>(a.heads) * d;
   // h indexes q and out (compact when head-sparse); the cache is indexed by the cache head.
   const int64_t ch = a.head_ids != nullptr ? a.head_ids[h] : h;
-  const float* q = a.q.as<float>() + t * width + h * d;
-  float* out = a.out.as<float>() + t * width + h * d;
-  const int32_t q_pos = a.q_pos[t];
-  if (a.keep != nullptr && a.keep[t * a.heads + h] == 0) {
+  const float* q = a.q.as<float>() + h * d;
+  float* out = a.out.as<float>() + h * d;
+  const int32_t q_pos = a.q_pos[0];
+  if (a.keep != nullptr && a.keep[h] == 0) {
     std::memset(out, 0, static_cast<size_t>(d) * sizeof(float));
     return;
   }
@@ -299,7 +299,7 @@ Status CpuAttention(Backend& backend, const AttentionArgs& a) {
         heads,
         [&](int64_t h0, int64_t h1) {
           run([&](std::vector<float>& probs, std::vector<int32_t>& slots) {
-            for (int64_t h = h0; h < h1; ++h) AttendOne(a, 0, h, probs, slots);
+            for (int64_t h = h0; h < h1; ++h) AttendOne(a, h, probs, slots);
           });
         },
         min_items);

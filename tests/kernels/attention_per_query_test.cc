@@ -94,12 +94,7 @@ std::string CheckPerQuery(Backend& b, const PerQueryCase& c, DType kv_dtype, int
   // Shuffled caches also get queries out of order (a block's latest query is not its last).
   if (c.shuffled) std::shuffle(q_pos.begin(), q_pos.end(), rng);
   std::vector<int32_t> head_ids;
-  if (c.cache_heads > 0) {
-    head_ids.resize(cache_heads);
-    std::iota(head_ids.begin(), head_ids.end(), 0);
-    std::shuffle(head_ids.begin(), head_ids.end(), rng);
-    head_ids.resize(c.heads);
-  }
+  if (c.cache_heads > 0) head_ids = testing::RandomHeadIds(rng, cache_heads, c.heads);
   std::vector<uint8_t> keep;
   if (c.keep) {
     keep.resize(static_cast<size_t>(c.tokens) * c.heads);

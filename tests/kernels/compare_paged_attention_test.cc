@@ -86,12 +86,7 @@ std::string CheckPagedAttention(Backend& b, const PagedAttentionCase& c, DType k
     q_pos[t] = c.tokens == 1 ? c.used : (t == 0 ? 0 : std::max(0, c.used - c.tokens + 1 + t));
   }
   std::vector<int32_t> head_ids;
-  if (c.cache_heads > 0) {
-    head_ids.resize(cache_heads);
-    std::iota(head_ids.begin(), head_ids.end(), 0);
-    std::shuffle(head_ids.begin(), head_ids.end(), rng);
-    head_ids.resize(c.heads);
-  }
+  if (c.cache_heads > 0) head_ids = testing::RandomHeadIds(rng, cache_heads, c.heads);
   Tensor garbage = RandomTensor(rng, DType::kF32, {c.tokens, width}, 50.f, 60.f);
 
   auto args = [&](const Tensor& qt, const KvView& kv, const Tensor& out) {

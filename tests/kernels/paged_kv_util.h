@@ -51,6 +51,15 @@ inline PagedLayout RandomPagedLayout(std::mt19937& rng, int32_t heads, int32_t c
   return l;
 }
 
+// Head-sparse attention's head_ids: `heads` distinct cache heads of `cache_heads`, in random order.
+inline std::vector<int32_t> RandomHeadIds(std::mt19937& rng, int32_t cache_heads, int32_t heads) {
+  std::vector<int32_t> ids(cache_heads);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  ids.resize(heads);
+  return ids;
+}
+
 // The pool copy of `contiguous` ([heads * capacity, per_slot] elements of its dtype): `pool`
 // (garbage of the pool's size and the same dtype) with the cache's slots scattered in.
 inline Tensor Scatter(const PagedLayout& l, const Tensor& contiguous, const Tensor& pool) {
