@@ -42,18 +42,18 @@ DEJA_I4_TARGET inline __m512i Dpbusd(__m512i acc, __m512i a, __m512i b) {
 }
 
 struct I4Args {
-  const uint8_t* w;       // the first tile of the call
-  int64_t tile_bytes;     // 16 * K / 2
-  const float* scales;    // the first tile's scales, [groups][16] per tile
+  const uint8_t* w;     // the first tile of the call
+  int64_t tile_bytes;   // 16 * K / 2
+  const float* scales;  // the first tile's scales, [groups][16] per tile
   int64_t groups;
-  int64_t lines;          // per group: group / 8
-  const int8_t* x;        // the first row of the block, K apart
+  int64_t lines;    // per group: group / 8
+  const int8_t* x;  // the first row of the block, K apart
   int64_t k_dim;
-  const float* sx;        // the block's x scales
-  const int32_t* sums;    // the block's group sums of q, `groups` apart
+  const float* sx;      // the block's x scales
+  const int32_t* sums;  // the block's group sums of q, `groups` apart
   int64_t n0, n_dim;
-  LinearEpilogue e;       // scale unset: the group scales are applied here
-  float* out;             // the block's first row
+  LinearEpilogue e;  // scale unset: the group scales are applied here
+  float* out;        // the block's first row
   int64_t ldo;
 };
 
@@ -90,6 +90,12 @@ DEJA_I4_TARGET void I4Tiles(const I4Args& a) {
       }
     }
     for (int b = 0; b < NB; ++b) {
+      // The next block's scales, a block ahead: their own stream, which the hardware misses.
+      if (MB <= 2) {
+        _mm_prefetch(
+            reinterpret_cast<const char*>(a.scales + ((b + NB) * a.groups + g) * kTileRows),
+            _MM_HINT_T0);
+      }
       const __m512 s = _mm512_loadu_ps(a.scales + (b * a.groups + g) * kTileRows);
       for (int m = 0; m < MB; ++m) {
         const __m512i dot =
@@ -126,10 +132,14 @@ DEJA_I4_TARGET void I4TilesAvx512(I4Args a, int64_t m_rows, int64_t t_begin, int
       b.scales = s0 + (t_begin + t) * a.groups * kTileRows;
       b.n0 = (t_begin + t) * kTileRows;
       switch (mb) {
-        case 1: return I4Tiles<NB, 1>(b);
-        case 2: return I4Tiles<NB, 2>(b);
-        case 3: return I4Tiles<(NB > 2 ? 2 : NB), 3>(b);
-        default: return I4Tiles<(NB > 2 ? 2 : NB), 4>(b);
+        case 1:
+          return I4Tiles<NB, 1>(b);
+        case 2:
+          return I4Tiles<NB, 2>(b);
+        case 3:
+          return I4Tiles<(NB > 2 ? 2 : NB), 3>(b);
+        default:
+          return I4Tiles<(NB > 2 ? 2 : NB), 4>(b);
       }
     };
     // Rows 3 and 4 of a block hold 2 tiles at a time (registers), so they take pairs.
@@ -155,8 +165,7 @@ void I4TilesPortable(const I4Args& a, int64_t m_rows, int64_t t_begin, int64_t t
         for (int64_t k = g * group; k < (g + 1) * group; ++k) {
           dot += Int4Value(tile, r, k, a.k_dim) * xm[k];
         }
-        f = std::fma(static_cast<float>(dot),
-                     a.scales[Int4ScaleIndex(n, g, a.groups)], f);
+        f = std::fma(static_cast<float>(dot), a.scales[Int4ScaleIndex(n, g, a.groups)], f);
       }
       float v = f * a.sx[m] + (a.e.bias != nullptr ? a.e.bias[n] : 0.f);
       if (a.e.relu) v = std::max(v, 0.f);
@@ -173,7 +182,8 @@ DEJA_I4_TARGET float QuantizeRowS8Avx512(const float* x, int64_t k_dim, int64_t 
                                          int32_t* sums) {
   __m512 amax = _mm512_setzero_ps();
   int64_t i = 0;
-  for (; i + 16 <= k_dim; i += 16) amax = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + i)), amax);
+  for (; i + 16 <= k_dim; i += 16)
+    amax = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + i)), amax);
   const __mmask16 tail = static_cast<__mmask16>((1u << (k_dim - i)) - 1);
   amax = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(tail, x + i)), amax);
   const float a = _mm512_reduce_max_ps(amax);
@@ -227,12 +237,24 @@ Status LinearI4(ThreadPool* pool, const TensorView& x, const TensorView& w,
   int32_t* sums = sum_storage.data();
   pool->ParallelFor(m_rows, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
-      sx[m] = QuantizeRowS8(x.as<float>() + m * k_dim, k_dim, group, q + m * k_dim,
-                            sums + m * groups);
+      sx[m] =
+          QuantizeRowS8(x.as<float>() + m * k_dim, k_dim, group, q + m * k_dim, sums + m * groups);
     }
   });
-  I4Args a{static_cast<const uint8_t*>(w.data), kTileRows * k_dim / 2, w.scale, groups,
-           group / 8, q, k_dim, sx, sums, 0, n_dim, epilogue, out, n_dim};
+  I4Args a{static_cast<const uint8_t*>(w.data),
+           kTileRows * k_dim / 2,
+           w.scale,
+           groups,
+           group / 8,
+           q,
+           k_dim,
+           sx,
+           sums,
+           0,
+           n_dim,
+           epilogue,
+           out,
+           n_dim};
   a.e.scale = nullptr;
   const int64_t tiles = (n_dim + kTileRows - 1) / kTileRows;
   // At least ~64K multiply-adds per chunk, as the other Linear paths.
