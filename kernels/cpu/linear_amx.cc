@@ -337,16 +337,16 @@ DEJA_AMX_TARGET void LinearI4Amx(const int8_t* q, const float* sx, const int32_t
   const int64_t quads = k_dim / 4;
   const bool per_group = m_rows <= 2 * kAmxRows;  // one pass over the rows: unpack into L1
   const int64_t tile_quads = per_group ? group_quads : quads;
+  // Two tiles' quads; one row block double-buffers them (I4PairOneBlock).
+  const int64_t buffers = m_rows <= kAmxRows ? 2 : 1;
   thread_local std::vector<uint8_t> storage;
-  storage.resize(static_cast<size_t>(2 * tile_quads * 64 + 64));
+  storage.resize(static_cast<size_t>(buffers * 2 * tile_quads * 64 + 64));
   uint8_t* scratch = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
   const int64_t b_stride = tile_quads * 64;
   alignas(64) CBlock cb;
   alignas(64) __m512 f[4][kAmxRows];
   TileScope tiles;
   if (m_rows <= kAmxRows) {
-    storage.resize(static_cast<size_t>(4 * group_quads * 64 + 64));
-    scratch = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
     const I4OneBlock one{q, sums, scales, m_rows, k_dim, groups, group};
     for (int64_t t = t_begin; t < t_end; t += 2) {
       const bool two_b = t + 1 < t_end;
