@@ -2,10 +2,22 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "common/vec_math.h"
 
 namespace deja {
+namespace {
+
+// std::nearbyint in the default rounding mode for |x| < 2^22 (here |x| <= 127), in arithmetic the
+// compiler vectorizes instead of a library call per value: adding 1.5 * 2^23 leaves no fraction
+// bits, so the sum is rounded half to even, and the subtraction is exact.
+inline float RoundHalfEven(float x) {
+  constexpr float kShift = 12582912.f;
+  return (x + kShift) - kShift;
+}
+
+}  // namespace
 
 void KvRowFromF32(const float* x, int64_t head_dim, DType d, void* row) {
   if (d != DType::kI8) return ConvertFromF32(x, head_dim, d, row);
@@ -25,11 +37,29 @@ void KvRowFromF32(const float* x, int64_t head_dim, DType d, void* row) {
     scale = amax / 127.f;
     const float inv = 127.f / amax;
     for (int64_t i = 0; i < head_dim; ++i) {
-      const float r = std::nearbyint(x[i] * inv);
-      q[i] = static_cast<int8_t>(std::clamp(r, -127.f, 127.f));
+      q[i] = static_cast<int8_t>(std::clamp(RoundHalfEven(x[i] * inv), -127.f, 127.f));
     }
   }
   std::memcpy(q + head_dim, &scale, sizeof(scale));
+}
+
+float KvQueryToI16(const float* q, int64_t head_dim, int16_t* out) {
+  float amax = 0.f;
+  bool finite = true;
+  for (int64_t i = 0; i < head_dim; ++i) {
+    finite = finite && std::isfinite(q[i]);
+    amax = std::max(amax, std::fabs(q[i]));
+  }
+  std::fill(out, out + head_dim, int16_t{0});
+  if (!finite) return std::numeric_limits<float>::quiet_NaN();
+  if (amax == 0.f) return 0.f;
+  const float qmax = static_cast<float>(
+      std::min<int64_t>(32767, std::numeric_limits<int32_t>::max() / (128 * head_dim)));
+  const float inv = qmax / amax;
+  for (int64_t i = 0; i < head_dim; ++i) {
+    out[i] = static_cast<int16_t>(std::clamp(std::nearbyint(q[i] * inv), -qmax, qmax));
+  }
+  return amax / qmax;
 }
 
 void KvRowToF32(const void* row, DType d, int64_t head_dim, float* out) {

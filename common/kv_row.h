@@ -34,6 +34,12 @@ inline float KvRowScale(const void* row, int64_t head_dim) {
   return s;
 }
 
+// How attention over int8 K rows rounds its query (the CPU kernels, kernels/cpu/attention_i8.cc,
+// in vectors; the reference backend): q[0, head_dim) to int16 in out, the largest |q| mapped to
+// qmax = min(32767, (2^31 - 1) / (128 head_dim)), so that a row's integer dot product stays
+// within int32; returns the scale, max |q| / qmax (0 for a zero query; NaN, with out zeroed, when
+// a value is not finite). A score is then scale * row scale * sum_i out[i] * k[i].
+float KvQueryToI16(const float* q, int64_t head_dim, int16_t* out);
 // x[0, head_dim) rounded into a row of d (int8: its scale computed and stored).
 void KvRowFromF32(const float* x, int64_t head_dim, DType d, void* row);
 // The row's values as f32 (int8: times its scale).

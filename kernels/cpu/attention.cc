@@ -168,13 +168,14 @@ void AttendHeadBlock(const AttentionArgs& a, int64_t h, int64_t t0, int64_t t1, 
 // but K and V are read and widened once per call instead of once per query, and the products run
 // at GEMM speed; H2O scores are added token by token in order, as AttendOne adds them. The sums
 // run in another order than DotRows', so results agree with the per-query path to f32 rounding,
-// not bit for bit.
+// not bit for bit (over int8 K rows, with the query rounded to int16 as there).
 constexpr int64_t kGemmMinTokens = 8;
 constexpr int64_t kGemmQueryBlock = 64;
 
 struct GemmScratch {
   std::vector<int32_t> slots, pos;
-  std::vector<float> k, v, p;
+  std::vector<float> k, v, p, q;
+  std::vector<int16_t> q16;
 };
 
 void AttendHeadGemm(const AttentionArgs& a, int64_t h, GemmScratch& g) {
@@ -205,6 +206,18 @@ void AttendHeadGemm(const AttentionArgs& a, int64_t h, GemmScratch& g) {
   }
 
   const float* q = a.q.as<float>() + h * d;
+  int64_t ldq = width;
+  if (kv.dtype == DType::kI8) {
+    // int8 K rows meet each query rounded to int16 (common/kv_row.h), as in DotRowsI8.
+    g.q.resize(tokens * d);
+    g.q16.resize(d);
+    for (int64_t t = 0; t < tokens; ++t) {
+      const float qs = KvQueryToI16(q + t * width, d, g.q16.data());
+      for (int64_t e = 0; e < d; ++e) g.q[t * d + e] = qs * static_cast<float>(g.q16[e]);
+    }
+    q = g.q.data();
+    ldq = d;
+  }
   float* out = a.out.as<float>() + h * d;
   for (int64_t t0 = 0; t0 < tokens; t0 += kGemmQueryBlock) {
     const int64_t tb = std::min(kGemmQueryBlock, tokens - t0);
@@ -222,7 +235,7 @@ void AttendHeadGemm(const AttentionArgs& a, int64_t h, GemmScratch& g) {
     g.p.resize(tb * nb);
     float* p = g.p.data();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(tb), static_cast<int>(nb),
-                static_cast<int>(d), a.scale, q + t0 * width, static_cast<int>(width), g.k.data(),
+                static_cast<int>(d), a.scale, q + t0 * ldq, static_cast<int>(ldq), g.k.data(),
                 static_cast<int>(d), 0.f, p, static_cast<int>(nb));
     for (int64_t i = 0; i < tb; ++i) {
       float* row = p + i * nb;

@@ -17,6 +17,7 @@
 #include "hwy/contrib/math/math-inl.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/simd_load-inl.h"
+#include "kernels/cpu/simd_rows-inl.h"
 // clang-format on
 
 HWY_BEFORE_NAMESPACE();
@@ -45,28 +46,6 @@ HWY_INLINE float DotTyped(const float* a, const KT* b, int64_t n) {
 
 float DotImpl(const float* a, const float* b, int64_t n) { return DotTyped(a, b, n); }
 
-// Rows about this many bytes ahead of the one being read are prefetched: a row costs few
-// instructions (fewer bytes still for f16 and int8), so the out-of-order window alone keeps too
-// few misses in flight to reach the memory's bandwidth (BM_AttentionDecode at 768 slots, head
-// size 64: int8 0.54 of the bandwidth floor without, 0.72-0.79 with; f16 0.72 and 0.76-0.86).
-constexpr int64_t kPrefetchBytes = 6144;
-
-HWY_INLINE int64_t RowsAhead(int64_t row_bytes) {
-  return std::clamp<int64_t>(kPrefetchBytes / std::max<int64_t>(1, row_bytes), 8, 128);
-}
-
-template <typename T>
-HWY_INLINE void PrefetchRow(const T* base, int64_t stride, const int32_t* rows, int64_t j,
-                            int64_t count, int64_t row_bytes, int64_t ahead) {
-  if (j + ahead >= count) return;
-  // Each cache line the row touches, once.
-  const uintptr_t first = reinterpret_cast<uintptr_t>(
-      base + static_cast<int64_t>(rows[j + ahead]) * stride);
-  for (uintptr_t line = first & ~uintptr_t{63}; line < first + row_bytes; line += 64) {
-    hwy::Prefetch(reinterpret_cast<const char*>(line));
-  }
-}
-
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 // AVX-512 pieces of DotRowsMulti for head sizes that are a multiple of 16 (a single query's rows
 // gain nothing from them: decode attention waits on memory). DotTyped's vector part
@@ -85,39 +64,6 @@ HWY_INLINE __m512 RowDot16(const float* q, const KT* row, int64_t d) {
   return _mm512_add_ps(acc0, acc1);
 }
 
-// The horizontal sums of 16 rows' vectors v[0..15], lane r holding row r's: the tree of
-// _mm512_reduce_add_ps (Highway's SumOfLanes here: halves, quarters, pairs, the last pair),
-// transposed, 15 vector adds for 16 rows. IEEE addition is commutative, so each lane is that
-// row's SumOfLanes bit for bit.
-template <class GetRow>
-HWY_INLINE __m512 SumOfLanes16(GetRow&& v) {
-  // Rows are taken in pairs and folded as they come, so few vectors are live at once.
-  __m512 pair[2];
-  for (int m2 = 0; m2 < 2; ++m2) {
-    __m512 quarter[2];
-    for (int m = 0; m < 2; ++m) {
-      // Halves: lanes [r: 0-7 | r+1: 0-7] of v(r)[l] + v(r)[l + 8], for two row pairs.
-      __m512 half[2];
-      for (int h = 0; h < 2; ++h) {
-        const int r = 8 * m2 + 4 * m + 2 * h;
-        const __m512 a = v(r), b = v(r + 1);
-        half[h] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-      }
-      // Quarters: one 128-bit chunk of t[l] + t[l + 4] per row, four rows.
-      quarter[m] = _mm512_add_ps(_mm512_shuffle_f32x4(half[0], half[1], 0x88),
-                                 _mm512_shuffle_f32x4(half[0], half[1], 0xDD));
-    }
-    // Pairs: per chunk c, [u[0] + u[2], u[1] + u[3]] of rows c and c + 4 (of these eight).
-    pair[m2] = _mm512_add_ps(_mm512_shuffle_ps(quarter[0], quarter[1], 0x44),
-                             _mm512_shuffle_ps(quarter[0], quarter[1], 0xEE));
-  }
-  // The last pair: lane 4c + m holds row c + 4m; put row r in lane r.
-  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(pair[0], pair[1], 0x88),
-                                    _mm512_shuffle_ps(pair[0], pair[1], 0xDD));
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  return _mm512_permutexvar_ps(order, sums);
-}
-
 // RowDot16 with the head size known at compile time and q in registers (qv: D / 16 vectors).
 template <int D>
 HWY_INLINE __m512 RowDotQ(const __m512* qv, const float* row) {
@@ -133,7 +79,7 @@ HWY_INLINE __m512 RowDotQ(const __m512* qv, const float* row) {
 #endif
 
 // DotImpl's arithmetic per row, so each score is bit-identical to Dot's (f32 rows). Rows are
-// `stride` elements apart; int8 rows (common/kv_row.h) carry their scale after the values.
+// `stride` elements apart. int8 rows take DotRowsI8 (attention_i8.cc).
 template <typename KT>
 void DotRowsTyped(const float* q, const KT* k, int64_t stride, const int32_t* rows, int64_t count,
                   int64_t d, float scale, float* scores) {
@@ -142,9 +88,7 @@ void DotRowsTyped(const float* q, const KT* k, int64_t stride, const int32_t* ro
   for (int64_t j = 0; j < count; ++j) {
     PrefetchRow(k, stride, rows, j, count, row_bytes, ahead);
     const KT* row = k + static_cast<int64_t>(rows[j]) * stride;
-    float s = scale;
-    if constexpr (std::is_same_v<KT, int8_t>) s *= KvRowScale(row, d);
-    scores[j] = s * DotTyped(q, row, d);
+    scores[j] = scale * DotTyped(q, row, d);
   }
 }
 
@@ -154,9 +98,6 @@ void DotRowsImpl(const float* q, const void* k, DType k_dtype, const int32_t* ro
   if (k_dtype == DType::kF16) {
     return DotRowsTyped(q, static_cast<const hwy::float16_t*>(k), stride, rows, count, d, scale,
                         scores);
-  }
-  if (k_dtype == DType::kI8) {
-    return DotRowsTyped(q, static_cast<const int8_t*>(k), stride, rows, count, d, scale, scores);
   }
   DotRowsTyped(q, static_cast<const float*>(k), stride, rows, count, d, scale, scores);
 }
@@ -240,7 +181,6 @@ void DotRowsMultiTyped(const float* q, int64_t q_stride, int64_t nq, const KT* k
         const KT* row = k + static_cast<int64_t>(rows[j0 + r]) * stride;
         for (int64_t e = 0; e < d; e += 16) hn::StoreU(LoadWidened(df, row + e), df, dst + e);
         row_scale[r] = scale;
-        if constexpr (std::is_same_v<KT, int8_t>) row_scale[r] *= KvRowScale(row, d);
       }
       const __m512 vscale = _mm512_load_ps(row_scale);
       const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
@@ -282,10 +222,6 @@ void DotRowsMultiImpl(const float* q, int64_t q_stride, int64_t nq, const void* 
     return DotRowsMultiTyped(q, q_stride, nq, static_cast<const hwy::float16_t*>(k), stride, rows,
                              count, d, scale, scores, ld);
   }
-  if (k_dtype == DType::kI8) {
-    return DotRowsMultiTyped(q, q_stride, nq, static_cast<const int8_t*>(k), stride, rows, count,
-                             d, scale, scores, ld);
-  }
   DotRowsMultiTyped(q, q_stride, nq, static_cast<const float*>(k), stride, rows, count, d, scale,
                     scores, ld);
 }
@@ -295,9 +231,9 @@ void DotRowsMultiImpl(const float* q, int64_t q_stride, int64_t nq, const void* 
 // order, so each query's chunk is WeightedSumRowsTyped's bit for bit. G and NV are compile-time
 // and the loops unrolled, so the accumulators stay in registers.
 template <int NV, int G, typename VT>
-void WeightedSumChunk(const float* p, int64_t ld, const int32_t* q_pos, const VT* v,
-                      int64_t stride, const int32_t* rows, const int32_t* row_pos, int64_t count,
-                      int64_t d, int64_t c0, float* out, int64_t out_stride) {
+void WeightedSumChunk(const float* p, int64_t ld, const int32_t* q_pos, const VT* v, int64_t stride,
+                      const int32_t* rows, const int32_t* row_pos, int64_t count, int64_t d,
+                      int64_t c0, float* out, int64_t out_stride) {
   const DF df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   int32_t lo = q_pos[0], hi = q_pos[0];
@@ -380,14 +316,30 @@ void WeightedSumRowsMultiTyped(const float* p, int64_t ld, int64_t nq, const int
                                               c0, out, out_stride);
     };
     switch (nv) {
-      case 1: run(std::integral_constant<int, 1>()); break;
-      case 2: run(std::integral_constant<int, 2>()); break;
-      case 3: run(std::integral_constant<int, 3>()); break;
-      case 4: run(std::integral_constant<int, 4>()); break;
-      case 5: run(std::integral_constant<int, 5>()); break;
-      case 6: run(std::integral_constant<int, 6>()); break;
-      case 7: run(std::integral_constant<int, 7>()); break;
-      default: run(std::integral_constant<int, 8>()); break;
+      case 1:
+        run(std::integral_constant<int, 1>());
+        break;
+      case 2:
+        run(std::integral_constant<int, 2>());
+        break;
+      case 3:
+        run(std::integral_constant<int, 3>());
+        break;
+      case 4:
+        run(std::integral_constant<int, 4>());
+        break;
+      case 5:
+        run(std::integral_constant<int, 5>());
+        break;
+      case 6:
+        run(std::integral_constant<int, 6>());
+        break;
+      case 7:
+        run(std::integral_constant<int, 7>());
+        break;
+      default:
+        run(std::integral_constant<int, 8>());
+        break;
     }
   }
   if (full == d) return;
@@ -522,6 +474,9 @@ void Axpy(float a, const float* x, float* y, int64_t n) {
 }
 void DotRows(const float* q, const void* k, DType k_dtype, const int32_t* rows, int64_t count,
              int64_t d, float scale, float* scores) {
+  if (k_dtype == DType::kI8) {
+    return DotRowsI8(q, static_cast<const int8_t*>(k), rows, count, d, scale, scores);
+  }
   HWY_DYNAMIC_DISPATCH(DotRowsImpl)(q, k, k_dtype, rows, count, d, scale, scores);
 }
 void WeightedSumRows(const float* p, const void* v, DType v_dtype, const int32_t* rows,
@@ -531,15 +486,18 @@ void WeightedSumRows(const float* p, const void* v, DType v_dtype, const int32_t
 void DotRowsMulti(const float* q, int64_t q_stride, int64_t nq, const void* k, DType k_dtype,
                   const int32_t* rows, int64_t count, int64_t d, float scale, float* scores,
                   int64_t ld) {
-  HWY_DYNAMIC_DISPATCH(DotRowsMultiImpl)(q, q_stride, nq, k, k_dtype, rows, count, d, scale,
-                                         scores, ld);
+  if (k_dtype == DType::kI8) {
+    return DotRowsMultiI8(q, q_stride, nq, static_cast<const int8_t*>(k), rows, count, d, scale,
+                          scores, ld);
+  }
+  HWY_DYNAMIC_DISPATCH(DotRowsMultiImpl)
+  (q, q_stride, nq, k, k_dtype, rows, count, d, scale, scores, ld);
 }
 void WeightedSumRowsMulti(const float* p, int64_t ld, int64_t nq, const int32_t* q_pos,
-                          const void* v, DType v_dtype, const int32_t* rows,
-                          const int32_t* row_pos, int64_t count, int64_t d, float* out,
-                          int64_t out_stride) {
-  HWY_DYNAMIC_DISPATCH(WeightedSumRowsMultiImpl)(p, ld, nq, q_pos, v, v_dtype, rows, row_pos,
-                                                 count, d, out, out_stride);
+                          const void* v, DType v_dtype, const int32_t* rows, const int32_t* row_pos,
+                          int64_t count, int64_t d, float* out, int64_t out_stride) {
+  HWY_DYNAMIC_DISPATCH(WeightedSumRowsMultiImpl)
+  (p, ld, nq, q_pos, v, v_dtype, rows, row_pos, count, d, out, out_stride);
 }
 void AddInto(const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(AddIntoImpl)(x, y, n); }
 void AddBiasedInto(const float* x, const float* b, float* y, int64_t n) {

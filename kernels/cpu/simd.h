@@ -14,9 +14,9 @@ float Dot(const float* a, const float* b, int64_t n);
 // y += a * x
 void Axpy(float a, const float* x, float* y, int64_t n);
 // The attention inner loops in one dispatched call each (rows index the KV rows of k / v,
-// common/kv_row.h: f32, f16 or int8 with its scale, widened in registers): scores[j] = scale * Dot(q, k + rows[j] * d, d),
-// and out[0, d) = sum_j p[j] * v[rows[j] * d ..]; for f32 rows each bit-identical to the per-row
-// Dot / Axpy loop it replaces.
+// common/kv_row.h: f32, f16 or int8 with its scale, widened in registers): scores[j] = scale *
+// Dot(q, k + rows[j] * d, d) (int8 rows: DotRowsI8 below), and out[0, d) = sum_j p[j] *
+// v[rows[j] * d ..]; for f32 rows each bit-identical to the per-row Dot / Axpy loop it replaces.
 void DotRows(const float* q, const void* k, DType k_dtype, const int32_t* rows, int64_t count,
              int64_t d, float scale, float* scores);
 void WeightedSumRows(const float* p, const void* v, DType v_dtype, const int32_t* rows,
@@ -35,6 +35,14 @@ void WeightedSumRowsMulti(const float* p, int64_t ld, int64_t nq, const int32_t*
                           const void* v, DType v_dtype, const int32_t* rows,
                           const int32_t* row_pos, int64_t count, int64_t d, float* out,
                           int64_t out_stride);
+// DotRows and DotRowsMulti for int8 rows (attention_i8.cc; DotRows* route kI8 there): the query
+// rounded to int16 per query, each score an exact integer dot product times (scale * query
+// scale * row scale), so equal bit for bit however rows and queries are grouped, on every target.
+void DotRowsI8(const float* q, const int8_t* k, const int32_t* rows, int64_t count, int64_t d,
+               float scale, float* scores);
+void DotRowsMultiI8(const float* q, int64_t q_stride, int64_t nq, const int8_t* k,
+                    const int32_t* rows, int64_t count, int64_t d, float scale, float* scores,
+                    int64_t ld);
 // y += x
 void AddInto(const float* x, float* y, int64_t n);
 // y += x + b

@@ -132,6 +132,7 @@ Status RefAttention(Backend&, const AttentionArgs& a) {
   int64_t d = a.head_dim, width = static_cast<int64_t>(a.heads) * d;
   std::vector<double> p(kv.used);
   std::vector<float> row(static_cast<size_t>(d));
+  std::vector<int16_t> q16(static_cast<size_t>(d));
   const size_t row_bytes = KvRowBytes(kv.dtype, d);
   // Slot `at`'s key or value row as f32 (int8 rows times their scale).
   auto load = [&](const void* base, int64_t at) {
@@ -149,6 +150,7 @@ Status RefAttention(Backend&, const AttentionArgs& a) {
       }
       double max_score = -std::numeric_limits<double>::infinity();
       std::vector<bool> visible(kv.used, false);
+      const double q16_scale = kv.dtype == DType::kI8 ? KvQueryToI16(q, d, q16.data()) : 1.0;
       for (int64_t s = 0; s < kv.used; ++s) {
         const int64_t at = KvSlotIndex(kv, cache_head, s);
         int32_t pos = kv.slot_pos[at];
@@ -156,7 +158,13 @@ Status RefAttention(Backend&, const AttentionArgs& a) {
         visible[s] = true;
         double dot = 0;
         const float* key = load(kv.k, at);
-        for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * key[i];
+        if (kv.dtype == DType::kI8) {
+          // int8 K rows meet the query rounded to int16 (common/kv_row.h).
+          for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(q16[i]) * key[i];
+          dot *= q16_scale;
+        } else {
+          for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * key[i];
+        }
         dot *= a.scale;
         p[s] = dot;
         max_score = std::max(max_score, dot);

@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -57,6 +59,50 @@ TEST(KvRowTest, Int8RowsRoundEachValueToItsRowsScale) {
       EXPECT_LT(std::sqrt(err / norm), 0.01);
     }
   }
+}
+
+// Values halfway between two steps round to the even one, as std::nearbyint does.
+TEST(KvRowTest, Int8TiesRoundToEven) {
+  const std::vector<float> x = {127.f, 2.5f, -2.5f, 3.5f, -0.5f, 0.5f, 1.5f, -126.5f, 0.25f};
+  const int64_t d = static_cast<int64_t>(x.size());
+  std::vector<char> row(KvRowBytes(DType::kI8, d));
+  KvRowFromF32(x.data(), d, DType::kI8, row.data());
+  const int8_t* q = reinterpret_cast<const int8_t*>(row.data());
+  const std::vector<int> want = {127, 2, -2, 4, 0, 0, 2, -126, 0};
+  for (int64_t i = 0; i < d; ++i) EXPECT_EQ(q[i], want[i]) << i;
+}
+
+// The query rounding of attention over int8 K rows: the largest |q| to 32767 (less past head
+// size 516, so a row's integer sum fits int32), each value to its nearest step.
+TEST(KvRowTest, QueryToI16) {
+  std::mt19937 rng(7);
+  for (int64_t d : {1, 5, 64, 128, 516, 517, 1000}) {
+    SCOPED_TRACE(d);
+    std::normal_distribution<float> normal(0.f, 3.f);
+    std::vector<float> q(d);
+    for (float& v : q) v = normal(rng);
+    std::vector<int16_t> out(d);
+    const float scale = KvQueryToI16(q.data(), d, out.data());
+    float amax = 0.f;
+    for (float v : q) amax = std::max(amax, std::fabs(v));
+    const int64_t qmax = std::min<int64_t>(32767, 2147483647 / (128 * d));
+    EXPECT_EQ(scale, amax / static_cast<float>(qmax));
+    int64_t largest = 0;
+    for (int64_t i = 0; i < d; ++i) {
+      largest = std::max<int64_t>(largest, std::abs(out[i]));
+      EXPECT_LE(std::fabs(out[i] * scale - q[i]), 0.5f * scale * 1.001f) << i;
+    }
+    EXPECT_EQ(largest, qmax);
+    // The worst row sum stays within int32.
+    EXPECT_LE(qmax * 128 * d, int64_t{2147483647});
+  }
+  std::vector<float> zero(8, 0.f), bad = {1.f, std::nanf(""), 2.f};
+  std::vector<int16_t> out(8, 5);
+  EXPECT_EQ(KvQueryToI16(zero.data(), 8, out.data()), 0.f);
+  for (int16_t v : out) EXPECT_EQ(v, 0);
+  EXPECT_TRUE(std::isnan(KvQueryToI16(bad.data(), 3, out.data())));
+  bad[1] = INFINITY;
+  EXPECT_TRUE(std::isnan(KvQueryToI16(bad.data(), 3, out.data())));
 }
 
 TEST(KvRowTest, Int8ZeroAndNonFiniteRows) {

@@ -113,12 +113,13 @@ TEST(SimdRows, F16RowsMatchWidenedF32Rows) {
 }
 
 // int8 rows (the int8 KV cache, common/kv_row.h: head_dim values, then the row's scale; rows
-// d + 4 bytes apart) against a double-precision loop over the dequantized rows, over head sizes
-// that hit every chunk and tail and row counts past the prefetch distance.
+// d + 4 bytes apart) against a double-precision loop over the dequantized rows (K's scores with
+// the query rounded as the kernels round it), over head sizes that hit every chunk and tail and
+// row counts past the prefetch distance.
 TEST(SimdRows, Int8RowsMatchTheirDequantizedValues) {
   std::mt19937 rng(12);
-  for (int64_t d : {1, 15, 16, 17, 64, 80, 130}) {
-    for (int64_t count : {0, 1, 23, 300}) {
+  for (int64_t d : {1, 15, 16, 17, 31, 32, 33, 64, 80, 128, 130, 256, 259, 600}) {
+    for (int64_t count : {0, 1, 15, 16, 17, 23, 300}) {
       SCOPED_TRACE("d " + std::to_string(d) + " count " + std::to_string(count));
       Rows r = MakeRows(d, count + 5, count, rng);
       const int64_t pool = count + 5;
@@ -138,13 +139,22 @@ TEST(SimdRows, Int8RowsMatchTheirDequantizedValues) {
       WeightedSumRows(r.p.data(), v8.data(), DType::kI8, r.rows.data(), count, d, out.data());
       EXPECT_EQ(scores[count], -1.f) << "wrote past count";
       EXPECT_EQ(out[d], 7.f) << "wrote past d";
+      // Scores: against the query rounded to int16 (common/kv_row.h) to f32 rounding; against
+      // the unrounded query within what the rounding can move them (half a step per value).
+      std::vector<int16_t> q16(d);
+      const double q_scale = KvQueryToI16(r.q.data(), d, q16.data());
       for (int64_t j = 0; j < count; ++j) {
-        double ref = 0, mag = 0;
+        double ref = 0, mag = 0, exact = 0, k_abs = 0;
         for (int64_t e = 0; e < d; ++e) {
-          ref += double(r.q[e]) * kd[r.rows[j] * d + e];
-          mag += std::fabs(double(r.q[e]) * kd[r.rows[j] * d + e]);
+          const double k = kd[r.rows[j] * d + e];
+          ref += q_scale * q16[e] * k;
+          mag += std::fabs(q_scale * q16[e] * k);
+          exact += double(r.q[e]) * k;
+          k_abs += std::fabs(k);
         }
-        EXPECT_NEAR(scores[j], 0.5 * ref, 1e-5 * std::max(1.0, mag)) << "row " << j;
+        EXPECT_NEAR(scores[j], 0.5 * ref, 1e-6 * std::max(1.0, mag)) << "row " << j;
+        EXPECT_NEAR(scores[j], 0.5 * exact, 0.5 * (0.5 * q_scale * k_abs) + 1e-6 * mag)
+            << "row " << j;
       }
       for (int64_t e = 0; e < d; ++e) {
         double ref = 0, mag = 0;
