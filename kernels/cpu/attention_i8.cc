@@ -97,7 +97,7 @@ HWY_INLINE int32_t DotI8(const int16_t* q, const int8_t* row, int64_t d) {
 }
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-// Head sizes up to this many 32-value chunks keep the rounded query in registers.
+// Head sizes up to this many 32-value chunks (WithCount8's) keep the rounded query in registers.
 constexpr int64_t kMaxChunks = 8;
 
 // 32 values of an int8 row from e (fewer at the row's end: the rest read as zeros, never
@@ -130,28 +130,6 @@ HWY_INLINE __m512 RowDotI16(const __m512i* qv, const int16_t* row) {
   return _mm512_castsi512_ps(acc);
 }
 
-// Calls f(std::integral_constant<int, NC>) for nc in [1, kMaxChunks].
-template <class F>
-HWY_INLINE void WithChunks(int64_t nc, F&& f) {
-  switch (nc) {
-    case 1:
-      return f(std::integral_constant<int, 1>());
-    case 2:
-      return f(std::integral_constant<int, 2>());
-    case 3:
-      return f(std::integral_constant<int, 3>());
-    case 4:
-      return f(std::integral_constant<int, 4>());
-    case 5:
-      return f(std::integral_constant<int, 5>());
-    case 6:
-      return f(std::integral_constant<int, 6>());
-    case 7:
-      return f(std::integral_constant<int, 7>());
-    default:
-      return f(std::integral_constant<int, 8>());
-  }
-}
 #endif
 
 // The row `ahead` rows on: the line of its last byte (rows in slot order are contiguous, so its
@@ -172,7 +150,7 @@ void DotRowsI8Impl(const float* q, const int8_t* k, const int32_t* rows, int64_t
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   const int64_t nc = PaddedDim(d) / kQueryLanes;
   if (nc <= kMaxChunks) {
-    WithChunks(nc, [&](auto nc_const) {
+    WithCount8(nc, [&](auto nc_const) {
       constexpr int NC = decltype(nc_const)::value;
       __m512i qv[NC];
       for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_si512(qbuf.data() + 32 * c);
@@ -224,7 +202,7 @@ void DotRowsMultiI8Impl(const float* q, int64_t q_stride, int64_t nq, const int8
     for (int64_t i = 0; i < nq; ++i) {
       sq[i] = scale * QuantizeQueryI16(q + i * q_stride, d, qbuf.data() + i * padded);
     }
-    WithChunks(nc, [&](auto nc_const) {
+    WithCount8(nc, [&](auto nc_const) {
       constexpr int NC = decltype(nc_const)::value;
       for (int64_t j0 = 0; j0 < count; j0 += 16) {
         const int64_t nr = std::min<int64_t>(16, count - j0);

@@ -315,32 +315,7 @@ void WeightedSumRowsMultiTyped(const float* p, int64_t ld, int64_t nq, const int
       WeightedSumChunks<decltype(tag)::value>(p, ld, nq, q_pos, v, stride, rows, row_pos, count, d,
                                               c0, out, out_stride);
     };
-    switch (nv) {
-      case 1:
-        run(std::integral_constant<int, 1>());
-        break;
-      case 2:
-        run(std::integral_constant<int, 2>());
-        break;
-      case 3:
-        run(std::integral_constant<int, 3>());
-        break;
-      case 4:
-        run(std::integral_constant<int, 4>());
-        break;
-      case 5:
-        run(std::integral_constant<int, 5>());
-        break;
-      case 6:
-        run(std::integral_constant<int, 6>());
-        break;
-      case 7:
-        run(std::integral_constant<int, 7>());
-        break;
-      default:
-        run(std::integral_constant<int, 8>());
-        break;
-    }
+    WithCount8(nv, run);
   }
   if (full == d) return;
   // The tail elements, per query as WeightedSumRowsTyped adds them.

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
@@ -39,6 +40,24 @@ HWY_INLINE void PrefetchRow(const T* base, int64_t stride, const int32_t* rows, 
   for (uintptr_t line = first & ~uintptr_t{63}; line < first + row_bytes; line += 64) {
     hwy::Prefetch(reinterpret_cast<const char*>(line));
   }
+}
+
+// Calls f(std::integral_constant<int, N>()) for n in [1, 8] (8 past it): a run-time count of
+// vectors made a compile-time one, so a kernel's accumulators stay in registers.
+template <class F>
+HWY_INLINE void WithCount8(int64_t n, F&& f) {
+  // clang-format off
+  switch (n) {
+    case 1: return f(std::integral_constant<int, 1>());
+    case 2: return f(std::integral_constant<int, 2>());
+    case 3: return f(std::integral_constant<int, 3>());
+    case 4: return f(std::integral_constant<int, 4>());
+    case 5: return f(std::integral_constant<int, 5>());
+    case 6: return f(std::integral_constant<int, 6>());
+    case 7: return f(std::integral_constant<int, 7>());
+    default: return f(std::integral_constant<int, 8>());
+  }
+  // clang-format on
 }
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
