@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The int8 KV cache against f16 on the OPT-1.3B shape: decode after a 768-token prompt at batch 1
-# and 16, and a 512-token prefill (which pays for the int8 cache's batch-invariant kernels), the two caches alternating run by run so both see the same host
-# state. Prints each run's figures and the medians of f16 / int8 step times from adjacent pairs
-# (> 1: int8 faster). Quality: `python3 bench/precision_quality.py --only "f16 KV,int8 KV"`
-# (held-out perplexity and greedy agreement on the trained fixture).
+# and 16, and a 512-token prefill (which pays for the int8 cache's batch-invariant kernels), the
+# two caches alternating run by run so both see the same host state. Prints each run's figures
+# and the medians of f16 / int8 step times from adjacent pairs (> 1: int8 faster), beside the
+# same ratio of the two runs' rooflines. Quality:
+# `python3 bench/precision_quality.py --only "f16 KV,int8 KV"` (held-out perplexity and greedy
+# agreement on the trained fixture).
 #   bash bench/kv_int8.sh [pairs (3)] [--dtype D (int8)] [extra bench decode flags...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,15 +34,24 @@ def figures(path):
     j = json.load(open(path))
     f = {"batch%d_ms_per_step" % d["batch"]: d["ms_per_step"] for d in j["decode"]}
     f["prefill512_ms_per_token"] = 1000.0 / j["prefill_tokens_per_s"]
-    return f
-ratios = {}
+    floors = {"batch%d_ms_per_step" % d["batch"]: d["floor_ms_per_step"] for d in j["decode"]}
+    return f, floors
+ratios, floor_ratios = {}, {}
 for i in range(1, pairs + 1):
-    f16, i8 = figures(f"{out}/f16-{i}.json"), figures(f"{out}/int8-{i}.json")
+    (f16, f16_floor), (i8, i8_floor) = figures(f"{out}/f16-{i}.json"), figures(f"{out}/int8-{i}.json")
     print(json.dumps({"pair": i, "f16": {k: round(v, 2) for k, v in f16.items()},
-                      "int8": {k: round(v, 2) for k, v in i8.items()}}))
+                      "int8": {k: round(v, 2) for k, v in i8.items()},
+                      "f16_floor": {k: round(v, 2) for k, v in f16_floor.items()},
+                      "int8_floor": {k: round(v, 2) for k, v in i8_floor.items()}}))
     for k in f16:
         ratios.setdefault(k, []).append(f16[k] / i8[k])
-print(json.dumps({"median_f16_over_int8": {k: round(statistics.median(v), 3)
-                                           for k, v in ratios.items()},
-                  "range": {k: [round(min(v), 3), round(max(v), 3)] for k, v in ratios.items()}}))
+    for k in f16_floor:
+        floor_ratios.setdefault(k, []).append(f16_floor[k] / i8_floor[k])
+med = lambda d: {k: round(statistics.median(v), 3) for k, v in d.items()}
+# The floors: each step's roofline (bench decode's floor_ms_per_step: the weights' bytes or
+# FLOPs, whichever binds, plus the K/V bytes, at the bandwidth and peak measured in the run).
+# Their ratio is the most the int8 cache can gain on this machine with these kernels' limits.
+print(json.dumps({"median_f16_over_int8": med(ratios),
+                  "range": {k: [round(min(v), 3), round(max(v), 3)] for k, v in ratios.items()},
+                  "median_floor_f16_over_int8": med(floor_ratios)}))
 PY

@@ -192,14 +192,14 @@ int RunBenchDecode(int argc, char** argv, int first) {
     const double start_bw = on_device ? device_peaks.copy_bytes_per_s : probe->Measure(5);
     j["bandwidth_start_gb_per_s"] = start_bw / 1e9;
     j["weight_bytes"] = m.model->weight_bytes();
-    // The floor uses the bandwidth measured between batch 1's steps (the median of one probe
-    // after each step) when batch 1 runs: this host's memory bandwidth moves by up to 1.7x over
-    // seconds, and a probe taken earlier compared batch 1 with another state of the machine.
-    double floor_s = m.model->weight_bytes() / start_bw;
-    // The compute roofline of batched decode: 2 FLOPs per weight per token at the measured peak
-    // of the instruction the kernels multiply with: fp32 FMA (weights widened in registers), or
-    // VDPBF16PS for bf16 and int8 weights where the CPU has it (kernels/cpu/bf16_dot.h; int8
-    // values are widened to bf16 in registers).
+    // The floors use the bandwidth measured between each batch's steps (the median of one probe
+    // after each step), floor_ms_per_token batch 1's when it runs: this host's memory bandwidth
+    // moves by up to 1.7x over seconds, and a probe taken earlier saw another state of it.
+    // The compute roofline of batched decode: 2 FLOPs (or ops) per weight per token at the
+    // measured peak of the instruction the Linears multiply with: fp32 FMA (weights widened in
+    // registers); VDPBF16PS for bf16 weights where the CPU has it (kernels/cpu/bf16_dot.h);
+    // VPDPBUSD for int8 and int4 weights where x is quantized (kernels/cpu/i8_vnni.h), or the
+    // AMX tiles from the rows where those Linears switch to them (kernels/cpu/amx.h).
     double peak_flops = on_device ? device_peaks.bf16_gemm_flops_per_s
                                   : kernels::MeasurePeakFmaFlopsPerSec(m.backend->pool());
     j["weight_dtype"] = DTypeName(m.model->weight_dtype());
@@ -216,17 +216,25 @@ int RunBenchDecode(int argc, char** argv, int first) {
       j["peak_bf16_dot_gflop_per_s"] = peak_flops / 1e9;
       j["compute_peak"] = "bf16_dot";
     }
-    // int8 and int4 quantize x and multiply with VPDPBUSD where the CPU has AVX512-VNNI
-    // (kernels/cpu/i8_vnni.h): its roofline is that instruction's, twice VDPBF16PS's.
-    double prefill_peak = peak_flops;
-    if (!on_device && (wd == DType::kI4 || (wd == DType::kI8 && kernels::cpu::Bf16DotEnabled())) &&
-        kernels::cpu::QuantizesX()) {
-      prefill_peak = kernels::MeasurePeakVnniOpsPerSec(m.backend->pool());
-      j["peak_vnni_gop_per_s"] = prefill_peak / 1e9;
-      j["prefill_compute_peak"] = "vnni_dot";
-    } else {
-      j["prefill_compute_peak"] = j["compute_peak"];
+    const bool vnni = !on_device &&
+                      (wd == DType::kI4 || (wd == DType::kI8 && kernels::cpu::Bf16DotEnabled())) &&
+                      kernels::cpu::QuantizesX();
+    if (vnni) {
+      peak_flops = kernels::MeasurePeakVnniOpsPerSec(m.backend->pool());
+      j["peak_vnni_gop_per_s"] = peak_flops / 1e9;
+      j["compute_peak"] = "vnni_dot";
     }
+    const bool amx = vnni && kernels::cpu::AmxEnabled();
+    const double amx_peak = amx ? kernels::MeasurePeakAmxOpsPerSec(m.backend->pool()) : 0;
+    if (amx) j["peak_amx_gop_per_s"] = amx_peak / 1e9;
+    // The rows from which the int8 and int4 Linears run on AMX tiles.
+    const int64_t amx_from_rows =
+        wd == DType::kI4 ? kernels::cpu::kAmxI4MinRows : kernels::cpu::kVnniDirectMaxM + 1;
+    auto peak_for = [&](int64_t rows) {
+      return amx && rows >= amx_from_rows ? amx_peak : peak_flops;
+    };
+    const double prefill_peak = peak_flops;
+    j["prefill_compute_peak"] = j["compute_peak"];
     // The weights a token multiplies (one rank: bench decode runs one): the layers' matrices and
     // the lm head, from the config, whatever their dtypes.
     const OptConfig& c = m.model->config();
@@ -241,17 +249,24 @@ int RunBenchDecode(int argc, char** argv, int first) {
     // The GEMMs' share of the compute peak (2 FLOPs per weight per token; attention not counted).
     j["prefill_fraction_of_compute_peak"] =
         2.0 * weights * static_cast<double>(prefill_tokens) / prefill_s / prefill_peak;
-    // Where the int8 and int4 Linears run on AMX tiles (from 9 and 4 rows), their own peak too:
-    // the VNNI one is not the limit there.
-    if (!on_device && (wd == DType::kI4 || wd == DType::kI8) && kernels::cpu::AmxEnabled() &&
-        j.contains("peak_vnni_gop_per_s")) {
-      const double amx_peak = kernels::MeasurePeakAmxOpsPerSec(m.backend->pool());
-      j["peak_amx_gop_per_s"] = amx_peak / 1e9;
+    // Where the int8 and int4 Linears run on AMX tiles, their own peak too: the VNNI one is not
+    // the limit there.
+    if (amx) {
       j["prefill_fraction_of_amx_peak"] =
           2.0 * weights * static_cast<double>(prefill_tokens) / prefill_s / amx_peak;
     }
-    double batch1 = 0, sparse_batch1 = 0;
-    std::vector<double> batch1_bw;
+    double batch1 = 0, sparse_batch1 = 0, batch1_bw = 0;
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    // K and V rows one step reads: each sequence attends over prompt + s + 1 slots at step s,
+    // every layer and head of this rank (the full caches bench decode makes).
+    const worker::kv::KvGeometry g = m.model->kv_geometry();
+    const double mean_slots = static_cast<double>(prompt) + (static_cast<double>(steps) + 1) / 2;
+    const double kv_bytes_per_sequence =
+        2.0 * g.layers * g.heads * static_cast<double>(g.RowBytes()) * mean_slots;
+    j["kv_dtype"] = DTypeName(g.kv_dtype);
     j["warmup_rounds"] = warmup_rounds;
     for (int64_t b : batches) {
       for (int64_t w = 0; w < warmup_rounds; ++w) {
@@ -260,8 +275,10 @@ int RunBenchDecode(int argc, char** argv, int first) {
                                         sparsity.has_value(), rng)
                                  .status());
       }
+      // One probe after each step (untimed): the bandwidth beside this batch's steps.
+      std::vector<double> step_bw;
       std::function<void()> between;
-      if (b == 1 && !on_device) between = [&] { batch1_bw.push_back(probe->Measure(1)); };
+      if (!on_device) between = [&] { step_bw.push_back(probe->Measure(1)); };
       DEJA_ASSIGN_OR_RETURN(
           auto timing,
           TimeDecode(*m.model, static_cast<int32_t>(b), static_cast<int32_t>(prompt),
@@ -272,12 +289,24 @@ int RunBenchDecode(int argc, char** argv, int first) {
       d["batch"] = b;
       d["ms_per_step"] = dense.step_s * 1e3;
       d["tokens_per_s"] = b / dense.step_s;
-      // Whichever floor binds: the weights read once per step, or their FLOPs for b tokens.
-      const double compute_floor_s = 2.0 * weights * static_cast<double>(b) / peak_flops;
+      // The roofline of a step: whichever binds of the weights read once and their FLOPs for
+      // b tokens, then the K/V reads, which wait for the layer's q and hold up the next Linear.
+      const double step_bw_bytes = step_bw.empty() ? start_bw : median(step_bw);
+      const double compute_floor_s = 2.0 * weights * static_cast<double>(b) / peak_for(b);
+      const double kv_bytes = kv_bytes_per_sequence * static_cast<double>(b);
+      const double weights_floor_s =
+          std::max(m.model->weight_bytes() / step_bw_bytes, compute_floor_s);
+      d["bandwidth_gb_per_s"] = step_bw_bytes / 1e9;
       d["compute_floor_ms_per_step"] = compute_floor_s * 1e3;
+      d["kv_read_bytes_per_step"] = kv_bytes;
+      d["attention_floor_ms_per_step"] = kv_bytes / step_bw_bytes * 1e3;
+      d["floor_ms_per_step"] = (weights_floor_s + kv_bytes / step_bw_bytes) * 1e3;
+      d["fraction_of_roofline"] = d["floor_ms_per_step"].get<double>() / (dense.step_s * 1e3);
+      if (b == 1 && !step_bw.empty()) batch1_bw = step_bw_bytes;
       if (b == 1) batch1 = dense.step_s;
-      std::fprintf(stderr, "decode batch %3ld: %8.3f ms/step %9.1f tokens/s\n",
-                   static_cast<long>(b), dense.step_s * 1e3, b / dense.step_s);
+      std::fprintf(stderr, "decode batch %3ld: %8.3f ms/step %9.1f tokens/s, %.2f of the roofline\n",
+                   static_cast<long>(b), dense.step_s * 1e3, b / dense.step_s,
+                   d["fraction_of_roofline"].get<double>());
       if (sparsity) {
         // Deja Vu: the same batch size under sparsity, steps interleaved with the dense ones.
         const DecodeTiming& sp = timing.second;
@@ -299,21 +328,10 @@ int RunBenchDecode(int argc, char** argv, int first) {
       }
       j["decode"].push_back(d);
     }
-    double bw = start_bw;
-    if (!batch1_bw.empty()) {
-      std::sort(batch1_bw.begin(), batch1_bw.end());
-      bw = batch1_bw[batch1_bw.size() / 2];
-      floor_s = m.model->weight_bytes() / bw;
-    }
+    const double bw = batch1_bw > 0 ? batch1_bw : start_bw;
+    const double floor_s = m.model->weight_bytes() / bw;
     j["bandwidth_gb_per_s"] = bw / 1e9;
     j["floor_ms_per_token"] = floor_s * 1e3;
-    for (auto& d : j["decode"]) {
-      const double step_s = d["ms_per_step"].get<double>() / 1e3;
-      const double compute_floor_s = d["compute_floor_ms_per_step"].get<double>() / 1e3;
-      d["fraction_of_roofline"] = std::max(floor_s, compute_floor_s) / step_s;
-      d["max_speedup_vs_batch1_at_roofline"] =
-          d["batch"].get<double>() * floor_s / std::max(floor_s, compute_floor_s);
-    }
     if (batch1 > 0) {
       j["batch1_fraction_of_floor"] = floor_s / batch1;
       for (auto& d : j["decode"]) {

@@ -10,7 +10,7 @@
 //
 // Micro-kernel: NB tiles x MB rows of x, an int32 and an f32 accumulator each (4 x 2 or 2 x 4),
 // the tiles' nibbles unpacked once per line for all MB rows; blocks of 4 rows of x over each
-// group of tiles, which stays in cache between the blocks.
+// group of tiles, which stays in L2 between the blocks.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -55,6 +55,9 @@ struct I4Args {
   LinearEpilogue e;  // scale unset: the group scales are applied here
   float* out;        // the block's first row
   int64_t ldo;
+  // Ask for each line kDecodePrefetchBytes ahead, and the next tiles' scales: the first block of
+  // rows over these tiles, which reads them from memory (the later blocks find them in cache).
+  bool prefetch;
 };
 
 template <int NB, int MB>
@@ -71,7 +74,7 @@ DEJA_I4_TARGET void I4Tiles(const I4Args& a) {
       __m512i lo[NB], hi[NB];
       for (int b = 0; b < NB; ++b) {
         const uint8_t* line = a.w + b * a.tile_bytes + j * 64;
-        if (MB <= 2) {
+        if (a.prefetch) {
           _mm_prefetch(reinterpret_cast<const char*>(line) + kDecodePrefetchBytes, _MM_HINT_T0);
         }
         const __m512i v = _mm512_loadu_si512(line);
@@ -91,7 +94,7 @@ DEJA_I4_TARGET void I4Tiles(const I4Args& a) {
     }
     for (int b = 0; b < NB; ++b) {
       // The next block's scales, a block ahead: their own stream, which the hardware misses.
-      if (MB <= 2) {
+      if (a.prefetch) {
         _mm_prefetch(
             reinterpret_cast<const char*>(a.scales + ((b + NB) * a.groups + g) * kTileRows),
             _MM_HINT_T0);
@@ -111,42 +114,48 @@ DEJA_I4_TARGET void I4Tiles(const I4Args& a) {
   StoreTiles<NB, MB>(f, a.n0, a.n_dim, a.e, a.out, a.ldo);
 }
 
-// Tiles [t_begin, t_end) against rows [0, M) of quantized x, on AVX512-VNNI.
-DEJA_I4_TARGET void I4TilesAvx512(I4Args a, int64_t m_rows, int64_t t_begin, int64_t t_end) {
-  const uint8_t* w0 = a.w;
-  const float* s0 = a.scales;
-  const int8_t* x0 = a.x;
-  const float* sx0 = a.sx;
-  const int32_t* sums0 = a.sums;
-  float* out0 = a.out;
-  for (int64_t m0 = 0; m0 < m_rows; m0 += kRowBlock) {
-    const int64_t mb = std::min(kRowBlock, m_rows - m0);
-    a.x = x0 + m0 * a.k_dim;
-    a.sx = sx0 + m0;
-    a.sums = sums0 + m0 * a.groups;
-    a.out = out0 + m0 * a.ldo;
-    auto run = [&](auto nb_const, int64_t t) {
-      constexpr int NB = decltype(nb_const)::value;
+// Tiles [t_begin, t_end) against rows [0, M) of quantized x, on AVX512-VNNI, in groups of
+// tiles of about kI4GroupBytes: each block of rows over the group in turn, so the group comes from
+// memory once, for the first block of rows (which prefetches it), and from L2 for the rest, while
+// each block's rows of x stay in L1. Each output's sums run in the same order whatever the
+// blocks, so the results do not depend on M.
+constexpr int64_t kI4GroupBytes = 256 << 10;
+DEJA_I4_TARGET void I4TilesAvx512(const I4Args& a, int64_t m_rows, int64_t t_begin,
+                                  int64_t t_end) {
+  const int64_t group = std::max<int64_t>(2, kI4GroupBytes / a.tile_bytes / 2 * 2);
+  for (int64_t g0 = t_begin; g0 < t_end; g0 += group) {
+    const int64_t g1 = std::min(t_end, g0 + group);
+    for (int64_t m0 = 0; m0 < m_rows; m0 += kRowBlock) {
+      const int64_t mb = std::min(kRowBlock, m_rows - m0);
       I4Args b = a;
-      b.w = w0 + (t_begin + t) * a.tile_bytes;
-      b.scales = s0 + (t_begin + t) * a.groups * kTileRows;
-      b.n0 = (t_begin + t) * kTileRows;
-      switch (mb) {
-        case 1:
-          return I4Tiles<NB, 1>(b);
-        case 2:
-          return I4Tiles<NB, 2>(b);
-        case 3:
-          return I4Tiles<(NB > 2 ? 2 : NB), 3>(b);
-        default:
-          return I4Tiles<(NB > 2 ? 2 : NB), 4>(b);
+      b.x = a.x + m0 * a.k_dim;
+      b.sx = a.sx + m0;
+      b.sums = a.sums + m0 * a.groups;
+      b.out = a.out + m0 * a.ldo;
+      b.prefetch = m0 == 0;
+      auto run = [&](auto nb_const, int64_t t) {
+        constexpr int NB = decltype(nb_const)::value;
+        I4Args c = b;
+        c.w = a.w + (g0 + t) * a.tile_bytes;
+        c.scales = a.scales + (g0 + t) * a.groups * kTileRows;
+        c.n0 = (g0 + t) * kTileRows;
+        switch (mb) {
+          case 1:
+            return I4Tiles<NB, 1>(c);
+          case 2:
+            return I4Tiles<NB, 2>(c);
+          case 3:
+            return I4Tiles<(NB > 2 ? 2 : NB), 3>(c);
+          default:
+            return I4Tiles<(NB > 2 ? 2 : NB), 4>(c);
+        }
+      };
+      // Rows 3 and 4 of a block hold 2 tiles at a time (registers), so they take pairs.
+      if (mb <= 2) {
+        ForTileBlocks<4>(g1 - g0, run);
+      } else {
+        ForTileBlocks<2>(g1 - g0, run);
       }
-    };
-    // Rows 3 and 4 of a block hold 2 tiles at a time (registers), so they take pairs.
-    if (mb <= 2) {
-      ForTileBlocks<4>(t_end - t_begin, run);
-    } else {
-      ForTileBlocks<2>(t_end - t_begin, run);
     }
   }
 }
@@ -254,7 +263,8 @@ Status LinearI4(ThreadPool* pool, const TensorView& x, const TensorView& w,
            n_dim,
            epilogue,
            out,
-           n_dim};
+           n_dim,
+           true};
   a.e.scale = nullptr;
   const int64_t tiles = (n_dim + kTileRows - 1) / kTileRows;
   // At least ~64K multiply-adds per chunk, as the other Linear paths.

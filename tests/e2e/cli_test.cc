@@ -258,8 +258,43 @@ TEST(CliTest, BenchDecodeReportsEveryFigure) {
   for (const auto& d : j["decode"]) {
     EXPECT_GT(d["ms_per_step"].get<double>(), 0.0);
     EXPECT_GT(d["speedup_vs_batch1"].get<double>(), 0.0);
-    EXPECT_GT(d["fraction_of_roofline"].get<double>(), 0.0);
+    // The roofline: the weights' floor (bytes or FLOPs) plus the K/V bytes, at the bandwidth
+    // probed beside this batch's steps.
+    EXPECT_GT(d["bandwidth_gb_per_s"].get<double>(), 0.0);
+    EXPECT_GT(d["compute_floor_ms_per_step"].get<double>(), 0.0);
+    EXPECT_GT(d["attention_floor_ms_per_step"].get<double>(), 0.0);
+    EXPECT_NEAR(d["attention_floor_ms_per_step"].get<double>(),
+                d["kv_read_bytes_per_step"].get<double>() / d["bandwidth_gb_per_s"].get<double>() /
+                    1e6,
+                1e-9 * d["attention_floor_ms_per_step"].get<double>());
+    EXPECT_GT(d["floor_ms_per_step"].get<double>(),
+              d["attention_floor_ms_per_step"].get<double>());
+    EXPECT_GE(d["floor_ms_per_step"].get<double>(),
+              d["compute_floor_ms_per_step"].get<double>() +
+                  d["attention_floor_ms_per_step"].get<double>() - 1e-9);
+    EXPECT_DOUBLE_EQ(d["fraction_of_roofline"].get<double>(),
+                     d["floor_ms_per_step"].get<double>() / d["ms_per_step"].get<double>());
   }
+  // K and V of every layer and head over prompt + s + 1 slots at step s (mean over 3 steps:
+  // prompt + 2), per sequence; f16 rows (--kv-dtype auto).
+  const nlohmann::json c = nlohmann::json::parse(std::ifstream(Mini() + "/config.json"));
+  const double layers = c["num_hidden_layers"].get<double>();
+  const double heads = c["num_attention_heads"].get<double>();
+  const double head_dim = c["hidden_size"].get<double>() / heads;
+  EXPECT_EQ(j["kv_dtype"].get<std::string>(), "f16");
+  EXPECT_DOUBLE_EQ(j["decode"][0]["kv_read_bytes_per_step"].get<double>(),
+                   2 * layers * heads * head_dim * 2 * (4 + 2));
+  EXPECT_DOUBLE_EQ(j["decode"][1]["kv_read_bytes_per_step"].get<double>(),
+                   2 * j["decode"][0]["kv_read_bytes_per_step"].get<double>());
+  // int8 rows: head_dim values and a 4-byte scale.
+  r = RunDeja("bench decode --model " + Mini() +
+              " --kv-dtype int8 --prefill-tokens 16 --prompt-tokens 4 --decode-steps 3 --batches 1"
+              " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j8 = LastJsonLine(r.out);
+  EXPECT_EQ(j8["kv_dtype"].get<std::string>(), "int8");
+  EXPECT_DOUBLE_EQ(j8["decode"][0]["kv_read_bytes_per_step"].get<double>(),
+                   2 * layers * heads * (head_dim + 4) * (4 + 2));
   EXPECT_DOUBLE_EQ(
       j["batch1_fraction_of_floor"].get<double>(),
       j["floor_ms_per_token"].get<double>() / j["decode"][0]["ms_per_step"].get<double>());
