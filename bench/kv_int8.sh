@@ -34,23 +34,35 @@ def figures(path):
     j = json.load(open(path))
     f = {"batch%d_ms_per_step" % d["batch"]: d["ms_per_step"] for d in j["decode"]}
     f["prefill512_ms_per_token"] = 1000.0 / j["prefill_tokens_per_s"]
-    floors = {"batch%d_ms_per_step" % d["batch"]: d["floor_ms_per_step"] for d in j["decode"]}
-    return f, floors
+    return f, j
+def floor_ms(j, batch, bw):
+    """The step's roofline at bandwidth bw (GB/s): the weights' bytes or operations, whichever
+    binds, plus the K/V bytes (bench decode's floor_ms_per_step, at another bandwidth)."""
+    d = next(d for d in j["decode"] if d["batch"] == batch)
+    return max(j["weight_bytes"] / bw / 1e6, d["compute_floor_ms_per_step"]) + \
+        d["kv_read_bytes_per_step"] / bw / 1e6
 ratios, floor_ratios = {}, {}
 for i in range(1, pairs + 1):
-    (f16, f16_floor), (i8, i8_floor) = figures(f"{out}/f16-{i}.json"), figures(f"{out}/int8-{i}.json")
+    (f16, j16), (i8, j8) = figures(f"{out}/f16-{i}.json"), figures(f"{out}/int8-{i}.json")
+    # Both caches' rooflines at the higher of the two runs' bandwidths (the probe beside each
+    # batch's steps moves with the host from run to run; the ratio of the floors should not).
+    floors = {}
+    for d in j16["decode"]:
+        b = d["batch"]
+        bw = max(d["bandwidth_gb_per_s"],
+                 next(e for e in j8["decode"] if e["batch"] == b)["bandwidth_gb_per_s"])
+        floors["batch%d_ms_per_step" % b] = (floor_ms(j16, b, bw), floor_ms(j8, b, bw), bw)
     print(json.dumps({"pair": i, "f16": {k: round(v, 2) for k, v in f16.items()},
                       "int8": {k: round(v, 2) for k, v in i8.items()},
-                      "f16_floor": {k: round(v, 2) for k, v in f16_floor.items()},
-                      "int8_floor": {k: round(v, 2) for k, v in i8_floor.items()}}))
+                      "floors_f16_int8_at_gb_per_s": {k: [round(x, 2) for x in v]
+                                                     for k, v in floors.items()}}))
     for k in f16:
         ratios.setdefault(k, []).append(f16[k] / i8[k])
-    for k in f16_floor:
-        floor_ratios.setdefault(k, []).append(f16_floor[k] / i8_floor[k])
+    for k, (a, b, _) in floors.items():
+        floor_ratios.setdefault(k, []).append(a / b)
 med = lambda d: {k: round(statistics.median(v), 3) for k, v in d.items()}
-# The floors: each step's roofline (bench decode's floor_ms_per_step: the weights' bytes or
-# FLOPs, whichever binds, plus the K/V bytes, at the bandwidth and peak measured in the run).
-# Their ratio is the most the int8 cache can gain on this machine with these kernels' limits.
+# The ratio of the rooflines is the most the int8 cache can gain on this machine: the K/V bytes
+# it saves against a step that also holds the weights' floor.
 print(json.dumps({"median_f16_over_int8": med(ratios),
                   "range": {k: [round(min(v), 3), round(max(v), 3)] for k, v in ratios.items()},
                   "median_floor_f16_over_int8": med(floor_ratios)}))
