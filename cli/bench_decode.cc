@@ -192,9 +192,9 @@ int RunBenchDecode(int argc, char** argv, int first) {
     const double start_bw = on_device ? device_peaks.copy_bytes_per_s : probe->Measure(5);
     j["bandwidth_start_gb_per_s"] = start_bw / 1e9;
     j["weight_bytes"] = m.model->weight_bytes();
-    // The floors use the bandwidth measured between each batch's steps (the median of one probe
-    // after each step), floor_ms_per_token batch 1's when it runs: this host's memory bandwidth
-    // moves by up to 1.7x over seconds, and a probe taken earlier saw another state of it.
+    // The floors use the bandwidth measured beside each batch's steps (the median of its probes),
+    // floor_ms_per_token batch 1's when it runs: this host's memory bandwidth moves by up to 1.7x
+    // over seconds, and a probe taken earlier saw another state of it.
     // The compute roofline of batched decode: 2 FLOPs (or ops) per weight per token at the
     // measured peak of the instruction the Linears multiply with: fp32 FMA (weights widened in
     // registers); VDPBF16PS for bf16 weights where the CPU has it (kernels/cpu/bf16_dot.h);
@@ -275,15 +275,19 @@ int RunBenchDecode(int argc, char** argv, int first) {
                                         sparsity.has_value(), rng)
                                  .status());
       }
-      // One probe after each step (untimed): the bandwidth beside this batch's steps.
+      // The bandwidth beside this batch's steps: batch 1 one probe after each step (untimed;
+      // its floor is the weights read from memory), larger batches one before and one after
+      // their steps, so that a model that fits the cache keeps it between them.
       std::vector<double> step_bw;
       std::function<void()> between;
-      if (!on_device) between = [&] { step_bw.push_back(probe->Measure(1)); };
+      if (!on_device && b == 1) between = [&] { step_bw.push_back(probe->Measure(1)); };
+      if (!on_device && b != 1) step_bw.push_back(probe->Measure(1));
       DEJA_ASSIGN_OR_RETURN(
           auto timing,
           TimeDecode(*m.model, static_cast<int32_t>(b), static_cast<int32_t>(prompt),
                      static_cast<int32_t>(steps), sparsity.has_value(), rng, between,
                      args.On("profile-decode-only") ? m.backend.get() : nullptr));
+      if (!on_device && b != 1) step_bw.push_back(probe->Measure(1));
       const DecodeTiming& dense = timing.first;
       nlohmann::json d;
       d["batch"] = b;
