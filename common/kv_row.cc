@@ -53,8 +53,7 @@ float KvQueryToI16(const float* q, int64_t head_dim, int16_t* out) {
   std::fill(out, out + head_dim, int16_t{0});
   if (!finite) return std::numeric_limits<float>::quiet_NaN();
   if (amax == 0.f) return 0.f;
-  const float qmax = static_cast<float>(
-      std::min<int64_t>(32767, std::numeric_limits<int32_t>::max() / (128 * head_dim)));
+  const float qmax = KvQueryI16Max(head_dim);
   const float inv = qmax / amax;
   for (int64_t i = 0; i < head_dim; ++i) {
     out[i] = static_cast<int16_t>(std::clamp(std::nearbyint(q[i] * inv), -qmax, qmax));

@@ -5,6 +5,7 @@
 // block pool, the prefix cache's host and disk copies and the kernels agree on the layout.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -40,6 +41,11 @@ inline float KvRowScale(const void* row, int64_t head_dim) {
 // within int32; returns the scale, max |q| / qmax (0 for a zero query; NaN, with out zeroed, when
 // a value is not finite). A score is then scale * row scale * sum_i out[i] * k[i].
 float KvQueryToI16(const float* q, int64_t head_dim, int16_t* out);
+// The qmax above: the largest |q| an int16 query takes at this head size (every kernel that rounds
+// a query for int8 rows uses it, so their scores are the same bits).
+inline float KvQueryI16Max(int64_t head_dim) {
+  return static_cast<float>(std::min<int64_t>(32767, INT32_MAX / (128 * head_dim)));
+}
 // x[0, head_dim) rounded into a row of d (int8: its scale computed and stored).
 void KvRowFromF32(const float* x, int64_t head_dim, DType d, void* row);
 // The row's values as f32 (int8: times its scale).

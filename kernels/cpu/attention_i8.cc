@@ -42,9 +42,9 @@ HWY_INLINE int64_t PaddedDim(int64_t d) {
 }
 
 // q[0, d) rounded to int16 into out[0, PaddedDim(d)) (zeros past d); returns the scale. The
-// largest value maps to qmax = 32767, or less for head sizes past 516, so that a row's sum
-// (|k| <= 128) stays within int32. A zero query has scale 0; one with an infinity or NaN has
-// scale NaN, so its scores are NaN as f32 arithmetic would make them.
+// largest value maps to KvQueryI16Max(d) (common/kv_row.h), as in KvQueryToI16. A zero query
+// has scale 0; one with an infinity or NaN has scale NaN, so its scores are NaN as f32
+// arithmetic would make them.
 HWY_INLINE float QuantizeQueryI16(const float* q, int64_t d, int16_t* out) {
   const DF df;
   const hn::Rebind<int16_t, DF> d16;
@@ -65,8 +65,7 @@ HWY_INLINE float QuantizeQueryI16(const float* q, int64_t d, int16_t* out) {
   std::fill(out, out + PaddedDim(d), int16_t{0});
   if (std::isnan(bad)) return std::numeric_limits<float>::quiet_NaN();
   if (amax == 0.f) return 0.f;
-  const float qmax =
-      static_cast<float>(std::min<int64_t>(32767, std::numeric_limits<int32_t>::max() / (128 * d)));
+  const float qmax = KvQueryI16Max(d);
   const float inv = qmax / amax;
   const auto vinv = hn::Set(df, inv);
   for (e = 0; e + lanes <= d; e += lanes) {
