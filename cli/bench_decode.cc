@@ -46,6 +46,12 @@ StatusOr<std::vector<int64_t>> ParseList(const std::string& s) {
   return out;
 }
 
+// The middle value (the upper one of an even count).
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 // Best-of-`reps` seconds for one prefill of `n` random tokens.
 StatusOr<double> TimePrefill(worker::model::Model& model, int32_t n, int reps, std::mt19937& rng) {
   std::uniform_int_distribution<int32_t> tok(4,
@@ -116,14 +122,10 @@ StatusOr<std::pair<DecodeTiming, DecodeTiming>> TimeDecode(
     }
   }
   if (profile != nullptr) profile->SetProfiling(false);
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  t.first.step_s = median(times[0]);
+  t.first.step_s = Median(times[0]);
   if (compare_sparse) {
-    t.second.step_s = median(times[1]);
-    t.second.predictor_s = median(predictor);
+    t.second.step_s = Median(times[1]);
+    t.second.predictor_s = Median(predictor);
   }
   return t;
 }
@@ -233,7 +235,6 @@ int RunBenchDecode(int argc, char** argv, int first) {
     auto peak_for = [&](int64_t rows) {
       return amx && rows >= amx_from_rows ? amx_peak : peak_flops;
     };
-    const double prefill_peak = peak_flops;
     j["prefill_compute_peak"] = j["compute_peak"];
     // The weights a token multiplies (one rank: bench decode runs one): the layers' matrices and
     // the lm head, from the config, whatever their dtypes.
@@ -248,7 +249,7 @@ int RunBenchDecode(int argc, char** argv, int first) {
     j["prefill_tokens_per_s"] = prefill_tokens / prefill_s;
     // The GEMMs' share of the compute peak (2 FLOPs per weight per token; attention not counted).
     j["prefill_fraction_of_compute_peak"] =
-        2.0 * weights * static_cast<double>(prefill_tokens) / prefill_s / prefill_peak;
+        2.0 * weights * static_cast<double>(prefill_tokens) / prefill_s / peak_flops;
     // Where the int8 and int4 Linears run on AMX tiles, their own peak too: the VNNI one is not
     // the limit there.
     if (amx) {
@@ -256,10 +257,6 @@ int RunBenchDecode(int argc, char** argv, int first) {
           2.0 * weights * static_cast<double>(prefill_tokens) / prefill_s / amx_peak;
     }
     double batch1 = 0, sparse_batch1 = 0, batch1_bw = 0;
-    auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
     // K and V rows one step reads: each sequence attends over prompt + s + 1 slots at step s,
     // every layer and head of this rank (the full caches bench decode makes).
     const worker::kv::KvGeometry g = m.model->kv_geometry();
@@ -295,7 +292,7 @@ int RunBenchDecode(int argc, char** argv, int first) {
       d["tokens_per_s"] = b / dense.step_s;
       // The roofline of a step: whichever binds of the weights read once and their FLOPs for
       // b tokens, then the K/V reads, which wait for the layer's q and hold up the next Linear.
-      const double step_bw_bytes = step_bw.empty() ? start_bw : median(step_bw);
+      const double step_bw_bytes = step_bw.empty() ? start_bw : Median(step_bw);
       const double compute_floor_s = 2.0 * weights * static_cast<double>(b) / peak_for(b);
       const double kv_bytes = kv_bytes_per_sequence * static_cast<double>(b);
       const double weights_floor_s =
