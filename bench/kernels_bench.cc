@@ -295,17 +295,21 @@ BENCHMARK(BM_Gather)
 // sequence's heads on one pool thread (worker/opt_model.cc hands the pool one job over the
 // batch), every slot of every head occupied and visible. Bytes are the K and V rows read, so
 // frac_of_bw compares with the memory's floor; enough sequences are cycled that their caches
-// (at least 128 MiB) are not served from the last-level cache.
-// Args: head_dim, slots per head, KV dtype, h2o (1: scores accumulated, as the h2o policy asks).
+// (at least 128 MiB) are not served from the last-level cache; with `cached` every query reads
+// one sequence, whose rows then stay in L2, so the time is the kernel's arithmetic alone.
+// Args: head_dim, slots per head, KV dtype, h2o (1: scores accumulated, as the h2o policy asks),
+// cached.
 void BM_AttentionDecode(benchmark::State& state) {
   const int64_t hd = state.range(0), slots = state.range(1);
   const DType kv_dtype = static_cast<DType>(state.range(2));
-  const bool h2o = state.range(3) != 0;
+  const bool h2o = state.range(3) != 0, cached = state.range(4) != 0;
   constexpr int64_t kHeads = 8, kBatch = 32;
   Backend& cpu = Cpu();
   const int64_t seq_bytes = 2 * kHeads * slots * static_cast<int64_t>(KvRowBytes(kv_dtype, hd));
   const int64_t seqs =
-      kBatch * std::max<int64_t>(1, ((int64_t{128} << 20) / seq_bytes + kBatch - 1) / kBatch);
+      cached ? 1
+             : kBatch * std::max<int64_t>(
+                            1, ((int64_t{128} << 20) / seq_bytes + kBatch - 1) / kBatch);
   struct Seq {
     Tensor k, v, score;
   };
@@ -362,16 +366,17 @@ void BM_AttentionDecode(benchmark::State& state) {
   state.counters["frac_of_bw"] =
       benchmark::Counter(static_cast<double>(bytes) / BandwidthBytesPerSec(),
                          benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(std::string("kv ") + DTypeName(kv_dtype) + (h2o ? " h2o" : ""));
+  state.SetLabel(std::string("kv ") + DTypeName(kv_dtype) + (h2o ? " h2o" : "") +
+                 (cached ? " cached" : ""));
 }
 
 // opt-mini's heads (32) at the h2o 20% budget (205 slots) and a full 1024-token cache; OPT-1.3B's
 // (64) and OPT-6.7B's and larger (128). Then the full policy's decode after a 768-token prompt
-// at OPT-1.3B's head size, each KV dtype.
+// at OPT-1.3B's head size, each KV dtype, from memory and from L2.
 BENCHMARK(BM_AttentionDecode)
-    ->ArgNames({"head_dim", "slots", "kv_dtype", "h2o"})
-    ->ArgsProduct({{32, 64, 128}, {205, 1024}, {kF16, kF32, kI8}, {1}})
-    ->ArgsProduct({{64}, {768}, {kF32, kF16, kI8}, {0}})
+    ->ArgNames({"head_dim", "slots", "kv_dtype", "h2o", "cached"})
+    ->ArgsProduct({{32, 64, 128}, {205, 1024}, {kF16, kF32, kI8}, {1}, {0}})
+    ->ArgsProduct({{64}, {768}, {kF32, kF16, kI8}, {0}, {0, 1}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
