@@ -10,7 +10,7 @@
 //
 // Micro-kernel: NB tiles x MB rows of x, an int32 and an f32 accumulator each (4 x 2 or 2 x 4),
 // the tiles' nibbles unpacked once per line for all MB rows; blocks of 4 rows of x over each
-// group of tiles, which stays in L2 between the blocks.
+// group of tiles, which stays in L2 between the blocks (the next group fetched meanwhile).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -55,9 +55,11 @@ struct I4Args {
   LinearEpilogue e;  // scale unset: the group scales are applied here
   float* out;        // the block's first row
   int64_t ldo;
-  // Ask for each line kDecodePrefetchBytes ahead, and the next tiles' scales: the first block of
-  // rows over these tiles, which reads them from memory (the later blocks find them in cache).
-  bool prefetch;
+  // Ask for the line this many bytes on from each line read (0: none): kDecodePrefetchBytes for
+  // the first block of rows over a group of tiles, the next group's line for the second.
+  int64_t prefetch_ahead;
+  // Ask for the next tiles' scales (the first block of rows).
+  bool prefetch_scales;
 };
 
 template <int NB, int MB>
@@ -74,8 +76,8 @@ DEJA_I4_TARGET void I4Tiles(const I4Args& a) {
       __m512i lo[NB], hi[NB];
       for (int b = 0; b < NB; ++b) {
         const uint8_t* line = a.w + b * a.tile_bytes + j * 64;
-        if (a.prefetch) {
-          _mm_prefetch(reinterpret_cast<const char*>(line) + kDecodePrefetchBytes, _MM_HINT_T0);
+        if (a.prefetch_ahead != 0) {
+          _mm_prefetch(reinterpret_cast<const char*>(line) + a.prefetch_ahead, _MM_HINT_T0);
         }
         const __m512i v = _mm512_loadu_si512(line);
         lo[b] = _mm512_and_si512(v, low);
@@ -94,7 +96,7 @@ DEJA_I4_TARGET void I4Tiles(const I4Args& a) {
     }
     for (int b = 0; b < NB; ++b) {
       // The next block's scales, a block ahead: their own stream, which the hardware misses.
-      if (a.prefetch) {
+      if (a.prefetch_scales) {
         _mm_prefetch(
             reinterpret_cast<const char*>(a.scales + ((b + NB) * a.groups + g) * kTileRows),
             _MM_HINT_T0);
@@ -116,8 +118,9 @@ DEJA_I4_TARGET void I4Tiles(const I4Args& a) {
 
 // Tiles [t_begin, t_end) against rows [0, M) of quantized x, on AVX512-VNNI, in groups of
 // tiles of about kI4GroupBytes: each block of rows over the group in turn, so the group comes from
-// memory once, for the first block of rows (which prefetches it), and from L2 for the rest, while
-// each block's rows of x stay in L1. Each output's sums run in the same order whatever the
+// memory once and from L2 for the rest, while each block's rows of x stay in L1. The second block
+// asks for the next group, so the memory works while the blocks compute (the first group's first
+// block asks ahead of itself). Each output's sums run in the same order whatever the
 // blocks, so the results do not depend on M.
 constexpr int64_t kI4GroupBytes = 256 << 10;
 DEJA_I4_TARGET void I4TilesAvx512(const I4Args& a, int64_t m_rows, int64_t t_begin,
@@ -132,7 +135,12 @@ DEJA_I4_TARGET void I4TilesAvx512(const I4Args& a, int64_t m_rows, int64_t t_beg
       b.sx = a.sx + m0;
       b.sums = a.sums + m0 * a.groups;
       b.out = a.out + m0 * a.ldo;
-      b.prefetch = m0 == 0;
+      // The first block reads the group from memory, asking ahead of itself; the second, from L2,
+      // asks for the next group, so the next first block finds it in L2 too.
+      b.prefetch_ahead = m0 == 0                          ? kDecodePrefetchBytes
+                         : m0 == kRowBlock && g1 < t_end ? group * a.tile_bytes
+                                                          : 0;
+      b.prefetch_scales = m0 == 0;
       auto run = [&](auto nb_const, int64_t t) {
         constexpr int NB = decltype(nb_const)::value;
         I4Args c = b;
@@ -264,6 +272,7 @@ Status LinearI4(ThreadPool* pool, const TensorView& x, const TensorView& w,
            epilogue,
            out,
            n_dim,
+           kDecodePrefetchBytes,
            true};
   a.e.scale = nullptr;
   const int64_t tiles = (n_dim + kTileRows - 1) / kTileRows;
