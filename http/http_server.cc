@@ -190,7 +190,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     replying_ = true;
     counted_ = true;
     server_->in_flight.fetch_add(1, std::memory_order_relaxed);
-    responder_ = std::make_shared<SessionResponder>(shared_from_this());
+    responder_ = std::make_shared<SessionResponder>(shared_from_this(), ++request_gen_);
     WatchClient();
     server_->handler(r, responder_);
   }
@@ -235,7 +235,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   // The reply's half of the connection: SessionResponder posts each call to the server's thread.
   class SessionResponder final : public Responder {
    public:
-    explicit SessionResponder(std::shared_ptr<Session> s) : session_(std::move(s)) {}
+    SessionResponder(std::shared_ptr<Session> s, uint64_t request)
+        : session_(std::move(s)), request_(request) {}
     void Send(Response response) override {
       Post([response = std::move(response)](Session& s) mutable {
         s.DoSend(std::move(response));
@@ -264,9 +265,15 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       std::shared_ptr<Session> s = session_.lock();
       if (!s) return;
       auto ex = s->Tcp().get_executor();
-      asio::post(ex, [s, f = std::move(f)]() mutable { f(*s); });
+      // A call that reaches the server's thread after the connection moved on to its next
+      // request (a late second Send, say) belongs to a reply that is over: it does nothing, so
+      // it cannot answer the next request in its place.
+      asio::post(ex, [s, request = request_, f = std::move(f)]() mutable {
+        if (s->request_gen_ == request) f(*s);
+      });
     }
     std::weak_ptr<Session> session_;
+    uint64_t request_;  // the request it answers (Session::request_gen_ when it was read)
   };
 
   // While a reply is pending or streaming, the socket turning readable means the client closed
@@ -403,6 +410,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   std::deque<std::string> out_;
   std::array<char, 16384> linger_buf_;
   uint64_t watch_gen_ = 0;
+  uint64_t request_gen_ = 0;  // the requests read on this connection
 };
 
 }  // namespace

@@ -219,6 +219,44 @@ TEST(HttpServerTest, AReplyMayComeLaterFromAnotherThread) {
   for (auto& w : workers) w.join();
 }
 
+TEST(HttpServerTest, AnEarlierRequestsResponderCannotAnswerTheNextRequest) {
+  // On a kept-alive connection the responder of /one, kept past its reply, sends again while /two
+  // is pending: that call belongs to a reply that is over and does nothing; /two gets its own.
+  std::shared_ptr<Responder> first;
+  std::thread worker;
+  auto server = HttpServer::StartAsync({}, [&](const Request& r, std::shared_ptr<Responder> out) {
+    if (r.path == "/one") {
+      first = out;
+      Response res;
+      res.body = "first";
+      out->Send(std::move(res));
+      return;
+    }
+    Response stale;
+    stale.body = "stale";
+    first->Send(std::move(stale));  // reaches the server's thread before /two's own reply
+    worker = std::thread([out] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      Response res;
+      res.body = "second";
+      out->Send(std::move(res));
+    });
+  });
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const int fd = Connect((*server)->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, "GET /one HTTP/1.1\r\nHost: x\r\n\r\n"));
+  const std::string one = ReadResponse(fd);
+  EXPECT_NE(one.find("first"), std::string::npos) << one;
+  ASSERT_TRUE(SendAll(fd, "GET /two HTTP/1.1\r\nHost: x\r\n\r\n"));
+  const std::string two = ReadResponse(fd);
+  EXPECT_EQ(StatusOf(two), 200) << two;
+  EXPECT_NE(two.find("second"), std::string::npos) << two;
+  EXPECT_EQ(two.find("stale"), std::string::npos) << two;
+  ::close(fd);
+  if (worker.joinable()) worker.join();
+}
+
 TEST(HttpServerTest, StreamsChunksAsTheyAreWrittenThenCloses) {
   std::thread writer;
   auto server = HttpServer::StartAsync({}, [&](const Request&, std::shared_ptr<Responder> out) {
