@@ -48,7 +48,8 @@ using Handler = std::function<Response(const Request&)>;
 
 // A reply in progress, which any thread may complete: Send a whole response, or StartStream,
 // then Write chunks (chunked transfer: server-sent events go out as they are written) and End.
-// Calls after the reply ended, or after the client went away, do nothing. The connection closes
+// Calls after the reply ended, or after the client went away, do nothing, even once a kept-alive
+// connection has read its next request (which has its own Responder). The connection closes
 // after a streamed reply.
 class Responder {
  public:
