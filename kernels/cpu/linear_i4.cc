@@ -119,8 +119,9 @@ DEJA_I4_TARGET void I4Tiles(const I4Args& a) {
 // Tiles [t_begin, t_end) against rows [0, M) of quantized x, on AVX512-VNNI, in groups of
 // tiles of about kI4GroupBytes: each block of rows over the group in turn, so the group comes from
 // memory once and from L2 for the rest, while each block's rows of x stay in L1. The second block
-// asks for the next group, so the memory works while the blocks compute (the first group's first
-// block asks ahead of itself). Each output's sums run in the same order whatever the
+// asks for the next group, so the memory works while the blocks compute; every first block still
+// asks ahead of itself (the first group's must, one row block has no second, and a line already
+// in L2 costs the ask little). Each output's sums run in the same order whatever the
 // blocks, so the results do not depend on M.
 constexpr int64_t kI4GroupBytes = 256 << 10;
 DEJA_I4_TARGET void I4TilesAvx512(const I4Args& a, int64_t m_rows, int64_t t_begin,

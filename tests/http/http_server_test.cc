@@ -224,7 +224,9 @@ TEST(HttpServerTest, AnEarlierRequestsResponderCannotAnswerTheNextRequest) {
   // is pending: that call belongs to a reply that is over and does nothing; /two gets its own.
   std::shared_ptr<Responder> first;
   std::thread worker;
+  std::mutex mu;
   auto server = HttpServer::StartAsync({}, [&](const Request& r, std::shared_ptr<Responder> out) {
+    std::lock_guard<std::mutex> lock(mu);
     if (r.path == "/one") {
       first = out;
       Response res;
@@ -254,6 +256,7 @@ TEST(HttpServerTest, AnEarlierRequestsResponderCannotAnswerTheNextRequest) {
   EXPECT_NE(two.find("second"), std::string::npos) << two;
   EXPECT_EQ(two.find("stale"), std::string::npos) << two;
   ::close(fd);
+  std::lock_guard<std::mutex> lock(mu);
   if (worker.joinable()) worker.join();
 }
 
