@@ -113,12 +113,12 @@ class Backend {
   // be captured again.
   virtual uint64_t graph_epoch() const { return 0; }
 
-  // Batch-invariant Linear: each output row computed as if it were the call's only row (no
-  // kernel or summation order chosen by the call's row count; the CPU's f16 and f32 row-major
-  // weights then always take the streaming kernel, costing prefill its BLAS path). The other
-  // kernels are batch-invariant already, but attention over many queries (AttentionArgs::
-  // per_query). A model whose KV cache is int8 sets it at load: there a last-bit difference in a
-  // key moves a quantization step. Every later call on this backend sees it.
+  // Batch-invariant kernels: each output row computed as if it were the call's only row (no
+  // kernel or summation order chosen by the call's row count; on the CPU the f16 and f32
+  // row-major Linears, the transposed gathers and the retaining heads then stay on the
+  // streaming kernels instead of BLAS). The other kernels are batch-invariant already, but
+  // attention over many queries (AttentionArgs::per_query). The model sets it at load on the
+  // CPU, and on any backend with an int8 KV cache. Every later call on this backend sees it.
   void set_batch_invariant(bool on) { batch_invariant_ = on; }
   bool batch_invariant() const { return batch_invariant_; }
 

@@ -8,8 +8,8 @@
 // result bit-identical to its own single-query call (AttendHeadBlock). Work is split over heads
 // when H2O scores are accumulated (each head's score row then has one writer, and tokens add into
 // it in order, as the reference does) and over (head, block) pairs otherwise. Calls with many
-// query tokens (prefill) that need no such identity (AttentionArgs::per_query unset) take a GEMM
-// path per head instead.
+// query tokens (prefill) that need no such identity (AttentionArgs::per_query unset; the model
+// always sets it on the CPU) take a GEMM path per head instead.
 #include <cblas.h>
 
 #include <algorithm>

@@ -379,15 +379,18 @@ void BlasSliceT(const float* x, int64_t m_rows, const TensorView& wt, const int3
   }
 }
 
-// out [M, N] (+)= x · wt[rows] for float wt or int8 wt read without its scales.
+// out [M, N] (+)= x · wt[rows] for float wt or int8 wt read without its scales; `small`: the
+// streaming kernel (else sgemm).
 Status GatherLinearTRaw(ThreadPool* pool, TensorView x, TensorView wt, const int32_t* rows,
-                        int64_t n_rows, TensorView out, bool accumulate = false);
+                        int64_t n_rows, TensorView out, bool small, bool accumulate = false);
 
 }  // namespace
 
 Status CpuGatherLinearT(Backend& backend, TensorView x, TensorView wt, const int32_t* rows,
                         int64_t n_rows, bool accumulate, TensorView out) {
   ThreadPool* pool = backend.pool();
+  // The streaming kernel at every M on a batch-invariant backend (sgemm's sums would depend on M).
+  const bool small = backend.batch_invariant() || x.rows() <= kLinearSmallMMax;
   if (wt.dtype == DType::kI8) {
     // The scales belong to wt's columns: the sum of the raw products first, then out (+)= sum *
     // scale per column.
@@ -395,7 +398,7 @@ Status CpuGatherLinearT(Backend& backend, TensorView x, TensorView wt, const int
     Tensor sum = Tensor::Empty(DType::kF32, {m_rows, n_dim});
     TensorView raw = wt;
     raw.scale = nullptr;
-    DEJA_RETURN_IF_ERROR(GatherLinearTRaw(pool, x, raw, rows, n_rows, sum.view()));
+    DEJA_RETURN_IF_ERROR(GatherLinearTRaw(pool, x, raw, rows, n_rows, sum.view(), small));
     const float* scale = wt.scale;
     pool->ParallelFor(m_rows, [&](int64_t m0, int64_t m1) {
       for (int64_t m = m0; m < m1; ++m) {
@@ -406,13 +409,13 @@ Status CpuGatherLinearT(Backend& backend, TensorView x, TensorView wt, const int
     });
     return Status::Ok();
   }
-  return GatherLinearTRaw(pool, x, wt, rows, n_rows, out, accumulate);
+  return GatherLinearTRaw(pool, x, wt, rows, n_rows, out, small, accumulate);
 }
 
 namespace {
 
 Status GatherLinearTRaw(ThreadPool* pool, TensorView x, TensorView wt, const int32_t* rows,
-                        int64_t n_rows, TensorView out, bool accumulate) {
+                        int64_t n_rows, TensorView out, bool small, bool accumulate) {
   const int64_t m_rows = x.rows(), n_dim = wt.cols();
   const float* xs = x.as<float>();
   float* o = out.as<float>();
@@ -421,7 +424,7 @@ Status GatherLinearTRaw(ThreadPool* pool, TensorView x, TensorView wt, const int
   // lines, so no two threads write one line).
   constexpr int64_t kBlock = 64;
   const int64_t blocks = (n_dim + kBlock - 1) / kBlock;
-  if (m_rows <= kLinearSmallMMax) {
+  if (small) {
     // One contiguous column range per thread, not the pool's default few chunks per thread: every
     // chunk walks all the selected rows, so narrower chunks turn each row into shorter scattered
     // reads. Measured on one thread (M = 1, 8192 x 2048 f16, loaded machine): the whole row per

@@ -129,6 +129,20 @@ void CheckGatherLinearT(Backend& b, const GatherTCase& c, uint32_t seed) {
 // Decode sizes, the largest small-M size, both sides of the BLAS switch and a prefill size.
 const int64_t kMs[] = {1, 3, 16, cpu::kLinearSmallMMax, cpu::kLinearSmallMMax + 1, 40};
 
+// Host backends serve with Backend::batch_invariant on (the model sets it at load); the batch
+// tests below turn it on for their duration.
+class BatchInvariant {
+ public:
+  explicit BatchInvariant(Backend& b) : b_(b), was_(b.batch_invariant()) {
+    if (b.device().is_host()) b.set_batch_invariant(true);
+  }
+  ~BatchInvariant() { b_.set_batch_invariant(was_); }
+
+ private:
+  Backend& b_;
+  bool was_;
+};
+
 class CompareGatherLinear : public BackendTest {};
 
 TEST_P(CompareGatherLinear, ShapeGrid) {
@@ -159,13 +173,14 @@ TEST_P(CompareGatherLinear, Epilogues) {
                           seed++);
 }
 
-TEST_P(CompareGatherLinear, DeviceRowsDoNotDependOnTheBatch) {
-  // On a device each row of x is summed in one order at any batch size (the CUDA kernel's lanes
-  // own fixed runs of K and rows of x only share the weights they read): a row alone equals,
-  // bit for bit, the same row in a batch of 40, for bf16 and f16 fc1-like weights (int8 takes
-  // the same kernel; its weights need scales, compare_int8_test.cc compares it).
+TEST_P(CompareGatherLinear, RowsDoNotDependOnTheBatch) {
+  // Each row of x is summed in one order at any batch size (the CUDA kernel's lanes own fixed
+  // runs of K and rows of x only share the weights they read; the CPU's streaming kernels when
+  // batch-invariant): a row alone equals, bit for bit, the same row in a batch of 40, for bf16
+  // and f16 fc1-like weights (int8 takes the same kernel; its weights need scales,
+  // compare_int8_test.cc compares it).
   Backend& b = backend();
-  if (b.device().is_host()) GTEST_SKIP() << b.name() << ": host backends are compared by tolerance";
+  BatchInvariant invariant(b);
   std::mt19937 rng(BaseSeed() + 15000);
   const int64_t m = 40, r = 8192, k = 2048, n_rows = 819;
   for (DType dt : {DType::kBF16, DType::kF16}) {
@@ -233,13 +248,12 @@ TEST_P(CompareGatherLinearT, Accumulate) {
         CheckGatherLinearT(backend(), {m, 90, 333, 45, dt, acc}, seed++);
 }
 
-TEST_P(CompareGatherLinearT, DeviceRowsDoNotDependOnTheBatch) {
-  // On a device each row of x is summed in one order at any batch size (the CUDA kernel splits
-  // the selected rows by shape, never by M): a row alone equals, bit for bit, the same row in a
-  // batch of 40. (The CPU backend switches to BLAS above small M; its rows are compared with the
-  // reference at a tolerance above.)
+TEST_P(CompareGatherLinearT, RowsDoNotDependOnTheBatch) {
+  // Each row of x is summed in one order at any batch size (the CUDA kernel splits the selected
+  // rows by shape, never by M; the CPU's streaming kernel when batch-invariant, else sgemm
+  // above small M): a row alone equals, bit for bit, the same row in a batch of 40.
   Backend& b = backend();
-  if (b.device().is_host()) GTEST_SKIP() << b.name() << ": host backends are compared by tolerance";
+  BatchInvariant invariant(b);
   if (!Runs(b, OpId::kGatherLinearT, DType::kBF16)) GTEST_SKIP() << "no bf16 gather_linear_t";
   std::mt19937 rng(BaseSeed() + 35000);
   const int64_t m = 40, r = 8192, n = 2048, n_rows = 819;
@@ -262,6 +276,57 @@ TEST_P(CompareGatherLinearT, DeviceRowsDoNotDependOnTheBatch) {
     DEJA_ASSERT_OK_AND_ASSIGN(Tensor got, b.ToHost(d_out.view()));
     EXPECT_EQ(0, std::memcmp(got.data(), all.as<float>() + i * n, n * sizeof(float)))
         << "row " << i;
+  }
+}
+
+TEST_P(CompareGatherLinearT, ZeroWeightedRowsAddNothingOnTheHost) {
+  // A masked Deja Vu plan reduces a sparse row over every unit, its skipped units' x zero, and a
+  // gather plan over the union of the batch's units (OptModel::MaskedReduce): on the CPU each
+  // output is one fused multiply-add chain over the rows in list order, so both equal, bit for
+  // bit, the reduction over the row's own units alone. (The CUDA kernel splits the rows by
+  // count, so there the three differ by rounding.)
+  Backend& b = backend();
+  if (!b.device().is_host()) GTEST_SKIP() << b.name() << ": a device splits the rows by count";
+  BatchInvariant invariant(b);
+  std::mt19937 rng(BaseSeed() + 36000);
+  const int64_t m = 3, r = 2048, n = 768;
+  for (DType dt : WeightDTypes()) {
+    if (!Runs(b, OpId::kGatherLinearT, dt)) continue;
+    if (dt == DType::kI8) continue;  // int8 rows carry scales (applied after the same chains)
+    SCOPED_TRACE(DTypeName(dt));
+    Tensor wt = RandomTensor(rng, dt, {r, n});
+    std::vector<int32_t> all(r), own, some;
+    std::iota(all.begin(), all.end(), 0);
+    std::bernoulli_distribution pick_own(0.1), pick_union(0.5);
+    for (int32_t u : all) {
+      const bool is_own = pick_own(rng);
+      if (is_own) own.push_back(u);
+      if (is_own || pick_union(rng)) some.push_back(u);  // a union holding the own units
+    }
+    Tensor x = RandomTensor(rng, DType::kF32, {m, static_cast<int64_t>(own.size())});
+    // x over a row list: the own units' values, zero elsewhere.
+    auto spread = [&](const std::vector<int32_t>& list) {
+      Tensor t = Tensor::Zeros(DType::kF32, {m, static_cast<int64_t>(list.size())});
+      for (int64_t i = 0; i < m; ++i) {
+        for (size_t j = 0, o = 0; j < list.size(); ++j) {
+          if (o < own.size() && own[o] == list[j]) {
+            t.as<float>()[i * list.size() + j] = x.as<float>()[i * own.size() + o++];
+          }
+        }
+      }
+      return t;
+    };
+    auto reduce = [&](const std::vector<int32_t>& list) {
+      Tensor in = spread(list);
+      Tensor out = Tensor::Zeros(DType::kF32, {m, n});
+      EXPECT_TRUE(GatherLinearT(b, in.view(), wt.view(), list.data(),
+                                static_cast<int64_t>(list.size()), false, out.view())
+                      .ok());
+      return out;
+    };
+    const Tensor want = reduce(own), over_union = reduce(some), over_all = reduce(all);
+    EXPECT_EQ(0, std::memcmp(over_union.data(), want.data(), m * n * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(over_all.data(), want.data(), m * n * sizeof(float)));
   }
 }
 

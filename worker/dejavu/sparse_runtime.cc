@@ -430,6 +430,7 @@ Status SparseRuntime::Finish(Kind kind, int32_t layer, BlockPlan* plan) {
       layer < config_.num_hidden_layers ? (kind == Kind::kMlp ? mlp_k_[layer] : head_k_[layer]) : 0;
   plan->mode = BlockPlan::Mode::kDense;
   plan->units.clear();
+  plan->sparse_rows.clear();
   plan->active_fraction = 1.0f;
   if (p.pending) {
     runner_.Wait();
@@ -502,15 +503,17 @@ Status SparseRuntime::Finish(Kind kind, int32_t layer, BlockPlan* plan) {
         }
       } else {
         // Dense kernels (cheaper than gathering nearly everything), each row masked to its own
-        // selection: the gather path's result for that row alone (up to summation order).
+        // selection; the reductions of the sparse rows run as the gather path's (BlockPlan).
         plan->mode = BlockPlan::Mode::kMasked;
         own_masks();
         plan->units.clear();
+        plan->sparse_rows.assign(sparse_rows.begin(), sparse_rows.begin() + rows_);
       }
     } else {
       plan->mode = BlockPlan::Mode::kMasked;
       plan->active_fraction =
           static_cast<float>(own_masks() / (static_cast<double>(rows_) * units));
+      plan->sparse_rows.assign(sparse_rows.begin(), sparse_rows.begin() + rows_);
     }
   }
   if (kind == Kind::kMlp) {

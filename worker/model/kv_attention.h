@@ -58,7 +58,8 @@ class KvAttention {
   // Device decode steps as one DecodeAttention call per layer over every sequence (the
   // default), or one KvWrite and Attention per sequence (off: the path it is compared with).
   void set_batched_decode(bool on) { batched_decode_ = on; }
-  // AttentionArgs::per_query for every call (set when the model's Linears quantize activations).
+  // AttentionArgs::per_query for every call (set by the model on the CPU, and on a device where a
+  // rounding step follows: OptModel::Load).
   void set_per_query(bool on) { per_query_ = on; }
   // Decode steps that took the batched path since the model was loaded (one per Forward).
   int64_t batched_decode_steps() const { return batched_steps_; }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "common/int4.h"
 #include "common/thread_pool.h"
@@ -84,15 +85,19 @@ StatusOr<std::unique_ptr<OptModel>> OptModel::Load(const std::string& dir,
   // int4 matrices are tiled already; the int8 ones beside them tile as int8 does.
   DType matrices = m->w_.layers.empty() ? DType::kF32 : m->w_.layers[0].fc1.w.dtype;
   if (matrices == DType::kI4) matrices = DType::kI8;
-  // int4 and int8 Linears quantize activations (int8 on CPUs with AVX512-VNNI), and an int8 KV
-  // cache quantizes K and V: every backend keeps the attention per query then (which costs the
-  // CPU's prefill its GEMM path), as a token's attention must be the same bits whatever else its
-  // step holds, or a last-bit difference moves a quantization step.
-  m->kv_attention_.set_per_query(m->weight_dtype() == DType::kI4 ||
-                                 m->weight_dtype() == DType::kI8 || m->kv_dtype_ == DType::kI8);
-  // And the Linears that produce K and V (f16 and f32 row-major weights choose their kernel by
-  // the row count; every other weight's kernel is invariant already).
-  if (m->kv_dtype_ == DType::kI8) backend->set_batch_invariant(true);
+  // A token's rows are the same bits whatever else its step holds (other sequences, where its
+  // prompt was split, a prefix-cache hit). On the CPU always: attention per query (each query's
+  // bits those of its own call; it costs prefill the GEMM path, about 6% of its attention at
+  // 512 tokens) and batch-invariant kernels (f16 and f32 row-major weights, the sparse MLP's
+  // transposed gathers and the retaining heads no longer choose a kernel by the row count). Any
+  // last-bit difference would otherwise grow: bf16, int8 and int4 weights round or quantize
+  // every activation, an int8 cache every key and value, and a sampled token or an eviction can
+  // fall either side of a boundary. Devices keep the attention per query where a rounding step
+  // follows (int4 and int8 weights, an int8 cache).
+  const bool quantizes = m->weight_dtype() == DType::kI4 || m->weight_dtype() == DType::kI8 ||
+                         m->kv_dtype_ == DType::kI8;
+  m->kv_attention_.set_per_query(!m->on_device_ || quantizes);
+  if (!m->on_device_ || m->kv_dtype_ == DType::kI8) backend->set_batch_invariant(true);
   if (!m->on_device_ && backend->PrefersTiled(matrices)) {
     TileMatrices(&m->w_);
   }
@@ -504,7 +509,41 @@ Status OptModel::AttentionBlock(int32_t l, const std::vector<SequenceStep>& batc
     DEJA_RETURN_IF_ERROR(kernels::MaskUnits(be, ctx, plan->keep.data(), hd));
   }
   if (observer_ != nullptr) observer_->OnAttention(l, Rows(h_, rows, d), ctx);
+  if (mode == BlockPlan::Mode::kMasked) {
+    return MaskedReduce(*plan, ctx, lw.out.w, sparse_->out_t(l), o);
+  }
   return kernels::Linear(be, ctx, lw.out.w, {}, Activation::kNone, false, o);
+}
+
+Status OptModel::MaskedReduce(const BlockPlan& plan, const TensorView& x, const TensorView& w,
+                              const TensorView& wt, TensorView o) {
+  kernels::Backend& be = *backend_;
+  const int64_t rows = x.rows(), units = x.cols();
+  const auto sparse = [&](int64_t r) {
+    return r < static_cast<int64_t>(plan.sparse_rows.size()) && plan.sparse_rows[r] != 0;
+  };
+  bool any_dense = false;
+  for (int64_t r = 0; r < rows && !any_dense; ++r) any_dense = !sparse(r);
+  if (any_dense) {
+    DEJA_RETURN_IF_ERROR(kernels::Linear(be, x, w, {}, kernels::Activation::kNone, false, o));
+  }
+  if (static_cast<int64_t>(all_units_.size()) < units) {
+    all_units_.resize(static_cast<size_t>(units));
+    std::iota(all_units_.begin(), all_units_.end(), 0);
+  }
+  // Each run of consecutive sparse rows in one call (their results overwrite the dense ones).
+  for (int64_t r0 = 0; r0 < rows;) {
+    if (!sparse(r0)) {
+      ++r0;
+      continue;
+    }
+    int64_t r1 = r0 + 1;
+    while (r1 < rows && sparse(r1)) ++r1;
+    DEJA_RETURN_IF_ERROR(kernels::GatherLinearT(be, x.RowSlice(r0, r1), wt, all_units_.data(),
+                                                units, false, o.RowSlice(r0, r1)));
+    r0 = r1;
+  }
+  return Status::Ok();
 }
 
 // fc1 with bias and ReLU, then this rank's partial fc2 into o_. Gather plans compute only the
@@ -534,6 +573,9 @@ Status OptModel::MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in,
     DEJA_RETURN_IF_ERROR(kernels::MaskUnits(be, u, plan->keep.data(), 1));
   }
   if (observer_ != nullptr) observer_->OnMlp(l, Rows(h_, rows, d), u);
+  if (mode == BlockPlan::Mode::kMasked) {
+    return MaskedReduce(*plan, u, lw.fc2.w, sparse_->fc2_t(l), o);
+  }
   return kernels::Linear(be, u, lw.fc2.w, {}, Activation::kNone, false, o);
 }
 

@@ -89,6 +89,10 @@ class OptModel final : public Model {
   Status AttentionBlock(int32_t l, const std::vector<SequenceStep>& batch, int64_t rows,
                         const TensorView& attn_in, const BlockPlan* heads);
   Status MlpBlock(int32_t l, int64_t rows, const TensorView& mlp_in, const BlockPlan* plan);
+  // A masked plan's reduction (out_proj or fc2) into o: the dense Linear w for the rows that
+  // skip nothing, the transposed kernel over every unit of wt for the others (BlockPlan).
+  Status MaskedReduce(const BlockPlan& plan, const TensorView& x, const TensorView& w,
+                      const TensorView& wt, TensorView o);
   Status EnsureWorkspace(int64_t rows);
   // Decode steps as captured op graphs (opt_model_graph.cc): whether `batch` may run as one;
   // the step run so (false: it cannot, run it eagerly); its program; what invalidates captures.
@@ -123,6 +127,7 @@ class OptModel final : public Model {
   bool step_sparse_ = false;  // this step has sparse rows (sparse_ plans the blocks)
   std::unique_ptr<BlockPlan> heads_plan_, mlp_plan_;
   std::vector<int32_t> sel_rows_;
+  std::vector<int32_t> all_units_;  // 0, 1, ...: MaskedReduce's rows of wt
   std::vector<int64_t> seq_row_;  // first row of each sequence in the step
 
   // Workspace, grown to the largest step seen and reused (no per-step allocation).

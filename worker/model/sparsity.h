@@ -60,6 +60,11 @@ struct BlockPlan {
   // [rows, units.size()], 1 where that row selected the unit (the others computed the union;
   // each row keeps only its own, so its result does not depend on the batch); empty for one row.
   std::vector<uint8_t> keep;
+  // kMasked: [rows], 1 for a row that skips units. Such a row's reduction (out_proj, fc2) takes
+  // the gather path's transposed kernel over every unit, its skipped ones zero, so its bits are
+  // those of any gather plan whose union holds its units; a row that skips nothing keeps the
+  // dense Linear. Either way a row's result does not depend on the rows beside it.
+  std::vector<uint8_t> sparse_rows;
   float active_fraction = 1.0f;
 };
 
