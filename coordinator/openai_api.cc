@@ -12,6 +12,8 @@ namespace deja::coordinator::openai {
 namespace {
 
 using json = nlohmann::json;
+// Responses keep their keys in insertion order (top_logprobs most likely first), as OpenAI's do.
+using ojson = nlohmann::ordered_json;
 
 // The words of ParseCall's refusals of a parameter the endpoint does not have or serve.
 constexpr const char* kUnknown = " is not a parameter this server knows";
@@ -501,8 +503,17 @@ std::string ErrorBody(const ApiError& error) {
   return Dump(json{{"error", e}});
 }
 
+size_t CodePoints(std::string_view s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
 std::string Dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+std::string Dump(const ojson& j) {
+  return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
 }
 
 std::string FinishReasonName(v1::FinishReason reason) {
@@ -519,20 +530,20 @@ std::string FinishReasonName(v1::FinishReason reason) {
 
 namespace {
 
-json Bytes(std::string_view s) {
-  json b = json::array();
+ojson Bytes(std::string_view s) {
+  ojson b = ojson::array();
   for (unsigned char c : s) b.push_back(static_cast<int>(c));
   return b;
 }
 
 // A choice's log-probabilities in the endpoint's form; null when none were asked for.
-json Logprobs(const Call& call, const std::vector<v1::Token>& tokens, const Tokenizer& tokenizer,
+ojson Logprobs(const Call& call, const std::vector<v1::Token>& tokens, const Tokenizer& tokenizer,
               size_t text_offset) {
   if (!call.logprobs) return nullptr;
   if (call.endpoint == Endpoint::kChat) {
-    json content = json::array();
+    ojson content = ojson::array();
     for (const v1::Token& t : tokens) {
-      json top = json::array();
+      ojson top = ojson::array();
       for (const v1::TopToken& a : t.top()) {
         top.push_back({{"token", a.text()},
                        {"logprob", a.logprob()},
@@ -545,16 +556,21 @@ json Logprobs(const Call& call, const std::vector<v1::Token>& tokens, const Toke
     }
     return {{"content", content}};
   }
-  json texts = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  ojson texts = ojson::array(), lps = ojson::array(), tops = ojson::array(), offsets = ojson::array();
   size_t offset = text_offset;
   for (const v1::Token& t : tokens) {
     texts.push_back(t.text());
     lps.push_back(t.logprob());
-    json top = json::object();
-    for (const v1::TopToken& a : t.top()) top[a.text()] = a.logprob();
+    // Most likely first (a text two tokens share keeps the likelier), then the chosen token when
+    // it is not among them: up to logprobs + 1 entries, as OpenAI's.
+    ojson top = ojson::object();
+    for (const v1::TopToken& a : t.top()) {
+      if (!top.contains(a.text())) top[a.text()] = a.logprob();
+    }
+    if (!top.contains(t.text())) top[t.text()] = t.logprob();
     tops.push_back(top);
     offsets.push_back(offset);
-    offset += tokenizer.TokenBytes(t.id()).size();
+    offset += CodePoints(t.text());
   }
   return {{"tokens", texts},
           {"token_logprobs", lps},
@@ -562,7 +578,7 @@ json Logprobs(const Call& call, const std::vector<v1::Token>& tokens, const Toke
           {"text_offset", offsets}};
 }
 
-json Usage(const Call& call, const std::vector<ChoiceResult>& choices) {
+ojson Usage(const Call& call, const std::vector<ChoiceResult>& choices) {
   uint64_t prompt = 0, generated = 0, cached = 0;
   for (size_t i = 0; i < choices.size(); ++i) {
     // A prompt counts once, however many choices it has.
@@ -578,7 +594,7 @@ json Usage(const Call& call, const std::vector<ChoiceResult>& choices) {
           {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
-json Head(const Call& call, const ResponseHead& head, bool chunk) {
+ojson Head(const Call& call, const ResponseHead& head, bool chunk) {
   const char* object = call.endpoint == Endpoint::kChat
                            ? (chunk ? "chat.completion.chunk" : "chat.completion")
                            : "text_completion";
@@ -587,19 +603,19 @@ json Head(const Call& call, const ResponseHead& head, bool chunk) {
 
 }  // namespace
 
-json CompletionResponse(const Call& call, const ResponseHead& head,
+ojson CompletionResponse(const Call& call, const ResponseHead& head,
                         const std::vector<ChoiceResult>& choices, const Tokenizer& tokenizer) {
-  json out = Head(call, head, /*chunk=*/false);
-  json list = json::array();
+  ojson out = Head(call, head, /*chunk=*/false);
+  ojson list = ojson::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     const ChoiceResult& c = choices[i];
-    json choice = {{"index", i}};
+    ojson choice = {{"index", i}};
     if (call.endpoint == Endpoint::kChat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
     } else {
       choice["text"] = c.text;
     }
-    choice["logprobs"] = Logprobs(call, c.tokens, tokenizer, call.echo[i].size());
+    choice["logprobs"] = Logprobs(call, c.tokens, tokenizer, CodePoints(call.echo[i]));
     choice["finish_reason"] = FinishReasonName(c.finish);
     list.push_back(std::move(choice));
   }
@@ -608,13 +624,13 @@ json CompletionResponse(const Call& call, const ResponseHead& head,
   return out;
 }
 
-json StreamChunk(const Call& call, const ResponseHead& head, int index, const std::string& text,
+ojson StreamChunk(const Call& call, const ResponseHead& head, int index, const std::string& text,
                  const std::vector<v1::Token>& tokens, bool first, v1::FinishReason finish,
                  const Tokenizer& tokenizer, size_t text_offset) {
-  json out = Head(call, head, /*chunk=*/true);
-  json choice = {{"index", index}};
+  ojson out = Head(call, head, /*chunk=*/true);
+  ojson choice = {{"index", index}};
   if (call.endpoint == Endpoint::kChat) {
-    json delta = json::object();
+    ojson delta = ojson::object();
     if (first) delta["role"] = "assistant";
     if (first || !text.empty()) delta["content"] = text;
     choice["delta"] = std::move(delta);
@@ -623,15 +639,15 @@ json StreamChunk(const Call& call, const ResponseHead& head, int index, const st
   }
   choice["logprobs"] = Logprobs(call, tokens, tokenizer, text_offset);
   choice["finish_reason"] =
-      finish == v1::FINISH_REASON_UNSPECIFIED ? json(nullptr) : json(FinishReasonName(finish));
-  out["choices"] = json::array({std::move(choice)});
+      finish == v1::FINISH_REASON_UNSPECIFIED ? ojson(nullptr) : ojson(FinishReasonName(finish));
+  out["choices"] = ojson::array({std::move(choice)});
   return out;
 }
 
-json UsageChunk(const Call& call, const ResponseHead& head,
+ojson UsageChunk(const Call& call, const ResponseHead& head,
                 const std::vector<ChoiceResult>& choices) {
-  json out = Head(call, head, /*chunk=*/true);
-  out["choices"] = json::array();
+  ojson out = Head(call, head, /*chunk=*/true);
+  out["choices"] = ojson::array();
   out["usage"] = Usage(call, choices);
   return out;
 }

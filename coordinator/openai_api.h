@@ -54,8 +54,12 @@ struct ApiError {
 ApiError ErrorFor(const Status& status, Endpoint endpoint);
 // {"error": {"message", "type", "param", "code"}}
 std::string ErrorBody(const ApiError& error);
+// Characters (Unicode code points) of UTF-8 text: the unit of completions' text_offset, which
+// counts each token's text (as vLLM's), the echoed prompt first.
+size_t CodePoints(std::string_view s);
 // JSON text of `j`; bytes that are not UTF-8 in its strings become U+FFFD (never an exception).
 std::string Dump(const nlohmann::json& j);
+std::string Dump(const nlohmann::ordered_json& j);
 
 // What one choice produced so far.
 struct ChoiceResult {
@@ -79,17 +83,17 @@ struct ResponseHead {
 std::string FinishReasonName(v1::FinishReason reason);
 
 // The whole response of a call whose choices all finished.
-nlohmann::json CompletionResponse(const Call& call, const ResponseHead& head,
+nlohmann::ordered_json CompletionResponse(const Call& call, const ResponseHead& head,
                                   const std::vector<ChoiceResult>& choices,
                                   const Tokenizer& tokenizer);
 // One stream chunk of choice `index`: `text` (and the tokens behind it), and its finish reason
 // when `finish` is set. `first`: the choice's first chunk (chat: it carries the role).
-nlohmann::json StreamChunk(const Call& call, const ResponseHead& head, int index,
+nlohmann::ordered_json StreamChunk(const Call& call, const ResponseHead& head, int index,
                            const std::string& text, const std::vector<v1::Token>& tokens,
                            bool first, v1::FinishReason finish, const Tokenizer& tokenizer,
                            size_t text_offset);
 // The last chunk under stream_options.include_usage: no choices, the usage of all of them.
-nlohmann::json UsageChunk(const Call& call, const ResponseHead& head,
+nlohmann::ordered_json UsageChunk(const Call& call, const ResponseHead& head,
                           const std::vector<ChoiceResult>& choices);
 
 }  // namespace deja::coordinator::openai

@@ -24,13 +24,16 @@ int64_t UnixNow() {
       .count();
 }
 
-http::Response Json(int status, const json& body) {
+// A JSON reply: nlohmann::json, or ordered_json for a completion (its keys in insertion order).
+template <typename J>
+http::Response JsonReply(int status, const J& body) {
   http::Response r;
   r.status = status;
   r.content_type = "application/json";
   r.body = openai::Dump(body);
   return r;
 }
+http::Response Json(int status, const json& body) { return JsonReply(status, body); }
 
 http::Response Error(const Status& status, Endpoint endpoint = Endpoint::kCompletions) {
   const openai::ApiError e = openai::ErrorFor(status, endpoint);
@@ -41,7 +44,8 @@ http::Response Error(const Status& status, Endpoint endpoint = Endpoint::kComple
   return r;
 }
 
-std::string Event(const json& data) { return "data: " + openai::Dump(data) + "\n\n"; }
+template <typename J>
+std::string Event(const J& data) { return "data: " + openai::Dump(data) + "\n\n"; }
 
 // One completions or chat call: its choices' requests in the engine, their output gathered into
 // one response or streamed as chunks. Output that arrives before every choice was admitted waits
@@ -164,14 +168,14 @@ class HttpCall : public std::enable_shared_from_this<HttpCall> {
       if (first) text = call_.echo[index] + text;
       if (first || !text.empty() || !tokens.empty() || m.finished()) {
         first_sent_.insert(index);
-        // Log-probability offsets count in the choice's whole text (the echo first).
-        const size_t offset = call_.echo[index].size() + streamed_[index];
+        // Log-probability offsets count the characters of the choice's tokens (the echo first).
+        const size_t offset = openai::CodePoints(call_.echo[index]) + streamed_[index];
         reply_->Write(Event(openai::StreamChunk(call_, head_, index, text, tokens, first,
                                                 m.finished() ? c.finish
                                                              : v1::FINISH_REASON_UNSPECIFIED,
                                                 engine_->tokenizer(), offset)));
       }
-      streamed_[index] += m.text_delta().size();
+      for (const v1::Token& t : tokens) streamed_[index] += openai::CodePoints(t.text());
     } else {
       if (c.text.empty() && !call_.echo[index].empty()) c.text = call_.echo[index];
       c.text += m.text_delta();
@@ -185,8 +189,8 @@ class HttpCall : public std::enable_shared_from_this<HttpCall> {
       reply_->Write("data: [DONE]\n\n");
       reply_->End();
     } else {
-      reply_->Send(Json(200, openai::CompletionResponse(call_, head_, results_,
-                                                        engine_->tokenizer())));
+      reply_->Send(JsonReply(200, openai::CompletionResponse(call_, head_, results_,
+                                                             engine_->tokenizer())));
     }
   }
 
@@ -202,7 +206,7 @@ class HttpCall : public std::enable_shared_from_this<HttpCall> {
   // Until the call is done (then cleared: the requests hold the sinks that hold this call).
   std::vector<std::shared_ptr<Request>> requests_;
   std::vector<openai::ChoiceResult> results_;
-  std::vector<size_t> streamed_;  // bytes of each choice's generated text streamed so far
+  std::vector<size_t> streamed_;  // characters of each choice's tokens streamed so far
   std::set<int> first_sent_;
   int finished_ = 0;
 };

@@ -207,10 +207,14 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
                      std::vector<std::pair<std::string, std::string>> headers) {
     if (!replying_ || streaming_) return;
     streaming_ = true;
-    std::string head = "HTTP/1.1 " + std::to_string(status) + " " +
+    // HTTP/1.0 has no chunked coding: its client reads the body until the connection closes.
+    chunked_ = version_ >= 11;
+    std::string head = std::string(chunked_ ? "HTTP/1.1 " : "HTTP/1.0 ") +
+                       std::to_string(status) + " " +
                        std::string(bhttp::obsolete_reason(static_cast<bhttp::status>(status))) +
                        "\r\nServer: deja\r\nContent-Type: " + content_type +
-                       "\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked"
+                       "\r\nCache-Control: no-cache" +
+                       (chunked_ ? "\r\nTransfer-Encoding: chunked" : "") +
                        "\r\nConnection: close\r\n";
     for (const auto& [k, v] : headers) head += k + ": " + v + "\r\n";
     head += "\r\n";
@@ -218,6 +222,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   }
   void DoWrite(std::string data) {
     if (!replying_ || !streaming_ || data.empty()) return;
+    if (!chunked_) return Queue(std::move(data));
     char size[32];
     std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
     Queue(size + std::move(data) + "\r\n");
@@ -226,8 +231,9 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     if (!replying_ || !streaming_) return;
     replying_ = false;
     server_->requests.fetch_add(1, std::memory_order_relaxed);
-    Queue("0\r\n\r\n");
     closing_ = true;
+    if (chunked_) return Queue("0\r\n\r\n");
+    if (!writing_) WriteNext();  // nothing left to write: close now
   }
   void SetGone(std::function<void()> f) { gone_ = std::move(f); }
 
@@ -403,6 +409,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   bool head_ = false, keep_alive_ = false;
   bool replying_ = false;   // a request waits for its reply
   bool streaming_ = false;  // the reply is a stream
+  bool chunked_ = true;     // the stream's body in chunks (HTTP/1.1), else raw until the close
   bool closing_ = false;    // the stream ended: close once its bytes are out
   bool writing_ = false;
   bool counted_ = false;  // the current request counts in the server's in_flight

@@ -274,6 +274,42 @@ TEST_F(OpenAiApiTest, ResponsesAndChunksHaveTheOpenAiShape) {
   EXPECT_EQ(usage["usage"]["completion_tokens"], 2);
 }
 
+TEST_F(OpenAiApiTest, CompletionLogprobsListTheLikeliestFirstAndTheChosenToken) {
+  // top_logprobs in the order the engine ranked them (not by key), the chosen token added when
+  // it is not among them, and text_offset in characters of the tokens' texts, the echo first.
+  StatusOr<Call> c = Parse({{"prompt", "hi"}, {"logprobs", 2}});
+  ASSERT_TRUE(c.ok());
+  std::vector<ChoiceResult> choices(1);
+  const char* texts[] = {"\xc3\xa9t\xc3\xa9", "x"};  // "été": 5 bytes, 3 characters
+  for (const char* text : texts) {
+    v1::Token t;
+    t.set_id(100);
+    t.set_text(text);
+    t.set_logprob(-3.f);
+    for (auto [name, lp] : {std::pair{"zz", -0.1f}, std::pair{"aa", -2.f}}) {
+      v1::TopToken* top = t.add_top();
+      top->set_id(101);
+      top->set_text(name);
+      top->set_logprob(lp);
+    }
+    choices[0].tokens.push_back(t);
+  }
+  const ResponseHead head{"cmpl-1", 1700000000, "opt-mini"};
+  const nlohmann::ordered_json r = CompletionResponse(*c, head, choices, *tokenizer_);
+  const auto& lp = r["choices"][0]["logprobs"];
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : lp["top_logprobs"][0].items()) keys.push_back(k);
+  EXPECT_EQ(keys, (std::vector<std::string>{"zz", "aa", "\xc3\xa9t\xc3\xa9"}));
+  EXPECT_EQ(lp["top_logprobs"][1]["x"], -3.0);
+  EXPECT_EQ(lp["text_offset"], nlohmann::ordered_json::array({0, 3}));
+  // A stream's chunk carries the offset it is given (the characters streamed before it).
+  const nlohmann::ordered_json chunk = StreamChunk(*c, head, 0, "x", {choices[0].tokens[1]},
+                                                   false, v1::FINISH_REASON_UNSPECIFIED,
+                                                   *tokenizer_, 3);
+  EXPECT_EQ(chunk["choices"][0]["logprobs"]["text_offset"], nlohmann::ordered_json::array({3}));
+  EXPECT_EQ(CodePoints("\xc3\xa9t\xc3\xa9"), 3u);
+}
+
 TEST_F(OpenAiApiTest, ChatTemplateRendersAndLoads) {
   const json messages = {{{"role", "system"}, {"content", "Be brief."}},
                          {{"role", "user"}, {"content", "Hi"}},

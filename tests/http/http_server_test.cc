@@ -304,6 +304,36 @@ TEST(HttpServerTest, StreamsChunksAsTheyAreWrittenThenCloses) {
   writer.join();
 }
 
+TEST(HttpServerTest, StreamsToAnHttp10ClientWithoutChunksUntilTheClose) {
+  // HTTP/1.0 has no chunked coding: the events come raw and the connection's close ends them.
+  std::thread writer;
+  auto server = HttpServer::StartAsync({}, [&](const Request&, std::shared_ptr<Responder> out) {
+    out->StartStream(200, "text/event-stream");
+    writer = std::thread([out] {
+      for (int i = 0; i < 3; ++i) out->Write("data: " + std::to_string(i) + "\n\n");
+      out->End();
+    });
+  });
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const int fd = Connect((*server)->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, "POST /v1/completions HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}"));
+  std::string got;
+  char buf[4096];
+  while (true) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  ASSERT_EQ(got.rfind("HTTP/1.0 200 ", 0), 0u) << got;
+  EXPECT_EQ(got.find("Transfer-Encoding"), std::string::npos) << got;
+  const size_t body = got.find("\r\n\r\n");
+  ASSERT_NE(body, std::string::npos) << got;
+  EXPECT_EQ(got.substr(body + 4), "data: 0\n\ndata: 1\n\ndata: 2\n\n");
+  ::close(fd);
+  writer.join();
+}
+
 TEST(HttpServerTest, AClientThatLeavesIsReportedOnce) {
   std::atomic<int> gone{0};
   std::shared_ptr<Responder> kept;

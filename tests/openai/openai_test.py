@@ -90,6 +90,20 @@ def sdk_checks(s, source):
     check(max(abs(a - t.logprob) for a, t in zip(lp.token_logprobs, g.tokens)) < 1e-6,
           "token_logprobs equal gRPC's log-probabilities")
     check(all(len(t) <= 2 and len(t) >= 1 for t in lp.top_logprobs), "top_logprobs has 2 each")
+    check(all(list(t.values()) == sorted(t.values(), reverse=True) for t in lp.top_logprobs),
+          "top_logprobs most likely first")
+    # Sampled: the chosen token is always among its top_logprobs (up to logprobs + 1 entries).
+    rs = c.completions.create(model=model, prompt=PROMPT, max_tokens=24, temperature=1.5, seed=3,
+                              logprobs=1)
+    ls = rs.choices[0].logprobs
+    check(all(tok in top and 1 <= len(top) <= 2 for tok, top in zip(ls.tokens, ls.top_logprobs)),
+          "a sampled token is in its top_logprobs")
+    # Streamed, the same tokens at the same text_offset.
+    st = list(c.completions.create(model=model, prompt=PROMPT, max_tokens=24, temperature=0,
+                                   logprobs=2, stream=True))
+    offsets = [o for x in st if x.choices and x.choices[0].logprobs
+               for o in x.choices[0].logprobs.text_offset]
+    check(offsets == lp.text_offset, f"streamed text_offset equal ({offsets} vs {lp.text_offset})")
     check(r.usage.prompt_tokens == g.prompt_tokens and r.usage.completion_tokens == 24 and
           r.usage.total_tokens == g.prompt_tokens + 24, f"usage counts ({r.usage})")
     check(ch.finish_reason == "length", "finish_reason length at max_tokens")
