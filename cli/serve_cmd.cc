@@ -261,8 +261,15 @@ Status Serve(const coordinator::CoordinatorOptions& options,
                options.tensor_parallel_size);
   std::fprintf(stderr, "deja: internal plane (worker rendezvous) on %s\n",
                c->rendezvous_address().c_str());
-  // Until a signal: announce readiness once, with a command to paste.
+  // Until a signal: announce readiness once, with a command to paste. A worker that cannot load
+  // the model stops the server (a new group would fail the same way).
   for (bool announced = false; !signals.Wait(1, std::chrono::milliseconds(100));) {
+    if (launcher && !launcher->fatal().empty()) {
+      const std::string fatal = launcher->fatal();
+      launcher.reset();  // before the coordinator, whose worker group it holds
+      c.reset();
+      return FailedPrecondition(fatal);
+    }
     if (!announced && c->engine().Ready()) {
       announced = true;
       std::fprintf(stderr,

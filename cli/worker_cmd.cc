@@ -1,7 +1,8 @@
 // `deja worker`: one tensor-parallel rank serving deja.v1.Worker for a coordinator
 // (docs/architecture.md#processes). Exits 0 after SIGTERM/SIGINT or the coordinator's shutdown
 // step, non-zero when it cannot start or a collective fails (a dead peer takes the group down; the
-// launcher restarts it).
+// launcher restarts it); kExitCannotLoad when the model's files cannot be loaded (the launcher
+// then stops).
 #include <glog/logging.h>
 #include <signal.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/common_flags.h"
 #include "cli/internal_flags.h"
+#include "common/exit_codes.h"
 #include "worker/service/worker_server.h"
 
 namespace deja::cli {
@@ -176,7 +178,10 @@ int RunWorker(int argc, char** argv, int first) {
     SignalWatcher watcher(&server);
     outcome = server.Run();
   }
-  if (!outcome.ok()) return Fail("worker", outcome);
+  if (!outcome.ok()) {
+    const int code = Fail("worker", outcome);
+    return server.load_failed() ? kExitCannotLoad : code;
+  }
   LOG(INFO) << "rank " << o.rank << ": exited cleanly";
   return 0;
 }

@@ -10,6 +10,7 @@
 #include <climits>
 #include <string_view>
 
+#include "common/exit_codes.h"
 #include "proto/internal_plane.h"
 
 namespace deja::coordinator {
@@ -155,6 +156,9 @@ std::string Launcher::ReapExited() {
         LOG(WARNING) << "launcher: " << what;
       }
       if (first.empty()) first = what;
+      if (WIFEXITED(status) && WEXITSTATUS(status) == kExitCannotLoad && fatal_.empty()) {
+        fatal_ = what + ": it cannot load the model (its error is logged above)";
+      }
       pids_[r] = 0;
     }
   }
@@ -195,6 +199,16 @@ void Launcher::Supervise() {
     lock.unlock();
     LOG(WARNING) << "launcher: taking the worker group down: " << reason;
     KillGroup();
+    lock.lock();
+    const std::string fatal = fatal_;
+    lock.unlock();
+    if (!fatal.empty()) {
+      // Its files would fail every new group the same way.
+      LOG(ERROR) << "launcher: not restarting: " << fatal;
+      group_->DeclareLost("the worker group stopped: " + fatal);
+      lock.lock();
+      break;
+    }
     group_->DeclareLost("worker group restarted: " + reason);
     if (Clock::now() - started > kStableRun) backoff = options_.restart_backoff_min;
     lock.lock();
@@ -269,6 +283,11 @@ void Launcher::Shutdown() {
     LOG(WARNING) << "launcher: workers still running after SIGTERM; killing them";
     KillGroup();
   }
+}
+
+std::string Launcher::fatal() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fatal_;
 }
 
 uint64_t Launcher::groups_started() const {

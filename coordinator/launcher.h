@@ -74,6 +74,9 @@ class Launcher {
   uint64_t groups_started() const;
   // Pids of the current group's live workers, by rank (0 for a rank not running).
   std::vector<pid_t> worker_pids() const;
+  // Set when a worker exited with kExitCannotLoad (its model's files cannot be loaded): the
+  // launcher stopped restarting, and this says which rank; empty otherwise.
+  std::string fatal() const;
 
  private:
   void Supervise();
@@ -101,6 +104,7 @@ class Launcher {
   bool exited_on_their_own_ = false;
   bool lost_ = false;
   std::string lost_reason_;
+  std::string fatal_;  // fatal()
   std::vector<pid_t> pids_;
   uint64_t groups_started_ = 0;
   std::thread supervisor_;

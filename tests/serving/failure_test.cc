@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -166,6 +167,24 @@ TEST(FailureTest, TensorParallelSizeMustDivideTheModel) {
                             LogPath("tp3"));
   EXPECT_EQ(p.ExitCode(milliseconds(20000)), 2);
   EXPECT_NE(p.Log().find("must divide"), std::string::npos) << p.Log();
+}
+
+// A checkpoint whose weights are cut short passes the start-up checks (config.json, tokenizer)
+// and fails in the workers: serve stops at once, exits non-zero and says why, instead of
+// restarting the group forever.
+TEST(FailureTest, AWeightFileThatCannotLoadStopsServe) {
+  test_util::TempDir tmp;
+  const std::string model = tmp.File("model");
+  std::filesystem::copy(ModelDir(), model, std::filesystem::copy_options::recursive);
+  const std::string weights = model + "/model.safetensors";
+  std::filesystem::resize_file(weights, std::filesystem::file_size(weights) / 2);
+  test_util::ChildProcess p({DEJA_BINARY, "serve", "--model", model, "--tp", "2", "--port", "0",
+                             "--metrics-port", "-1", "--http-port", "-1"},
+                            LogPath("cut-weights"));
+  EXPECT_EQ(p.ExitCode(milliseconds(30000)), 1) << p.Log();
+  EXPECT_NE(p.Log().find("cannot load the model"), std::string::npos) << p.Log();
+  EXPECT_NE(p.Log().find("DATA_LOSS"), std::string::npos) << p.Log();
+  EXPECT_EQ(p.Log().find("group 2 started"), std::string::npos) << "restarted: " << p.Log();
 }
 
 // A port another server holds is a start-up error naming it (no SO_REUSEPORT sharing), and

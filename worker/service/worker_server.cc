@@ -314,6 +314,40 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
     LOG(INFO) << "rank " << options_.rank << ": " << kind << " group of " << options_.world_size
               << " built (epoch " << epoch << ")";
   }
+  if (Status s = LoadModelFiles(std::move(comm)); !s.ok()) {
+    load_failed_.store(true);
+    return s;
+  }
+  // On a device the KV block pool is the budget (--kv-memory-mb, or the fraction of free memory
+  // asked for, in whole blocks).
+  const uint64_t kv_budget = model_->kv_pool_bytes() > 0
+                                 ? static_cast<uint64_t>(model_->kv_pool_bytes())
+                                 : options_.kv_memory_bytes;
+  std::unique_ptr<prefix::PrefixStore> prefix_store;
+  if (options_.prefix_cache && model_->kv_pool() != nullptr) {
+    if (Status s = OpenPrefixStore(&prefix_store); !s.ok()) {
+      load_failed_.store(true);
+      return s;
+    }
+  }
+  DEJA_ASSIGN_OR_RETURN(engine_,
+                        StepEngine::Create(model_.get(), kv_budget, std::move(prefix_store)));
+  // Freed sequences' caches are kept for the next ones up to the budget the admission allows
+  // (none are freed when the caches come from a pool).
+  kv::SetKvTensorPoolLimit(model_->kv_pool_bytes() > 0 ? 0 : kv_budget);
+  service_->loaded.store(true);
+  LOG(INFO) << "rank " << options_.rank << ": shard of " << options_.model_dir << " loaded ("
+            << model_->weight_bytes() << " weight bytes)";
+  DEJA_RETURN_IF_ERROR(engine_->WarmUp().WithContext("warm-up step"));
+  service_->warmed_up.store(true);
+  LOG(INFO) << "rank " << options_.rank << ": warmed up, ready after "
+            << std::chrono::duration<double>(Clock::now() - t0).count() << " s; KV budget "
+            << kv_budget << " bytes, " << engine_->kv_bytes_per_token()
+            << " bytes per cached position";
+  return Status::Ok();
+}
+
+Status WorkerServer::LoadModelFiles(std::unique_ptr<comm::Communicator> comm) {
   DEJA_ASSIGN_OR_RETURN(
       model_, model::LoadModel(options_.model_dir, backend_.get(), std::move(comm), options_.load));
   if (options_.sparsity_requested()) {
@@ -335,52 +369,34 @@ Status WorkerServer::LoadAndWarmUp(uint64_t epoch) {
     LOG(INFO) << "rank " << options_.rank << ": Locret retaining heads "
               << options_.retaining_heads;
   }
-  // On a device the KV block pool is the budget (--kv-memory-mb, or the fraction of free memory
-  // asked for, in whole blocks).
-  const uint64_t kv_budget = model_->kv_pool_bytes() > 0
-                                 ? static_cast<uint64_t>(model_->kv_pool_bytes())
-                                 : options_.kv_memory_bytes;
-  std::unique_ptr<prefix::PrefixStore> prefix_store;
-  if (options_.prefix_cache && model_->kv_pool() != nullptr) {
-    std::unique_ptr<prefix::BlockFiles> files;
-    if (!options_.prefix_cache_dir.empty()) {
-      // Files of another model, dtype, geometry or group shape never pass the layout check.
-      const kv::KvGeometry g = model_->kv_geometry();
-      const std::string layout = options_.model_dir + "|" + DTypeName(model_->weight_dtype()) +
-                                 "|" + DTypeName(g.kv_dtype) + "|" + std::to_string(g.layers) +
-                                 "x" + std::to_string(g.heads) + "x" + std::to_string(g.head_dim) +
-                                 "|" + std::to_string(model_->kv_block_slots()) + "|" +
-                                 std::to_string(options_.rank) + "/" +
-                                 std::to_string(options_.world_size) + "|importance-ordered";
-      const std::string dir = options_.prefix_cache_dir + "/rank" + std::to_string(options_.rank);
-      DEJA_ASSIGN_OR_RETURN(files, prefix::BlockFiles::Open(dir, std::hash<std::string>{}(layout)));
-      service_->prefix_disk.store(true);
-    }
-    if (Status st = model_->SetPrefixImportance(options_.prefix_importance); !st.ok()) {
-      return Status(st.code(), "--prefix-probe-heads: " + st.message());
-    }
-    prefix_store = std::make_unique<prefix::PrefixStore>(model_->kv_pool(), std::move(files),
-                                                         options_.prefix_importance.reorder_files);
-    service_->prefix_cache.store(true);
-    LOG(INFO) << "rank " << options_.rank << ": prefix cache on"
-              << (options_.prefix_cache_dir.empty()
-                      ? ""
-                      : ", disk tier in " + options_.prefix_cache_dir);
+  return Status::Ok();
+}
+
+Status WorkerServer::OpenPrefixStore(std::unique_ptr<prefix::PrefixStore>* out) {
+  std::unique_ptr<prefix::BlockFiles> files;
+  if (!options_.prefix_cache_dir.empty()) {
+    // Files of another model, dtype, geometry or group shape never pass the layout check.
+    const kv::KvGeometry g = model_->kv_geometry();
+    const std::string layout = options_.model_dir + "|" + DTypeName(model_->weight_dtype()) +
+                               "|" + DTypeName(g.kv_dtype) + "|" + std::to_string(g.layers) +
+                               "x" + std::to_string(g.heads) + "x" + std::to_string(g.head_dim) +
+                               "|" + std::to_string(model_->kv_block_slots()) + "|" +
+                               std::to_string(options_.rank) + "/" +
+                               std::to_string(options_.world_size) + "|importance-ordered";
+    const std::string dir = options_.prefix_cache_dir + "/rank" + std::to_string(options_.rank);
+    DEJA_ASSIGN_OR_RETURN(files, prefix::BlockFiles::Open(dir, std::hash<std::string>{}(layout)));
+    service_->prefix_disk.store(true);
   }
-  DEJA_ASSIGN_OR_RETURN(engine_,
-                        StepEngine::Create(model_.get(), kv_budget, std::move(prefix_store)));
-  // Freed sequences' caches are kept for the next ones up to the budget the admission allows
-  // (none are freed when the caches come from a pool).
-  kv::SetKvTensorPoolLimit(model_->kv_pool_bytes() > 0 ? 0 : kv_budget);
-  service_->loaded.store(true);
-  LOG(INFO) << "rank " << options_.rank << ": shard of " << options_.model_dir << " loaded ("
-            << model_->weight_bytes() << " weight bytes)";
-  DEJA_RETURN_IF_ERROR(engine_->WarmUp().WithContext("warm-up step"));
-  service_->warmed_up.store(true);
-  LOG(INFO) << "rank " << options_.rank << ": warmed up, ready after "
-            << std::chrono::duration<double>(Clock::now() - t0).count() << " s; KV budget "
-            << kv_budget << " bytes, " << engine_->kv_bytes_per_token()
-            << " bytes per cached position";
+  if (Status st = model_->SetPrefixImportance(options_.prefix_importance); !st.ok()) {
+    return Status(st.code(), "--prefix-probe-heads: " + st.message());
+  }
+  *out = std::make_unique<prefix::PrefixStore>(model_->kv_pool(), std::move(files),
+                                               options_.prefix_importance.reorder_files);
+  service_->prefix_cache.store(true);
+  LOG(INFO) << "rank " << options_.rank << ": prefix cache on"
+            << (options_.prefix_cache_dir.empty()
+                    ? ""
+                    : ", disk tier in " + options_.prefix_cache_dir);
   return Status::Ok();
 }
 

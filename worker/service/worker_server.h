@@ -8,6 +8,7 @@
 
 #include <grpcpp/server.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -21,6 +22,13 @@
 #include "worker/comm/key_value_store.h"
 #include "worker/model/model.h"
 #include "worker/prefix/importance.h"
+
+namespace deja::worker::comm {
+class Communicator;
+}
+namespace deja::worker::prefix {
+class PrefixStore;
+}
 
 namespace deja::worker::service {
 
@@ -97,6 +105,10 @@ class WorkerServer {
   Status StartGrpc();
   StatusOr<uint64_t> Register();
   Status LoadAndWarmUp(uint64_t epoch);
+  // The model and what comes with it (predictors, retaining heads); the prefix cache's store.
+  // Their failures are load failures (load_failed()).
+  Status LoadModelFiles(std::unique_ptr<comm::Communicator> comm);
+  Status OpenPrefixStore(std::unique_ptr<prefix::PrefixStore>* out);
   // Shared memory or Gloo, as --cpu-comm says; `kind` names the one built, for the log.
   StatusOr<std::unique_ptr<comm::Communicator>> MakeCpuCommunicator(comm::KeyValueStore& store,
                                                                     const std::string& prefix,
@@ -104,6 +116,12 @@ class WorkerServer {
   // Wakes Run() with the outcome; the first call wins.
   void Finish(Status status);
   bool finished() const;
+
+ public:
+  // Whether Run() failed because the model could not be loaded (kExitCannotLoad).
+  bool load_failed() const { return load_failed_.load(); }
+
+ private:
 
   WorkerOptions options_;
   proto::InternalCredentials credentials_;  // loaded by Run()
@@ -118,6 +136,7 @@ class WorkerServer {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
+  std::atomic<bool> load_failed_{false};
   Status outcome_;
 };
 
