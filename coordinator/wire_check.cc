@@ -1,9 +1,11 @@
 #include "coordinator/wire_check.h"
 
+#include <google/protobuf/descriptor.h>
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/wire_format_lite.h>
 
 #include <map>
+#include <string>
 #include <vector>
 
 #include "common/utf8.h"
@@ -13,14 +15,10 @@ namespace {
 
 using google::protobuf::internal::WireFormatLite;
 
-// A message's string fields to check (number -> name) and message fields to descend into.
-struct Shape {
-  std::map<int, std::string> strings;
-  std::map<int, std::pair<std::string, const Shape*>> messages;
-  std::map<int, bool> repeated;  // string fields whose name gets an index
-};
-
-Status Scan(std::string_view wire, const Shape& shape, const std::string& prefix) {
+// Every string field of `d` on the wire (at any depth, by the message's descriptor, so a field
+// added later is checked too), named with its path; repeated ones with their index.
+Status Scan(std::string_view wire, const google::protobuf::Descriptor& d, const std::string& prefix) {
+  using google::protobuf::FieldDescriptor;
   google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(wire.data()),
                                             static_cast<int>(wire.size()));
   std::map<int, int> seen;
@@ -31,12 +29,13 @@ Status Scan(std::string_view wire, const Shape& shape, const std::string& prefix
                  ? Status::Ok()
                  : DataLoss("the request is not a valid protobuf message");
     }
-    const int field = static_cast<int>(WireFormatLite::GetTagFieldNumber(tag));
+    const int number = static_cast<int>(WireFormatLite::GetTagFieldNumber(tag));
+    const FieldDescriptor* f = d.FindFieldByNumber(number);
     const bool delimited =
         WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
-    auto s = shape.strings.find(field);
-    auto m = shape.messages.find(field);
-    if (!delimited || (s == shape.strings.end() && m == shape.messages.end())) {
+    const bool text = f != nullptr && f->type() == FieldDescriptor::TYPE_STRING;
+    const bool message = f != nullptr && f->type() == FieldDescriptor::TYPE_MESSAGE;
+    if (!delimited || !(text || message)) {
       if (!WireFormatLite::SkipField(&in, tag)) {
         return DataLoss("the request is not a valid protobuf message");
       }
@@ -47,27 +46,22 @@ Status Scan(std::string_view wire, const Shape& shape, const std::string& prefix
     if (!in.ReadVarint32(&length) || !in.ReadString(&bytes, static_cast<int>(length))) {
       return DataLoss("the request is not a valid protobuf message");
     }
-    if (s != shape.strings.end()) {
-      std::string name = prefix + s->second;
-      if (shape.repeated.count(field)) name += "[" + std::to_string(seen[field]++) + "]";
+    std::string name = prefix + f->name();
+    if (f->is_repeated()) name += "[" + std::to_string(seen[number]++) + "]";
+    if (text) {
       if (size_t bad = FindInvalidUtf8(bytes); bad != kUtf8Valid) {
         return InvalidArgument(name + " is not valid UTF-8 (bad byte at offset " +
                                std::to_string(bad) + ")");
       }
     } else {
-      DEJA_RETURN_IF_ERROR(Scan(bytes, *m->second.second, prefix + m->second.first + "."));
+      DEJA_RETURN_IF_ERROR(Scan(bytes, *f->message_type(), name + "."));
     }
   }
 }
 
-const Shape& GenerateShape() {
-  static const Shape* stopping = new Shape{{{2, "stop_sequences"}}, {}, {{2, true}}};
-  static const Shape* sparsity = new Shape{{{2, "schedule"}}, {}, {}};
-  static const Shape* request =
-      new Shape{{{1, "request_id"}, {2, "text"}},
-                {{5, {"stopping", stopping}}, {8, {"sparsity", sparsity}}},
-                {}};
-  return *request;
+template <typename T>
+Status ScanAs(std::string_view wire) {
+  return Scan(wire, *T::descriptor(), "");
 }
 
 std::string Flatten(const grpc::ByteBuffer& buffer) {
@@ -95,12 +89,11 @@ StatusOr<T> Parse(const grpc::ByteBuffer& buffer, Status (*check)(std::string_vi
 
 }  // namespace
 
-Status CheckGenerateRequestUtf8(std::string_view wire) { return Scan(wire, GenerateShape(), ""); }
-
-Status CheckTokenizeRequestUtf8(std::string_view wire) {
-  static const Shape* tokenize = new Shape{{{1, "text"}}, {}, {}};
-  return Scan(wire, *tokenize, "");
+Status CheckGenerateRequestUtf8(std::string_view wire) {
+  return ScanAs<v1::GenerateRequest>(wire);
 }
+
+Status CheckTokenizeRequestUtf8(std::string_view wire) { return ScanAs<v1::TokenizeRequest>(wire); }
 
 StatusOr<v1::GenerateRequest> ParseGenerateRequest(const grpc::ByteBuffer& buffer) {
   return Parse<v1::GenerateRequest>(buffer, &CheckGenerateRequestUtf8);
@@ -111,17 +104,11 @@ StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(const grpc::ByteBuffer& buffe
 }
 
 StatusOr<v1::CancelRequest> ParseCancelRequest(const grpc::ByteBuffer& buffer) {
-  return Parse<v1::CancelRequest>(buffer, [](std::string_view wire) {
-    static const Shape* cancel = new Shape{{{1, "request_id"}}, {}, {}};
-    return Scan(wire, *cancel, "");
-  });
+  return Parse<v1::CancelRequest>(buffer, &ScanAs<v1::CancelRequest>);
 }
 
 StatusOr<v1::GetModelInfoRequest> ParseGetModelInfoRequest(const grpc::ByteBuffer& buffer) {
-  return Parse<v1::GetModelInfoRequest>(buffer, [](std::string_view wire) {
-    static const Shape* none = new Shape{{}, {}, {}};
-    return Scan(wire, *none, "");
-  });
+  return Parse<v1::GetModelInfoRequest>(buffer, &ScanAs<v1::GetModelInfoRequest>);
 }
 
 void SerializeTo(const google::protobuf::MessageLite& message, grpc::ByteBuffer* buffer) {

@@ -16,8 +16,8 @@
 namespace deja::coordinator {
 
 // INVALID_ARGUMENT naming the first string field of a serialized GenerateRequest that is not
-// UTF-8 (request_id, text, stopping.stop_sequences[i], sparsity.schedule); DataLoss when the
-// bytes are not a protobuf message.
+// UTF-8, at any depth (request_id, text, stopping.stop_sequences[i], cache_salt, ...); DataLoss
+// when the bytes are not a protobuf message.
 Status CheckGenerateRequestUtf8(std::string_view wire);
 // The same for a serialized TokenizeRequest (text).
 Status CheckTokenizeRequestUtf8(std::string_view wire);

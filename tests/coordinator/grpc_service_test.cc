@@ -381,11 +381,13 @@ TEST(WireCheckTest, NamesTheFieldThatIsNotUtf8) {
   r.mutable_stopping()->add_stop_sequences("fine");
   r.mutable_stopping()->add_stop_sequences("SSS");
   r.mutable_sparsity()->set_schedule("KKK");
+  r.set_cache_salt("tenant-CCC");
   EXPECT_TRUE(CheckGenerateRequestUtf8(r.SerializeAsString()).ok());
   const std::pair<const char*, const char*> cases[] = {{"QQQ", "request_id "},
                                                        {"TTT", "text "},
                                                        {"SSS", "stopping.stop_sequences[1] "},
-                                                       {"KKK", "sparsity.schedule "}};
+                                                       {"KKK", "sparsity.schedule "},
+                                                       {"CCC", "cache_salt "}};
   for (const auto& [marker, field] : cases) {
     Status s = CheckGenerateRequestUtf8(Corrupt(r, marker));
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << marker;
