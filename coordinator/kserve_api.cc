@@ -140,6 +140,22 @@ Status AddParameter(const std::string& name, const inference::InferParameter& p,
 
 bool IsInteger(double x) { return std::isfinite(x) && x == std::floor(x); }
 
+// A tensor's shape must count the elements it holds (no -1, as in Triton's requests).
+Status CheckShape(const Tensor& t, size_t elements) {
+  uint64_t count = 1;
+  std::string dims;
+  for (int64_t d : t.shape()) {
+    dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+    if (d < 0) return Bad(t.name(), "has a negative dimension in its shape [" + dims + "]");
+    count = count > std::numeric_limits<uint32_t>::max() ? count : count * static_cast<uint64_t>(d);
+  }
+  if (count != elements) {
+    return Bad(t.name(), "has shape [" + dims + "] but holds " + std::to_string(elements) +
+                             " element" + (elements == 1 ? "" : "s"));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<Infer> ParseInfer(const inference::ModelInferRequest& request, const std::string& model) {
@@ -168,11 +184,17 @@ StatusOr<Infer> ParseInfer(const inference::ModelInferRequest& request, const st
   }
   std::optional<std::string> text;
   std::vector<std::string> stop;
+  std::set<std::string> inputs;
   for (int i = 0; i < request.inputs_size(); ++i) {
     const Tensor& t = request.inputs(i);
     const std::string* r = raw ? &request.raw_input_contents(i) : nullptr;
+    if (!inputs.insert(t.name()).second) return Bad(t.name(), "is given twice");
+    if (request.parameters().count(t.name()) != 0) {
+      return Bad(t.name(), "is given both as an input and as a parameter");
+    }
     if (t.name() == "text_input" || t.name() == "stop") {
       DEJA_ASSIGN_OR_RETURN(std::vector<std::string> v, Strings(t, r));
+      DEJA_RETURN_IF_ERROR(CheckShape(t, v.size()));
       if (t.name() == "stop") {
         stop = std::move(v);
         continue;
@@ -189,6 +211,7 @@ StatusOr<Infer> ParseInfer(const inference::ModelInferRequest& request, const st
       return Bad(t.name(), "is not an input this model takes (see ModelMetadata)");
     }
     DEJA_ASSIGN_OR_RETURN(std::vector<double> v, Numbers(t, r));
+    DEJA_RETURN_IF_ERROR(CheckShape(t, v.size()));
     if (v.size() != 1) {
       return Bad(t.name(), "must hold one element, got " + std::to_string(v.size()));
     }

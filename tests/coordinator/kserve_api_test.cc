@@ -40,7 +40,7 @@ Request RawRequest(const std::string& prompt,
 }
 
 TEST(KServeApiTest, RawInputsOfEachTypeReachTheRequest) {
-  const Request r = RawRequest(
+  Request r = RawRequest(
       "Hello", {{"max_tokens", "INT32", Raw<int32_t>(12)},
                 {"temperature", "FP32", Raw<float>(0.5f)},
                 {"top_p", "FP64", Raw<double>(0.9)},
@@ -49,6 +49,7 @@ TEST(KServeApiTest, RawInputsOfEachTypeReachTheRequest) {
                 {"stream", "BOOL", std::string(1, '\1')},
                 {"exclude_input_in_output", "BOOL", std::string(1, '\1')},
                 {"stop", "BYTES", RawBytes({"\n\n", "END"})}});
+  r.mutable_inputs(8)->set_shape(0, 2);  // two stop sequences
   StatusOr<Infer> in = ParseInfer(r, "opt-mini");
   ASSERT_TRUE(in.ok()) << in.status().ToString();
   const v1::GenerateRequest& g = in->request;
@@ -115,7 +116,23 @@ TEST(KServeApiTest, RefusalsNameTheTensor) {
   Request missing_raw = RawRequest("a", {{"max_tokens", "INT32", Raw<int32_t>(3)}});
   missing_raw.mutable_raw_input_contents()->RemoveLast();
   Request bad_utf8 = RawRequest("\xff\xfe", {});
+  // Shapes that do not count the elements held: -1, a huge dimension, two stops declared for one.
+  Request minus_one = RawRequest("a", {{"max_tokens", "INT32", Raw<int32_t>(3)}});
+  minus_one.mutable_inputs(1)->set_shape(0, -1);
+  Request huge = RawRequest("a", {{"max_tokens", "INT32", Raw<int32_t>(3)}});
+  huge.mutable_inputs(1)->set_shape(0, int64_t{1} << 62);
+  Request stops = RawRequest("a", {{"stop", "BYTES", RawBytes({"x"})}});
+  stops.mutable_inputs(1)->set_shape(0, 2);
+  Request twice = RawRequest("a", {{"max_tokens", "INT32", Raw<int32_t>(3)},
+                                   {"max_tokens", "INT32", Raw<int32_t>(4)}});
+  Request both = RawRequest("a", {{"max_tokens", "INT32", Raw<int32_t>(3)}});
+  (*both.mutable_parameters())["max_tokens"].set_int64_param(4);
   Case cases[] = {
+      {minus_one, StatusCode::kInvalidArgument, "max_tokens has a negative dimension"},
+      {huge, StatusCode::kInvalidArgument, "max_tokens has shape"},
+      {stops, StatusCode::kInvalidArgument, "stop has shape [2] but holds 1 element"},
+      {twice, StatusCode::kInvalidArgument, "max_tokens is given twice"},
+      {both, StatusCode::kInvalidArgument, "max_tokens is given both"},
       {no_text, StatusCode::kInvalidArgument, "text_input"},
       {two, StatusCode::kInvalidArgument, "text_input"},
       {truncated, StatusCode::kInvalidArgument, "text_input"},
@@ -142,6 +159,16 @@ TEST(KServeApiTest, RefusalsNameTheTensor) {
     EXPECT_EQ(in.status().code(), c.code) << in.status().ToString();
     EXPECT_NE(in.status().message().find(c.names), std::string::npos) << in.status().ToString();
   }
+}
+
+TEST(KServeApiTest, AScalarMayHaveShapeOneByOne) {
+  // Triton's LLM clients send [1, 1] tensors.
+  Request r = RawRequest("Hi", {{"max_tokens", "INT32", Raw<int32_t>(5)}});
+  r.mutable_inputs(0)->add_shape(1);
+  r.mutable_inputs(1)->add_shape(1);
+  StatusOr<Infer> in = ParseInfer(r, "opt-mini");
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  EXPECT_EQ(in->request.stopping().max_new_tokens(), 5);
 }
 
 TEST(KServeApiTest, ResponsesAreRawBytesWithTheFinalFlag) {
