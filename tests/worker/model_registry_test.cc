@@ -1,10 +1,14 @@
 // LoadModel builds the implementation registered for a checkpoint's model_type and refuses the
-// others by name, listing what this build serves; a checkpoint it loads runs.
+// others by name, listing what this build serves; a checkpoint it loads runs; a malformed one
+// (mismatched LayerNorm dtypes, NaN or Inf weights) is refused by name.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "kernels/backend.h"
 #include "tests/common/temp_dir.h"
@@ -82,6 +86,34 @@ TEST(ModelRegistryTest, LayerNormWeightAndBiasInDifferentDtypesAreRefusedAtLoad)
   StepResult result;
   Status s = (*m)->Forward({{kv->get(), tokens, 3, /*all_logits=*/true}}, &result);
   EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+// A NaN or Inf anywhere in the weights is DATA_LOSS at load, naming the tensor (fc1's ReLU once
+// turned a NaN row into zeros and the model answered plausibly, and wrongly).
+TEST(ModelRegistryTest, NonFiniteWeightsAreRefusedAtLoad) {
+  auto backend = kernels::MakeCpuBackend(1);
+  for (const auto& [bits, what] : {std::pair{0x7FC00000u, "NaN"}, std::pair{0xFF800000u, "-Inf"}}) {
+    TempDir dir;
+    ASSERT_TRUE(fuzz::WriteTinyOpt(dir.path(), 1, fuzz::kTinyOpt, {DType::kF32}).ok());
+    const std::string file = dir.File("model.safetensors");
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header_bytes = 0;
+    f.read(reinterpret_cast<char*>(&header_bytes), 8);
+    std::string header(header_bytes, '\0');
+    f.read(header.data(), static_cast<std::streamsize>(header_bytes));
+    const nlohmann::json h = nlohmann::json::parse(header);
+    const auto& t = h.at("model.decoder.layers.0.fc2.weight");
+    ASSERT_EQ(t.at("dtype"), "F32");
+    // The last element of the tensor: its last row and column.
+    const uint64_t end = t.at("data_offsets")[1].get<uint64_t>();
+    f.seekp(static_cast<std::streamoff>(8 + header_bytes + end - 4));
+    f.write(reinterpret_cast<const char*>(&bits), 4);
+    f.close();
+    auto m = LoadModel(dir.path(), backend.get());
+    ASSERT_EQ(m.status().code(), StatusCode::kDataLoss) << what << ": " << m.status().ToString();
+    EXPECT_NE(m.status().message().find("layer 0 fc2 weight holds NaN or Inf"), std::string::npos)
+        << m.status().ToString();
+  }
 }
 
 }  // namespace

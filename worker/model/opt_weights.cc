@@ -214,6 +214,81 @@ StatusOr<LinearWeights> LoadRowParallel(const Checkpoint& ckpt, const std::strin
   return lw;
 }
 
+// Whether the float elements of rows [0, rows) x columns [c0, c1) of v are all finite (no NaN or
+// Inf bit pattern: exponent all ones); other dtypes pass.
+bool AllFinite(const TensorView& v, int64_t c0, int64_t c1) {
+  const int64_t rows = v.rows(), cols = v.cols();
+  auto scan = [&](auto element, uint32_t exponent) {
+    using T = decltype(element);
+    const T* p = static_cast<const T*>(v.data);
+    uint32_t bad = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* row = p + r * cols;
+      for (int64_t c = c0; c < c1; ++c) bad |= (row[c] & exponent) == exponent;
+    }
+    return bad == 0;
+  };
+  switch (v.dtype) {
+    case DType::kF32:
+      return scan(uint32_t{}, 0x7F800000u);
+    case DType::kF16:
+      return scan(uint16_t{}, 0x7C00u);
+    case DType::kBF16:
+      return scan(uint16_t{}, 0x7F80u);
+    default:
+      return true;
+  }
+}
+
+// Every float this rank holds, each matrix's own part only: a NaN or Inf in a checkpoint is
+// DATA_LOSS at load (a ReLU would otherwise turn it into zeros and the model answer wrongly).
+Status CheckFinite(const OptWeights& w) {
+  auto check = [](const TensorView& v, const std::string& what, int64_t c0 = 0,
+                  int64_t c1 = -1) -> Status {
+    if (v.data == nullptr) return Status::Ok();
+    if (!AllFinite(v, c0, c1 < 0 ? v.cols() : c1)) {
+      return DataLoss("the checkpoint's " + what + " holds NaN or Inf values");
+    }
+    if (v.scale != nullptr && v.dtype == DType::kI8) {
+      const TensorView scales{const_cast<float*>(v.scale), DType::kF32, Shape{v.rows()}};
+      if (!AllFinite(scales, 0, v.rows())) {
+        return DataLoss("the checkpoint's " + what + " scales hold NaN or Inf values");
+      }
+    }
+    return Status::Ok();
+  };
+  auto linear = [&](const LinearWeights& lw, const std::string& what) -> Status {
+    if (lw.columns.full.data != nullptr) {
+      DEJA_RETURN_IF_ERROR(check(lw.columns.full, what + " weight", lw.columns.begin,
+                                 lw.columns.end));
+    } else {
+      DEJA_RETURN_IF_ERROR(check(lw.w, what + " weight"));
+    }
+    return check(lw.bias, what + " bias");
+  };
+  auto norm = [&](const NormWeights& n, const std::string& what) -> Status {
+    DEJA_RETURN_IF_ERROR(check(n.gamma, what + " weight"));
+    return check(n.beta, what + " bias");
+  };
+  DEJA_RETURN_IF_ERROR(check(w.embed_tokens, "token embedding"));
+  DEJA_RETURN_IF_ERROR(check(w.embed_positions, "position embedding"));
+  DEJA_RETURN_IF_ERROR(linear(w.project_in, "project_in"));
+  DEJA_RETURN_IF_ERROR(linear(w.project_out, "project_out"));
+  DEJA_RETURN_IF_ERROR(norm(w.final_ln, "final layer norm"));
+  DEJA_RETURN_IF_ERROR(linear(w.lm_head, "lm head"));
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const OptLayerWeights& lw = w.layers[l];
+    const std::string layer = "layer " + std::to_string(l) + " ";
+    DEJA_RETURN_IF_ERROR(norm(lw.attn_ln, layer + "attention layer norm"));
+    DEJA_RETURN_IF_ERROR(norm(lw.ffn_ln, layer + "MLP layer norm"));
+    const std::pair<const LinearWeights*, const char*> ms[] = {
+        {&lw.q, "q_proj"}, {&lw.k, "k_proj"}, {&lw.v, "v_proj"},
+        {&lw.out, "out_proj"}, {&lw.fc1, "fc1"}, {&lw.fc2, "fc2"}};
+    for (const auto& [m, name] : ms) DEJA_RETURN_IF_ERROR(linear(*m, layer + name));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 void ShardRange(int64_t total, int rank, int world, int64_t* begin, int64_t* end) {
@@ -280,6 +355,7 @@ StatusOr<OptWeights> LoadOptWeights(const Checkpoint& ckpt, const OptConfig& c,
   ShardRange(c.vocab_size, shard.rank, shard.world, &w.vocab_begin, &w.vocab_end);
   DEJA_ASSIGN_OR_RETURN(TensorView head, GetOuterMatrix(ckpt, names.lm_head, {c.vocab_size, p}));
   w.lm_head.w = head.RowSlice(w.vocab_begin, w.vocab_end);
+  DEJA_RETURN_IF_ERROR(CheckFinite(w));
   return w;
 }
 
