@@ -338,14 +338,50 @@ std::string ParamOf(const std::string& field, Endpoint e) {
   return field;
 }
 
+// A SAX consumer that only keeps the parser's first error (its position and reason).
+struct ErrorOnly {
+  std::string error;
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(json::number_integer_t) { return true; }
+  bool number_unsigned(json::number_unsigned_t) { return true; }
+  bool number_float(json::number_float_t, const std::string&) { return true; }
+  bool string(std::string&) { return true; }
+  bool binary(json::binary_t&) { return true; }
+  bool start_object(std::size_t) { return true; }
+  bool key(std::string&) { return true; }
+  bool end_object() { return true; }
+  bool start_array(std::size_t) { return true; }
+  bool end_array() { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+    // "[json.exception.parse_error.101] parse error at line 1, column 5: ..." without the tag.
+    const std::string what = e.what();
+    const size_t tag = what.find("] ");
+    error = tag == std::string::npos ? what : what.substr(tag + 2);
+    return false;
+  }
+};
+
 }  // namespace
+
+StatusOr<json> ParseJsonObject(std::string_view text) {
+  json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) {
+    ErrorOnly sax;
+    json::sax_parse(text, &sax);
+    return InvalidArgument("the request body is not valid JSON: " +
+                           (sax.error.empty() ? std::string("it does not parse") : sax.error));
+  }
+  if (!body.is_object()) {
+    return InvalidArgument(std::string("the request body must be a JSON object, not ") +
+                           body.type_name());
+  }
+  return body;
+}
 
 StatusOr<Call> ParseCall(Endpoint endpoint, std::string_view body_text, const std::string& model,
                          const ChatTemplate& chat_template, const Tokenizer& tokenizer) {
-  const json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded() || !body.is_object()) {
-    return InvalidArgument("the request body must be a JSON object");
-  }
+  DEJA_ASSIGN_OR_RETURN(const json body, ParseJsonObject(body_text));
   const std::set<std::string>& known = KnownKeys(endpoint);
   for (const auto& [key, value] : body.items()) {
     if (known.count(key) == 0) return InvalidArgument(key + kUnknown);

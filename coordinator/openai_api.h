@@ -57,6 +57,9 @@ std::string ErrorBody(const ApiError& error);
 // Characters (Unicode code points) of UTF-8 text: the unit of completions' text_offset, which
 // counts each token's text (as vLLM's), the echoed prompt first.
 size_t CodePoints(std::string_view s);
+// The request body as a JSON object; INVALID_ARGUMENT saying where it fails to parse
+// ("... parse error at line 1, column 5: syntax error ...") or what it is instead.
+StatusOr<nlohmann::json> ParseJsonObject(std::string_view text);
 // JSON text of `j`; bytes that are not UTF-8 in its strings become U+FFFD (never an exception).
 std::string Dump(const nlohmann::json& j);
 std::string Dump(const nlohmann::ordered_json& j);

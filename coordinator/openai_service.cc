@@ -212,11 +212,7 @@ class HttpCall : public std::enable_shared_from_this<HttpCall> {
 };
 
 StatusOr<json> JsonBody(const http::Request& request) {
-  json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded() || !body.is_object()) {
-    return InvalidArgument("the request body must be a JSON object");
-  }
-  return body;
+  return openai::ParseJsonObject(request.body);
 }
 
 }  // namespace
@@ -268,12 +264,15 @@ void OpenAiService::Route(const http::Request& request, std::shared_ptr<http::Re
   const bool post = request.method == "POST";
   const bool get = request.method == "GET" || request.method == "HEAD";
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
-    if (!post) return reply->Send(Error(InvalidArgument(path + " takes POST")));
+    if (!post) return reply->Send(Refusal(405, path + " takes POST, not " + request.method));
     return Generate(request, std::move(reply), path == "/v1/chat/completions");
   }
-  if (path == "/tokenize" && post) return reply->Send(Tokenize(request));
-  if (path == "/detokenize" && post) return reply->Send(Detokenize(request));
-  if ((path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) && get) {
+  if (path == "/tokenize" || path == "/detokenize") {
+    if (!post) return reply->Send(Refusal(405, path + " takes POST, not " + request.method));
+    return reply->Send(path == "/tokenize" ? Tokenize(request) : Detokenize(request));
+  }
+  if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) {
+    if (!get) return reply->Send(Refusal(405, path + " takes GET, not " + request.method));
     return reply->Send(Models(path));
   }
   reply->Send(Error(NotFound("no route for " + request.method + " " + path +

@@ -274,6 +274,23 @@ TEST_F(OpenAiApiTest, ResponsesAndChunksHaveTheOpenAiShape) {
   EXPECT_EQ(usage["usage"]["completion_tokens"], 2);
 }
 
+TEST_F(OpenAiApiTest, ABodyThatIsNotAJsonObjectSaysWhereOrWhatItIs) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"{\"prompt\": x}", "not valid JSON: parse error at line 1, column 12"},
+      {"{\"prompt\": \"a", "not valid JSON: parse error at line 1, column 14: syntax error while parsing value - invalid string: missing closing quote"},
+      {"{\"prompt\": \"\xff\"}", "ill-formed UTF-8"},
+      {"[1, 2]", "must be a JSON object, not array"},
+      {"", "not valid JSON"},
+  };
+  for (const auto& [body, want] : cases) {
+    StatusOr<nlohmann::json> j = ParseJsonObject(body);
+    ASSERT_FALSE(j.ok()) << body;
+    EXPECT_EQ(j.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(j.status().message().find(want), std::string::npos) << j.status().message();
+  }
+  EXPECT_TRUE(ParseJsonObject("{\"prompt\": \"a\"}").ok());
+}
+
 TEST_F(OpenAiApiTest, CompletionLogprobsListTheLikeliestFirstAndTheChosenToken) {
   // top_logprobs in the order the engine ranked them (not by key), the chosen token added when
   // it is not among them, and text_offset in characters of the tokens' texts, the echo first.
