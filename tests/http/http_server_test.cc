@@ -47,6 +47,16 @@ std::string ReadResponse(int fd) {
   }
 }
 
+// Appends what the connection sends until the server closes it.
+void ReadUntilClosed(int fd, std::string* got) {
+  char buf[4096];
+  while (true) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) return;
+    got->append(buf, static_cast<size_t>(n));
+  }
+}
+
 int StatusOf(const std::string& response) {
   return response.rfind("HTTP/1.1 ", 0) == 0 ? std::stoi(response.substr(9, 3)) : 0;
 }
@@ -288,11 +298,7 @@ TEST(HttpServerTest, StreamsChunksAsTheyAreWrittenThenCloses) {
   }
   const double first_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   EXPECT_LT(first_ms, 60.0);
-  while (true) {
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) break;
-    got.append(buf, static_cast<size_t>(n));
-  }
+  ReadUntilClosed(fd, &got);
   EXPECT_EQ(StatusOf(got), 200) << got;
   EXPECT_NE(got.find("Content-Type: text/event-stream"), std::string::npos) << got;
   EXPECT_NE(got.find("Transfer-Encoding: chunked"), std::string::npos) << got;
@@ -319,12 +325,7 @@ TEST(HttpServerTest, StreamsToAnHttp10ClientWithoutChunksUntilTheClose) {
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(SendAll(fd, "POST /v1/completions HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}"));
   std::string got;
-  char buf[4096];
-  while (true) {
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) break;
-    got.append(buf, static_cast<size_t>(n));
-  }
+  ReadUntilClosed(fd, &got);
   ASSERT_EQ(got.rfind("HTTP/1.0 200 ", 0), 0u) << got;
   EXPECT_EQ(got.find("Transfer-Encoding"), std::string::npos) << got;
   const size_t body = got.find("\r\n\r\n");
