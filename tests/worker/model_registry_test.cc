@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "kernels/backend.h"
+#include "tests/common/sim_device.h"
 #include "tests/common/temp_dir.h"
 #include "tests/fuzz/tiny_opt.h"
 #include "tests/worker/golden_util.h"
@@ -113,6 +114,13 @@ TEST(ModelRegistryTest, NonFiniteWeightsAreRefusedAtLoad) {
     ASSERT_EQ(m.status().code(), StatusCode::kDataLoss) << what << ": " << m.status().ToString();
     EXPECT_NE(m.status().message().find("layer 0 fc2 weight holds NaN or Inf"), std::string::npos)
         << m.status().ToString();
+    // A device load checks the chunks it streams to the device, and names the tensor.
+    auto sim = test_util::MakeSimDeviceBackend(size_t{64} << 20);
+    auto on_device = LoadModel(dir.path(), sim.get());
+    ASSERT_EQ(on_device.status().code(), StatusCode::kDataLoss) << on_device.status().ToString();
+    EXPECT_NE(on_device.status().message().find("layers.0.fc2 holds NaN or Inf"),
+              std::string::npos)
+        << on_device.status().ToString();
   }
 }
 

@@ -214,32 +214,6 @@ StatusOr<LinearWeights> LoadRowParallel(const Checkpoint& ckpt, const std::strin
   return lw;
 }
 
-// Whether the float elements of rows [0, rows) x columns [c0, c1) of v are all finite (no NaN or
-// Inf bit pattern: exponent all ones); other dtypes pass.
-bool AllFinite(const TensorView& v, int64_t c0, int64_t c1) {
-  const int64_t rows = v.rows(), cols = v.cols();
-  auto scan = [&](auto element, uint32_t exponent) {
-    using T = decltype(element);
-    const T* p = static_cast<const T*>(v.data);
-    uint32_t bad = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* row = p + r * cols;
-      for (int64_t c = c0; c < c1; ++c) bad |= (row[c] & exponent) == exponent;
-    }
-    return bad == 0;
-  };
-  switch (v.dtype) {
-    case DType::kF32:
-      return scan(uint32_t{}, 0x7F800000u);
-    case DType::kF16:
-      return scan(uint16_t{}, 0x7C00u);
-    case DType::kBF16:
-      return scan(uint16_t{}, 0x7F80u);
-    default:
-      return true;
-  }
-}
-
 // Every float this rank holds, each matrix's own part only: a NaN or Inf in a checkpoint is
 // DATA_LOSS at load (a ReLU would otherwise turn it into zeros and the model answer wrongly).
 Status CheckFinite(const OptWeights& w) {
@@ -290,6 +264,30 @@ Status CheckFinite(const OptWeights& w) {
 }
 
 }  // namespace
+
+bool AllFinite(const TensorView& v, int64_t c0, int64_t c1) {
+  const int64_t rows = v.rows(), cols = v.cols();
+  auto scan = [&](auto element, uint32_t exponent) {
+    using T = decltype(element);
+    const T* p = static_cast<const T*>(v.data);
+    uint32_t bad = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* row = p + r * cols;
+      for (int64_t c = c0; c < c1; ++c) bad |= (row[c] & exponent) == exponent;
+    }
+    return bad == 0;
+  };
+  switch (v.dtype) {
+    case DType::kF32:
+      return scan(uint32_t{}, 0x7F800000u);
+    case DType::kF16:
+      return scan(uint16_t{}, 0x7C00u);
+    case DType::kBF16:
+      return scan(uint16_t{}, 0x7F80u);
+    default:
+      return true;
+  }
+}
 
 void ShardRange(int64_t total, int rank, int world, int64_t* begin, int64_t* end) {
   const int64_t base = total / world, extra = total % world;
@@ -355,7 +353,8 @@ StatusOr<OptWeights> LoadOptWeights(const Checkpoint& ckpt, const OptConfig& c,
   ShardRange(c.vocab_size, shard.rank, shard.world, &w.vocab_begin, &w.vocab_end);
   DEJA_ASSIGN_OR_RETURN(TensorView head, GetOuterMatrix(ckpt, names.lm_head, {c.vocab_size, p}));
   w.lm_head.w = head.RowSlice(w.vocab_begin, w.vocab_end);
-  DEJA_RETURN_IF_ERROR(CheckFinite(w));
+  // A device load streams the mapping to the device (UploadWeights checks each chunk it stages).
+  if (shard.copy_columns) DEJA_RETURN_IF_ERROR(CheckFinite(w));
   return w;
 }
 

@@ -75,7 +75,13 @@ struct OptWeights {
 // possible (earlier ranks take the remainder).
 void ShardRange(int64_t total, int rank, int world, int64_t* begin, int64_t* end);
 
-// Fails with InvalidArgument when heads or ffn are not divisible by the world size.
+// Whether the float elements (f32, f16, bf16) of rows [0, rows) x columns [c0, c1) of v are all
+// finite (no NaN or Inf bit pattern: exponent all ones); other dtypes pass.
+bool AllFinite(const TensorView& v, int64_t c0, int64_t c1);
+
+// Fails with InvalidArgument when heads or ffn are not divisible by the world size. A NaN or Inf
+// in a float this rank keeps is DATA_LOSS naming the tensor (host loads; UploadWeights checks a
+// device load's chunks).
 StatusOr<OptWeights> LoadOptWeights(const Checkpoint& ckpt, const OptConfig& config,
                                     const OptTensorNames& names, const ShardSpec& shard);
 

@@ -184,6 +184,9 @@ Status UploadWeights(OptWeights* w, const Checkpoint& ckpt, kernels::Backend& be
         read(static_cast<const char*>(src.data) + i0 * src_es, len,
              static_cast<char*>(pinned.data()));
       }
+      if (!AllFinite(TensorView{pinned.data(), src.dtype, Shape{m}}, 0, m)) {
+        return DataLoss("the checkpoint's " + e.name + " holds NaN or Inf values");
+      }
       char* out = static_cast<char*>(dst.data()) + i0 * dst_es;
       if (quantize) {
         const TensorView rows{pinned.data(), src.dtype, Shape{m / row, row}};
